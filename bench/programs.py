@@ -1,0 +1,238 @@
+"""Benchmark workloads for the superoptimizer.
+
+Each workload is a plain JAX function plus deterministic example arguments.
+Builders are lazy: importing this module creates no arrays; call a builder
+(or ``WORKLOADS[name]()``) to materialise the inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str  # short kebab-case id, e.g. "reassoc-chain"
+    description: str  # one line for a table
+    fn: Callable  # the JAX function to optimize
+    args: tuple  # example arguments (arrays or pytrees of arrays), deterministic
+
+
+def _normal(key, shape, scale=1.0, dtype=jnp.float32):
+    return (scale * jax.random.normal(key, shape, dtype=jnp.float32)).astype(dtype)
+
+
+# --------------------------------------------------------------------------
+# 1. Matrix-chain reassociation
+# --------------------------------------------------------------------------
+
+
+def reassoc_chain() -> Workload:
+    """(A @ B) @ v with A, B 1024x1024 and v 1024x1.
+
+    Written left-associated as a typical author would; A @ (B @ v) is
+    ~1000x fewer FLOPs.
+    """
+    n = 1024
+
+    def fn(A, B, v):
+        return (A @ B) @ v
+
+    ka, kb, kv = jax.random.split(jax.random.PRNGKey(0), 3)
+    scale = 1.0 / math.sqrt(n)
+    args = (_normal(ka, (n, n), scale), _normal(kb, (n, n), scale), _normal(kv, (n, 1)))
+    return Workload("reassoc-chain", "(A@B)@v, A,B 1024x1024, v 1024x1 (f32)", fn, args)
+
+
+# --------------------------------------------------------------------------
+# 2. Q/K/V projection with frozen weights
+# --------------------------------------------------------------------------
+
+
+def qkv_projection() -> Workload:
+    """Three projections of one input x (128, 768) by closed-over 768x768 weights.
+
+    Models inference with frozen parameters: Wq, Wk, Wv are constants in the
+    traced program, so they can be concatenated at compile time.
+    """
+    d, seq = 768, 128
+    kq, kk, kv, kx = jax.random.split(jax.random.PRNGKey(1), 4)
+    scale = 1.0 / math.sqrt(d)
+    Wq = _normal(kq, (d, d), scale)
+    Wk = _normal(kk, (d, d), scale)
+    Wv = _normal(kv, (d, d), scale)
+
+    def fn(x):
+        return (x @ Wq, x @ Wk, x @ Wv)
+
+    args = (_normal(kx, (seq, d)),)
+    return Workload(
+        "qkv-projection", "x(128,768) @ Wq,Wk,Wv (768x768 constants) -> 3 outputs", fn, args
+    )
+
+
+# --------------------------------------------------------------------------
+# 3. Batched GEMM chains G1..G12
+# --------------------------------------------------------------------------
+
+# name -> (batch, M, N, K, L)
+GEMM_CHAIN_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
+    "g1": (8, 512, 64, 64, 512),
+    "g2": (12, 512, 64, 64, 512),
+    "g3": (16, 512, 64, 64, 512),
+    "g4": (12, 256, 64, 64, 256),
+    "g5": (16, 256, 64, 64, 256),
+    "g6": (16, 256, 80, 80, 256),
+    "g7": (12, 208, 64, 64, 208),
+    "g8": (16, 208, 64, 64, 208),
+    "g9": (16, 208, 80, 80, 208),
+    "g10": (1, 512, 64, 64, 256),
+    "g11": (1, 768, 64, 64, 384),
+    "g12": (1, 1024, 64, 64, 512),
+}
+
+
+def gemm_chain(name: str) -> Workload:
+    """Batched back-to-back GEMM chain E = (A @ B) @ D.
+
+    GEMM1: A (b,M,K) x B (b,K,L) -> C (b,M,L);
+    GEMM2: C (b,M,L) x D (b,L,N) -> E (b,M,N).
+    Shapes are the G1..G12 table (attention-like: K = N = head dim,
+    L = sequence length). ``name`` is "g1".."g12" (case-insensitive).
+    """
+    key = name.lower()
+    b, M, N, K, L = GEMM_CHAIN_SHAPES[key]
+
+    def fn(A, B, D):
+        return (A @ B) @ D
+
+    idx = int(key[1:])
+    ka, kb, kd = jax.random.split(jax.random.PRNGKey(100 + idx), 3)
+    args = (
+        _normal(ka, (b, M, K)),
+        _normal(kb, (b, K, L), 1.0 / math.sqrt(K)),
+        _normal(kd, (b, L, N), 1.0 / math.sqrt(L)),
+    )
+    desc = f"GEMM chain {key.upper()}: b={b} M={M} N={N} K={K} L={L} (f32)"
+    return Workload(f"gemm-chain-{key}", desc, fn, args)
+
+
+# --------------------------------------------------------------------------
+# Shared transformer pieces
+# --------------------------------------------------------------------------
+
+
+def _layer_norm(x, gamma, beta, eps):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * gamma + beta
+
+
+def _attention(params, x, num_heads, mask=None):
+    """Multi-head self-attention on x (batch, seq, hidden)."""
+    bsz, seq, hidden = x.shape
+    head_dim = hidden // num_heads
+
+    def split_heads(t):  # (b, s, h*d) -> (b, h, s, d)
+        return t.reshape(bsz, seq, num_heads, head_dim).transpose(0, 2, 1, 3)
+
+    q = split_heads(x @ params["Wq"] + params["bq"])
+    k = split_heads(x @ params["Wk"] + params["bk"])
+    v = split_heads(x @ params["Wv"] + params["bv"])
+
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(head_dim)
+    if mask is not None:
+        scores = scores + mask
+    probs = jax.nn.softmax(scores, axis=-1)
+    ctx = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+    ctx = ctx.transpose(0, 2, 1, 3).reshape(bsz, seq, hidden)
+    return ctx @ params["Wo"] + params["bo"]
+
+
+def _transformer_params(key, hidden, ffn):
+    """Dict of float32 weights: Wq/Wk/Wv/Wo, W1/W2, biases, two LayerNorms."""
+    ks = jax.random.split(key, 6)
+    sh = 1.0 / math.sqrt(hidden)
+    sf = 1.0 / math.sqrt(ffn)
+    zeros = lambda n: jnp.zeros((n,), jnp.float32)
+    return {
+        "Wq": _normal(ks[0], (hidden, hidden), sh), "bq": zeros(hidden),
+        "Wk": _normal(ks[1], (hidden, hidden), sh), "bk": zeros(hidden),
+        "Wv": _normal(ks[2], (hidden, hidden), sh), "bv": zeros(hidden),
+        "Wo": _normal(ks[3], (hidden, hidden), sh), "bo": zeros(hidden),
+        "W1": _normal(ks[4], (hidden, ffn), sh), "b1": zeros(ffn),
+        "W2": _normal(ks[5], (ffn, hidden), sf), "b2": zeros(hidden),
+        "ln1_gamma": jnp.ones((hidden,), jnp.float32), "ln1_beta": zeros(hidden),
+        "ln2_gamma": jnp.ones((hidden,), jnp.float32), "ln2_beta": zeros(hidden),
+    }
+
+
+# --------------------------------------------------------------------------
+# 4. BERT-base encoder layer
+# --------------------------------------------------------------------------
+
+
+def bert_encoder_layer(seq: int = 128) -> Workload:
+    """One BERT-base encoder layer (post-LayerNorm), batch 1.
+
+    hidden 768, 12 heads of 64, FFN 3072 with tanh-GELU, LayerNorm eps 1e-12,
+    additive attention mask of shape (1, 1, 1, seq) (all zeros here).
+    """
+    hidden, heads, ffn, eps = 768, 12, 3072, 1e-12
+
+    def fn(params, x, mask):
+        attn = _attention(params, x, heads, mask)
+        h = _layer_norm(x + attn, params["ln1_gamma"], params["ln1_beta"], eps)
+        ff = jax.nn.gelu(h @ params["W1"] + params["b1"], approximate=True)
+        ff = ff @ params["W2"] + params["b2"]
+        return _layer_norm(h + ff, params["ln2_gamma"], params["ln2_beta"], eps)
+
+    kp, kx = jax.random.split(jax.random.PRNGKey(2 + seq))
+    params = _transformer_params(kp, hidden, ffn)
+    x = _normal(kx, (1, seq, hidden))
+    mask = jnp.zeros((1, 1, 1, seq), jnp.float32)
+    desc = f"BERT-base encoder layer, batch 1, seq {seq} (f32)"
+    return Workload(f"bert-encoder-{seq}", desc, fn, (params, x, mask))
+
+
+# --------------------------------------------------------------------------
+# 5. Small pre-LN transformer block (demo)
+# --------------------------------------------------------------------------
+
+
+def transformer_block() -> Workload:
+    """Small pre-LayerNorm transformer block: hidden 256, 4 heads, FFN 1024,
+    seq 64, batch 1, GELU FFN, LayerNorm eps 1e-5, no mask."""
+    hidden, heads, ffn, seq, eps = 256, 4, 1024, 64, 1e-5
+
+    def fn(params, x):
+        h = x + _attention(params, _layer_norm(x, params["ln1_gamma"], params["ln1_beta"], eps), heads)
+        y = _layer_norm(h, params["ln2_gamma"], params["ln2_beta"], eps)
+        y = jax.nn.gelu(y @ params["W1"] + params["b1"]) @ params["W2"] + params["b2"]
+        return h + y
+
+    kp, kx = jax.random.split(jax.random.PRNGKey(3))
+    params = _transformer_params(kp, hidden, ffn)
+    x = _normal(kx, (1, seq, hidden))
+    return Workload(
+        "transformer-block", "pre-LN transformer block: d=256, 4 heads, FFN 1024, seq 64", fn, (params, x)
+    )
+
+
+# --------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------
+
+WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "reassoc-chain": reassoc_chain,
+    "qkv-projection": qkv_projection,
+    **{f"gemm-chain-{k}": (lambda k=k: gemm_chain(k)) for k in GEMM_CHAIN_SHAPES},
+    "bert-encoder-128": lambda: bert_encoder_layer(128),
+    "bert-encoder-512": lambda: bert_encoder_layer(512),
+    "transformer-block": transformer_block,
+}

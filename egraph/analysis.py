@@ -1,0 +1,96 @@
+"""Shape and dtype analyses as egglog rules, for the nodes rewrite rules create.
+
+The encoder sets `shape` and `dtype` of every captured node from the jaxpr; these rules derive them for
+new nodes. Both tables have no merge, so a rule whose result disagrees with the captured types makes the
+run fail loudly rather than yield a wrong program. Where a result needs a loop over dimensions
+(transpose, slice, pad, reduce), one rule per rank is generated, up to `MAX_RANK`.
+"""
+from __future__ import annotations
+
+from egglog import String, Vec, eq, f64, i64, rule, ruleset, set_, var, vars_
+
+from superopt.egraph.ir import BINARY_OPS, COMPARISONS, UNARY_OPS
+from superopt.egraph.terms import (
+    Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, convert,
+    dtype, integer_pow, iota, lit, matmul, pad, reduce, reshape, select, shape, slice_, tcons, tnil, transpose, unary,
+)
+
+MAX_RANK = 6
+
+x, y, z, w = vars_("x y z w", Tensor)
+v = var("v", f64)
+xs, rest = vars_("xs rest", TList)
+s, t, p, a, b, c = vars_("s t p a b c", Vec[i64])
+op, d = vars_("op d", String)
+k, e, n = vars_("k e n", i64)
+
+
+def _elementwise_rules():
+    yield rule(eq(z).to(unary(op, x)), eq(s).to(shape(x))).then(set_(shape(z)).to(s))
+    yield rule(eq(z).to(unary(op, x)), eq(d).to(dtype(x)), same_dtype_op(op)).then(set_(dtype(z)).to(d))
+    yield rule(eq(z).to(unary(op, x)), bool_result_op(op)).then(set_(dtype(z)).to(String("bool")))
+    # A rank-0 operand broadcasts against the other one.
+    yield rule(eq(z).to(binary(op, x, y)), eq(s).to(shape(x)), s.length() > 0).then(set_(shape(z)).to(s))
+    yield rule(eq(z).to(binary(op, x, y)), eq(s).to(shape(x)), eq(s.length()).to(i64(0)), eq(t).to(shape(y))).then(
+        set_(shape(z)).to(t))
+    yield rule(eq(z).to(binary(op, x, y)), eq(d).to(dtype(x)), same_dtype_op(op)).then(set_(dtype(z)).to(d))
+    yield rule(eq(z).to(binary(op, x, y)), bool_result_op(op)).then(set_(dtype(z)).to(String("bool")))
+    yield rule(eq(z).to(integer_pow(x, k)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(
+        set_(shape(z)).to(s), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(select(x, y, w)), eq(s).to(shape(y)), eq(d).to(dtype(y))).then(
+        set_(shape(z)).to(s), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(convert(x, d)), eq(s).to(shape(x))).then(set_(shape(z)).to(s), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(lit(v, d))).then(
+        set_(shape(z)).to(Vec[i64].empty()), set_(dtype(z)).to(d))
+
+
+def _layout_rules():
+    yield rule(eq(z).to(reshape(x, s)), eq(d).to(dtype(x))).then(set_(shape(z)).to(s), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(broadcast(x, s, p)), eq(d).to(dtype(x))).then(set_(shape(z)).to(s), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(iota(k, s, d))).then(set_(shape(z)).to(s), set_(dtype(z)).to(d))
+    for r in range(1, MAX_RANK + 1):
+        yield rule(eq(z).to(transpose(x, p)), eq(p.length()).to(i64(r)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(
+            set_(shape(z)).to(Vec[i64](*(s[p[i]] for i in range(r)))), set_(dtype(z)).to(d))
+        yield rule(eq(z).to(slice_(x, a, b, c)), eq(a.length()).to(i64(r)), eq(d).to(dtype(x))).then(
+            set_(shape(z)).to(Vec[i64](*((b[i] - a[i] + c[i] - 1) / c[i] for i in range(r)))), set_(dtype(z)).to(d))
+        yield rule(eq(z).to(pad(x, y, a, b, c)), eq(a.length()).to(i64(r)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(
+            set_(shape(z)).to(Vec[i64](*(a[i] + b[i] + s[i] + (s[i] - 1).max(i64(0)) * c[i] for i in range(r)))),
+            set_(dtype(z)).to(d))
+
+
+def _contraction_rules():
+    yield rule(eq(z).to(matmul(x, y, d)), eq(s).to(shape(x)), eq(t).to(shape(y))).then(
+        set_(shape(z)).to(s.set(s.length() - 1, t[t.length() - 1])), set_(dtype(z)).to(d))
+    # Reductions remove their (sorted) axes, last first so earlier indices stay valid.
+    for m in range(1, MAX_RANK + 1):
+        removed = s
+        for i in reversed(range(m)):
+            removed = removed.remove(p[i])
+        yield rule(eq(z).to(reduce(op, x, p)), eq(p.length()).to(i64(m)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(
+            set_(shape(z)).to(removed), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(reduce(op, x, p)), eq(p.length()).to(i64(0)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(
+        set_(shape(z)).to(s), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(argreduce(op, x, k, d)), eq(s).to(shape(x))).then(
+        set_(shape(z)).to(s.remove(k)), set_(dtype(z)).to(d))
+
+
+def _concat_rules():
+    yield rule(concat(xs, k)).then(concat_demand(xs, k))
+    yield rule(concat_demand(tcons(x, rest), k)).then(concat_demand(rest, k))
+    yield rule(concat_demand(tnil(), k)).then(set_(concat_extent(tnil(), k)).to(i64(0)))
+    yield rule(concat_demand(tcons(x, rest), k), eq(e).to(concat_extent(rest, k)), eq(s).to(shape(x))).then(
+        set_(concat_extent(tcons(x, rest), k)).to(s[k] + e))
+    yield rule(eq(z).to(concat(tcons(x, rest), k)), eq(e).to(concat_extent(tcons(x, rest), k)),
+               eq(s).to(shape(x)), eq(d).to(dtype(x))).then(set_(shape(z)).to(s.set(k, e)), set_(dtype(z)).to(d))
+
+
+def facts():
+    """Ground facts the analyses need, registered once per e-graph."""
+    bool_ops = COMPARISONS | {"is_finite"}
+    floats = ("float16", "bfloat16", "float32", "float64")
+    return [float_dtype(String(f)) for f in floats] + [bool_result_op(String(o)) for o in sorted(bool_ops)] + [
+        same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops)]
+
+
+analysis = ruleset(*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(),
+                   name="analysis")

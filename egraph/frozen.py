@@ -1,0 +1,83 @@
+"""A read-only view of a saturated e-graph, built from egglog's private `freeze()` tables.
+
+This is the one module that touches egglog internals (pinned to 13.2): every extractor and cost
+model reads e-classes, e-nodes and analyses from here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+from egglog import EGraph
+
+TENSOR_SORTS = ("Tensor", "TList")
+_ANALYSES = ("shape", "dtype")
+
+
+@dataclass(frozen=True)
+class ENode:
+    fn: str                       # egglog function name, e.g. "matmul"
+    args: tuple                   # decoded primitive arguments, in order (ints, strings, floats, tuples)
+    children: tuple[Hashable, ...]  # e-class ids of the tensor / list arguments, in order
+    eclass: Hashable
+
+
+@dataclass
+class FrozenEGraph:
+    classes: dict[Hashable, list[ENode]] = field(default_factory=dict)
+    shapes: dict[Hashable, tuple] = field(default_factory=dict)
+    dtypes: dict[Hashable, str] = field(default_factory=dict)
+    outputs: dict[int, Hashable] = field(default_factory=dict)  # program output index -> e-class
+
+    @property
+    def n_nodes(self) -> int:
+        return sum(len(v) for v in self.classes.values())
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+
+def _is_tensor_sort(sort: str) -> bool:
+    return sort.rsplit(".", 1)[-1] in TENSOR_SORTS
+
+
+def freeze(egraph: EGraph) -> FrozenEGraph:
+    raw = egraph._egraph  # private: the bindings object
+    frozen = raw.freeze()
+    decoders = {
+        "i64": raw.value_to_i64,
+        "String": raw.value_to_string,
+        "f64": raw.value_to_f64,
+    }
+
+    def decode(sort: str, value: Any):
+        if sort in decoders:
+            return decoders[sort](value)
+        if "Vec" in sort:
+            return tuple(raw.value_to_i64(v) for v in raw.value_to_vec(value))
+        raise NotImplementedError(f"superopt: cannot decode egglog sort {sort!r}")
+
+    view = FrozenEGraph()
+    for name, fn in frozen.functions.items():
+        if fn.is_let_binding:
+            continue
+        if name == "output":
+            for row in fn.rows:
+                view.outputs[raw.value_to_i64(row.inputs[0])] = row.inputs[1]
+            continue
+        if name in _ANALYSES:
+            table = view.shapes if name == "shape" else view.dtypes
+            for row in fn.rows:
+                table[row.inputs[0]] = decode("Vec" if name == "shape" else "String", row.output)
+            continue
+        if not _is_tensor_sort(fn.output_sort):
+            continue
+        tensor_inputs = [_is_tensor_sort(s) for s in fn.input_sorts]
+        for row in fn.rows:
+            if row.subsumed:
+                continue
+            args = tuple(decode(s, v) for s, v, t in zip(fn.input_sorts, row.inputs, tensor_inputs) if not t)
+            children = tuple(v for v, t in zip(row.inputs, tensor_inputs) if t)
+            view.classes.setdefault(row.output, []).append(ENode(name, args, children, row.output))
+    return view

@@ -1,0 +1,145 @@
+"""The Python-side mirror of the term language: a DAG of typed nodes.
+
+One IR serves every stage that is not the e-graph itself: capture builds a `Graph` from a jaxpr,
+extraction builds one from the chosen e-nodes, and lowering, printing and cost evaluation walk it.
+Nodes are stored in topological order, so every walk is a plain loop (no recursion, any depth).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Elementwise ops of one operand. Names follow lax primitives.
+UNARY_OPS = frozenset({
+    "neg", "abs", "sign", "floor", "ceil", "round", "exp", "exp2", "log", "log1p", "expm1", "tanh",
+    "logistic", "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "not", "is_finite", "square", "stop_gradient",
+    "real", "imag", "conj",
+})
+# Elementwise ops of two operands (a rank-0 operand broadcasts, as in jaxprs).
+BINARY_OPS = frozenset({
+    "add", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "shift_left", "shift_right_logical",
+    "shift_right_arithmetic",
+})
+COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or"})
+ARG_REDUCTIONS = frozenset({"argmax", "argmin"})
+# Structural ops and leaves; attrs are listed with each.
+STRUCTURAL_OPS = frozenset({
+    "arg",          # (index,)
+    "const",        # (index,) into Graph.consts
+    "lit",          # (value,) rank-0 literal
+    "iota",         # (dimension,)
+    "integer_pow",  # (y,)
+    "select",       # () inputs (pred, on_false, on_true)
+    "matmul",       # () numpy matmul: equal batch dims, or a rank-2 rhs
+    "conv",         # (params,) sorted tuple of conv_general_dilated params
+    "transpose",    # (permutation,)
+    "reshape",      # () target shape is the node's shape
+    "broadcast",    # (broadcast_dimensions,) target shape is the node's shape
+    "convert",      # () target dtype is the node's dtype
+    "concat",       # (dimension,)
+    "slice",        # (start, limit, strides)
+    "pad",          # (low, high, interior) inputs (x, padding_value)
+    "opaque",       # (opaque_index, output_index) into Graph.opaque
+})
+ALL_OPS = UNARY_OPS | BINARY_OPS | REDUCTIONS | ARG_REDUCTIONS | STRUCTURAL_OPS
+
+
+@dataclass(frozen=True)
+class Node:
+    op: str
+    inputs: tuple[int, ...]
+    attrs: tuple[Any, ...]
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize if self.dtype != "bool" else self.size
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A primitive superopt does not model: lowered back by binding it with its own params."""
+    primitive: Any
+    params: dict
+    n_outputs: int
+
+    @property
+    def name(self) -> str:
+        return self.primitive.name
+
+
+@dataclass
+class Graph:
+    """A tensor program: nodes in topological order, outputs as node ids, plus side tables."""
+    nodes: list[Node] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    consts: list[np.ndarray] = field(default_factory=list)
+    opaque: list[Opaque] = field(default_factory=list)
+    n_args: int = 0
+
+    def add(self, node: Node) -> int:
+        assert node.op in ALL_OPS, f"unknown op {node.op!r}"
+        assert all(i < len(self.nodes) for i in node.inputs), "inputs must precede their users"
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def live(self) -> list[int]:
+        """Ids of nodes reachable from the outputs, in topological order."""
+        seen = set(self.outputs)
+        for i in range(len(self.nodes) - 1, -1, -1):
+            if i in seen:
+                seen.update(self.nodes[i].inputs)
+        return sorted(seen)
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for i in self.live():
+            op = self.nodes[i].op
+            counts[op] = counts.get(op, 0) + 1
+        return counts
+
+
+def type_str(node: Node) -> str:
+    short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int32": "i32",
+             "int8": "i8", "int64": "i64", "uint8": "u8", "bool": "bool", "int16": "i16", "uint32": "u32"}
+    return f"{short.get(node.dtype, node.dtype)}[{','.join(map(str, node.shape))}]"
+
+
+def _attr_str(node: Node, graph: Graph) -> str:
+    if node.op == "arg":
+        return f"{node.attrs[0]}"
+    if node.op == "const":
+        return f"{node.attrs[0]}"
+    if node.op == "lit":
+        return f"{node.attrs[0]!r}"
+    if node.op == "opaque":
+        return f"{graph.opaque[node.attrs[0]].name}#{node.attrs[1]}"
+    if node.op == "conv":
+        params = dict(node.attrs[0])
+        return f"strides={params['window_strides']}"
+    return ",".join(str(a) for a in node.attrs)
+
+
+def pretty(graph: Graph) -> str:
+    """Readable let-listing of the live nodes: `%3 = matmul(%1, %2) : f32[128,64]`."""
+    lines = []
+    names: dict[int, str] = {}
+    for i in graph.live():
+        node = graph.nodes[i]
+        names[i] = f"%{len(names)}"
+        args = ", ".join(names[j] for j in node.inputs)
+        attrs = _attr_str(node, graph)
+        head = f"{node.op}[{attrs}]" if attrs else node.op
+        lines.append(f"{names[i]} = {head}({args}) : {type_str(node)}")
+    lines.append("return " + ", ".join(names[o] for o in graph.outputs))
+    return "\n".join(lines)

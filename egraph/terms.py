@@ -1,0 +1,117 @@
+"""The term language in egglog: `Tensor` constructors mirroring lax primitives, and analyses.
+
+Leaves are inputs and constants by id (never by value); scalar literals carry their value so rules can
+fold them. Attributes that decide meaning (permutations, target shapes, dtypes) are constructor
+arguments, so different choices are different e-nodes. `shape` and `dtype` are functions without merge:
+two derivations that disagree raise instead of producing a wrong program.
+"""
+from __future__ import annotations
+
+from egglog import Expr, String, StringLike, Vec, f64, f64Like, function, i64, i64Like, relation
+
+
+class Tensor(Expr):
+    """A tensor-valued term (an e-class of equivalent programs)."""
+
+
+class TList(Expr):
+    """A cons list of tensors, for ops of any arity (concat, opaque primitives)."""
+
+
+@function(egg_fn="tnil")
+def tnil() -> TList: ...
+@function(egg_fn="tcons")
+def tcons(head: Tensor, tail: TList) -> TList: ...
+
+
+# ---- leaves ----
+@function(egg_fn="arg")
+def arg(index: i64Like) -> Tensor: ...
+@function(egg_fn="const")
+def const(index: i64Like) -> Tensor: ...
+@function(egg_fn="lit")
+def lit(value: f64Like, dtype: StringLike) -> Tensor: ...
+@function(egg_fn="iota")
+def iota(dimension: i64Like, shape: Vec[i64], dtype: StringLike) -> Tensor: ...
+
+
+# ---- elementwise ----
+@function(egg_fn="unary")
+def unary(op: StringLike, x: Tensor) -> Tensor: ...
+@function(egg_fn="binary")
+def binary(op: StringLike, x: Tensor, y: Tensor) -> Tensor: ...
+@function(egg_fn="integer_pow")
+def integer_pow(x: Tensor, y: i64Like) -> Tensor: ...
+@function(egg_fn="select")
+def select(pred: Tensor, on_false: Tensor, on_true: Tensor) -> Tensor: ...
+@function(egg_fn="convert")
+def convert(x: Tensor, dtype: StringLike) -> Tensor: ...
+
+
+# ---- contractions and reductions ----
+@function(egg_fn="matmul")
+def matmul(a: Tensor, b: Tensor, dtype: StringLike) -> Tensor:
+    """numpy matmul: equal leading batch dims, or a rank-2 rhs; result in `dtype`."""
+@function(egg_fn="conv")
+def conv(lhs: Tensor, rhs: Tensor, params: i64Like) -> Tensor:
+    """conv_general_dilated; `params` is an id into the encoding's table of conv params."""
+@function(egg_fn="reduce")
+def reduce(op: StringLike, x: Tensor, axes: Vec[i64]) -> Tensor: ...
+@function(egg_fn="argreduce")
+def argreduce(op: StringLike, x: Tensor, axis: i64Like, dtype: StringLike) -> Tensor: ...
+
+
+# ---- data movement ----
+@function(egg_fn="transpose")
+def transpose(x: Tensor, perm: Vec[i64]) -> Tensor: ...
+@function(egg_fn="reshape")
+def reshape(x: Tensor, shape: Vec[i64]) -> Tensor: ...
+@function(egg_fn="broadcast")
+def broadcast(x: Tensor, shape: Vec[i64], dims: Vec[i64]) -> Tensor: ...
+@function(egg_fn="concat")
+def concat(xs: TList, dimension: i64Like) -> Tensor: ...
+@function(egg_fn="slice")
+def slice_(x: Tensor, start: Vec[i64], limit: Vec[i64], strides: Vec[i64]) -> Tensor: ...
+@function(egg_fn="pad")
+def pad(x: Tensor, value: Tensor, low: Vec[i64], high: Vec[i64], interior: Vec[i64]) -> Tensor: ...
+@function(egg_fn="opaque")
+def opaque(index: i64Like, output: i64Like, args: TList) -> Tensor:
+    """A primitive superopt does not model, by id into the encoding's table; lowered by binding it."""
+
+
+# ---- analyses: no merge, so a disagreement is an error ----
+@function(egg_fn="shape")
+def shape(x: Tensor) -> Vec[i64]: ...
+@function(egg_fn="dtype")
+def dtype(x: Tensor) -> String: ...
+# Extent of a concatenation along an axis, and the demand that asks for it.
+@function(egg_fn="concat_extent")
+def concat_extent(xs: TList, dimension: i64Like) -> i64: ...
+concat_demand = relation("concat_demand", TList, i64, egg_fn="concat_demand")
+# The program's k-th output is this e-class (rows are canonicalized as classes merge).
+output = relation("output", i64, Tensor, egg_fn="output")
+# Ops whose result dtype is bool whatever the operand dtype.
+bool_result_op = relation("bool_result_op", String, egg_fn="bool_result_op")
+float_dtype = relation("float_dtype", String, egg_fn="float_dtype")
+same_dtype_op = relation("same_dtype_op", String, egg_fn="same_dtype_op")
+
+
+# ---- helpers for writing rules readably ----
+def ints(values) -> Vec[i64]:
+    return Vec[i64](*(i64(int(v)) for v in values)) if len(values) else Vec[i64].empty()
+
+
+def tlist(items) -> TList:
+    out = tnil()
+    for item in reversed(list(items)):
+        out = tcons(item, out)
+    return out
+
+
+def exp(x: Tensor) -> Tensor: return unary("exp", x)
+def log(x: Tensor) -> Tensor: return unary("log", x)
+def neg(x: Tensor) -> Tensor: return unary("neg", x)
+def add(x: Tensor, y: Tensor) -> Tensor: return binary("add", x, y)
+def sub(x: Tensor, y: Tensor) -> Tensor: return binary("sub", x, y)
+def mul(x: Tensor, y: Tensor) -> Tensor: return binary("mul", x, y)
+def div(x: Tensor, y: Tensor) -> Tensor: return binary("div", x, y)

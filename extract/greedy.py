@@ -1,0 +1,170 @@
+"""DAG-aware greedy extraction over a frozen e-graph.
+
+Each e-class keeps its cheapest e-node together with the set of e-classes that choice pulls in, so a
+sub-term shared by several users is paid for once (the "cost set" of extraction-gym's greedy-dag).
+A node whose cost set would contain its own class would make a cycle and is never chosen. Sub-terms that
+depend on constants only are computed once when the program is built, so they cost nothing per call.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from superopt.egraph.encode import Encoding, decode
+from superopt.egraph.frozen import ENode, FrozenEGraph
+from superopt.egraph.ir import Graph, Node
+from superopt.extract.cost import op_cost
+from superopt.extract.target import Target
+
+CONST_LEAVES = frozenset({"const", "lit", "iota"})
+NEVER_HOISTED = frozenset({"arg", "opaque"})
+_LISTS = frozenset({"tcons", "tnil"})
+_EPS = 1e-15
+
+
+class ExtractionError(RuntimeError):
+    pass
+
+
+@dataclass
+class _Best:
+    total: float
+    node: ENode
+    costs: dict  # e-class -> cost of its chosen node, over the chosen sub-DAG
+    const_only: bool
+
+
+@dataclass
+class Extraction:
+    graph: Graph
+    cost: float
+    node_costs: list[float]  # per node of `graph`, seconds per call (0 for hoisted constants)
+
+
+def _node_types(fz: FrozenEGraph, node: ENode):
+    """(input types, output type) of a tensor e-node; None where an analysis is missing."""
+    def tensor_type(cls):
+        if cls in fz.shapes and cls in fz.dtypes:
+            return (fz.shapes[cls], fz.dtypes[cls])
+        return None
+
+    ins = []
+    for child in node.children:
+        kinds = {n.fn for n in fz.classes.get(child, [])}
+        if kinds & _LISTS:
+            ins.extend(_list_types(fz, child, tensor_type))
+        else:
+            ins.append(tensor_type(child))
+    return ins, tensor_type(node.eclass)
+
+
+def _list_types(fz, cls, tensor_type):
+    out, seen = [], set()
+    while cls not in seen:
+        seen.add(cls)
+        cons = next((n for n in fz.classes.get(cls, []) if n.fn == "tcons"), None)
+        if cons is None:
+            break
+        out.append(tensor_type(cons.children[0]))
+        cls = cons.children[1]
+    return out
+
+
+def extract(fz: FrozenEGraph, enc: Encoding, target: Target) -> Extraction:
+    nodes = [n for cls in fz.classes.values() for n in cls]
+    own: dict[ENode, float] = {}
+    for n in nodes:
+        if n.fn in _LISTS:
+            own[n] = 0.0
+            continue
+        ins, out = _node_types(fz, n)
+        if out is None or any(t is None for t in ins):
+            continue  # a node the analyses could not type is never chosen
+        op, attrs = decode(n.fn, n.args, n.children, enc)
+        own[n] = op_cost(op, attrs, ins, out, target)
+    parents: dict = {}
+    for n in nodes:
+        for c in n.children:
+            parents.setdefault(c, []).append(n)
+
+    best: dict = {}
+    queue = deque(n for n in nodes if not n.children and n in own)
+    while queue:
+        n = queue.popleft()
+        if n not in own or any(c not in best for c in n.children):
+            continue
+        costs: dict = {}
+        for c in n.children:
+            costs.update(best[c].costs)
+        if n.eclass in costs:
+            continue  # choosing n would make its class depend on itself
+        const_only = n.fn in CONST_LEAVES or (
+            n.fn not in NEVER_HOISTED and bool(n.children) and all(best[c].const_only for c in n.children))
+        costs[n.eclass] = 0.0 if const_only else own[n]
+        total = sum(costs.values())
+        old = best.get(n.eclass)
+        if old is None or total < old.total - _EPS * max(1.0, old.total):
+            best[n.eclass] = _Best(total, n, costs, const_only)
+            queue.extend(parents.get(n.eclass, ()))
+
+    missing = [k for k, cls in sorted(fz.outputs.items()) if cls not in best]
+    if missing:
+        raise ExtractionError(f"superopt: no well-typed term found for outputs {missing}")
+    return _build(fz, enc, best)
+
+
+def _build(fz: FrozenEGraph, enc: Encoding, best: dict) -> Extraction:
+    """The chosen sub-DAG as a Graph, built with an explicit stack (any depth)."""
+    src = enc.graph
+    graph = Graph(consts=src.consts, opaque=src.opaque, n_args=src.n_args)
+    ids: dict = {}
+    node_costs: list[float] = []
+    on_path: set = set()
+
+    def flatten(cls) -> list:
+        out = []
+        while best[cls].node.fn == "tcons":
+            out.append(best[cls].node.children[0])
+            cls = best[cls].node.children[1]
+        return out
+
+    def tensor_children(n: ENode) -> list:
+        kids = []
+        for c in n.children:
+            kids.extend(flatten(c) if best[c].node.fn in _LISTS else [c])
+        return kids
+
+    for root in (fz.outputs[k] for k in sorted(fz.outputs)):
+        stack = [(root, False)]
+        while stack:
+            cls, expanded = stack.pop()
+            if cls in ids:
+                continue
+            n = best[cls].node
+            kids = tensor_children(n)
+            if not expanded:
+                if cls in on_path:
+                    raise ExtractionError("superopt: extraction chose a cyclic term")
+                on_path.add(cls)
+                stack.append((cls, True))
+                stack.extend((c, False) for c in reversed(kids) if c not in ids)
+                continue
+            on_path.discard(cls)
+            op, attrs = decode(n.fn, n.args, n.children, enc)
+            ids[cls] = graph.add(Node(op, tuple(ids[c] for c in kids), attrs, fz.shapes[cls], fz.dtypes[cls]))
+            node_costs.append(best[cls].costs[cls])
+    graph.outputs = [ids[fz.outputs[k]] for k in sorted(fz.outputs)]
+    return Extraction(graph, sum(node_costs), node_costs)
+
+
+def program_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
+    """Cost of a captured program under the same model (constant sub-terms hoisted), per live node."""
+    const_only: dict[int, bool] = {}
+    costs = []
+    for i in graph.live():
+        node = graph.nodes[i]
+        const_only[i] = node.op in CONST_LEAVES or (
+            node.op not in NEVER_HOISTED and bool(node.inputs) and all(const_only[j] for j in node.inputs))
+        ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
+        costs.append(0.0 if const_only[i] else op_cost(node.op, node.attrs, ins, (node.shape, node.dtype), target))
+    return sum(costs), costs

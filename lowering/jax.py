@@ -1,0 +1,116 @@
+"""Lowering to JAX: a table keyed by op; the whole graph composes into one `jax.jit` callable.
+
+Sub-terms that depend only on constants are evaluated once, when the callable is built, and passed
+to the jitted body as arguments (so packing or concatenating constant weights costs nothing per call).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+from jax import lax
+
+from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, Graph, Node
+
+_UNARY_FN = {"not": lax.bitwise_not, "stop_gradient": lax.stop_gradient, "round": lax.round}
+_BINARY_FN = {"and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor}
+_REDUCE_FN = {"reduce_sum": lax.reduce_sum_p, "reduce_max": lax.reduce_max_p, "reduce_min": lax.reduce_min_p,
+              "reduce_prod": lax.reduce_prod_p, "reduce_and": lax.reduce_and_p, "reduce_or": lax.reduce_or_p}
+
+
+def _matmul(node: Node, a, b):
+    ra, rb = a.ndim, b.ndim
+    if rb == 2:
+        dims = (((ra - 1,), (0,)), ((), ()))
+    else:
+        batch = tuple(range(ra - 2))
+        dims = (((ra - 1,), (rb - 2,)), (batch, batch))
+    return lax.dot_general(a, b, dims, preferred_element_type=np.dtype(node.dtype))
+
+
+def _reduce(node: Node, x):
+    return _REDUCE_FN[node.op].bind(x, axes=tuple(node.attrs[0]))
+
+
+_LOWER: dict[str, Callable] = {
+    "integer_pow": lambda n, x: lax.integer_pow(x, n.attrs[0]),
+    "select": lambda n, p, f, t: lax.select_n(p, f, t),
+    "matmul": _matmul,
+    "conv": lambda n, lhs, rhs: lax.conv_general_dilated_p.bind(lhs, rhs, **dict(n.attrs[0])),
+    "transpose": lambda n, x: lax.transpose(x, n.attrs[0]),
+    "reshape": lambda n, x: lax.reshape(x, n.shape),
+    "broadcast": lambda n, x: lax.broadcast_in_dim(x, n.shape, n.attrs[0]),
+    "convert": lambda n, x: lax.convert_element_type(x, np.dtype(n.dtype)),
+    "concat": lambda n, *xs: lax.concatenate(xs, n.attrs[0]),
+    "slice": lambda n, x: lax.slice(x, *n.attrs),
+    "pad": lambda n, x, v: lax.pad(x, v, tuple(zip(*n.attrs))),
+    "iota": lambda n: lax.broadcasted_iota(np.dtype(n.dtype), n.shape, n.attrs[0]),
+    "argmax": lambda n, x: lax.argmax(x, n.attrs[0], np.dtype(n.dtype)),
+    "argmin": lambda n, x: lax.argmin(x, n.attrs[0], np.dtype(n.dtype)),
+    **{op: _reduce for op in REDUCTIONS},
+    **{op: (lambda fn: lambda n, x: fn(x))(_UNARY_FN.get(op) or getattr(lax, op)) for op in UNARY_OPS
+       if op in _UNARY_FN or hasattr(lax, op)},
+    **{op: (lambda fn: lambda n, x, y: fn(x, y))(_BINARY_FN.get(op) or getattr(lax, op)) for op in BINARY_OPS
+       if op in _BINARY_FN or hasattr(lax, op)},
+}
+
+
+def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=None) -> dict[int, object]:
+    """Evaluate the live nodes (or the ids in `only`) in order; `values` holds already-known nodes."""
+    env = dict(values or {})
+    opaque_results: dict[tuple, list] = {}
+    for i in (only if only is not None else graph.live()):
+        if i in env:
+            continue
+        node = graph.nodes[i]
+        ins = [env[j] for j in node.inputs]
+        if node.op == "arg":
+            env[i] = args[node.attrs[0]]
+        elif node.op == "const":
+            env[i] = graph.consts[node.attrs[0]]
+        elif node.op == "lit":
+            env[i] = np.asarray(node.attrs[0], dtype=np.dtype(node.dtype))
+        elif node.op == "opaque":
+            key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
+            if key not in opaque_results:
+                op = graph.opaque[node.attrs[0]]
+                out = op.primitive.bind(*ins, **op.params)
+                opaque_results[key] = list(out) if op.primitive.multiple_results else [out]
+            env[i] = opaque_results[key][node.attrs[1]]
+        else:
+            lower = _LOWER.get(node.op)
+            if lower is None:
+                raise NotImplementedError(f"superopt: no JAX lowering for op {node.op!r} (target cpu)")
+            env[i] = lower(node, *ins)
+    return env
+
+
+def _const_only(graph: Graph) -> set[int]:
+    hoisted: set[int] = set()
+    for i in graph.live():
+        node = graph.nodes[i]
+        if node.op in ("const", "lit", "iota") or (
+                node.op not in ("arg", "opaque") and node.inputs and all(j in hoisted for j in node.inputs)):
+            hoisted.add(i)
+    return hoisted
+
+
+def lower(graph: Graph) -> Callable:
+    """A jitted callable of the flat arguments returning the flat outputs (a list)."""
+    const_ids = _const_only(graph)
+    # Constant nodes that feed computed nodes (or are outputs) are materialised once, here.
+    needed = sorted({j for i in graph.live() if i not in const_ids for j in graph.nodes[i].inputs if j in const_ids}
+                    | {o for o in graph.outputs if o in const_ids})
+    heavy = [i for i in needed if graph.nodes[i].op != "lit"]
+    const_order = [i for i in graph.live() if i in const_ids]
+    consts_env = jax.jit(lambda: [evaluate(graph, (), only=const_order)[i] for i in heavy])() if heavy else []
+    hoisted = dict(zip(heavy, consts_env))
+    rest = [i for i in graph.live() if i not in const_ids or i in needed]
+
+    @jax.jit
+    def run(flat_args, hoisted_values):
+        env = evaluate(graph, flat_args, dict(zip(heavy, hoisted_values)), only=rest)
+        return [env[o] for o in graph.outputs]
+
+    return lambda *flat_args: run(list(flat_args), [hoisted[i] for i in heavy])

@@ -1,0 +1,12 @@
+"""superopt: an equality-saturation superoptimizer for tensor programs.
+
+    fast = superopt(fn, target="cpu")
+    y = fast(x, w)
+    print(fast.report)
+"""
+from superopt.api import Optimized, superopt
+from superopt.egraph.runner import Limits, StopReason
+from superopt.extract.target import available_targets
+from superopt.verify import VerificationWarning
+
+__all__ = ["superopt", "Optimized", "Limits", "StopReason", "available_targets", "VerificationWarning"]

@@ -1,0 +1,162 @@
+"""`superopt(fn, target)`: capture, encode, saturate, extract, lower, verify."""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from superopt import verify as verification
+from superopt.egraph.capture import capture
+from superopt.egraph.encode import encode
+from superopt.egraph.frozen import freeze
+from superopt.egraph.ir import Graph, pretty
+from superopt.egraph.runner import Limits, Phase, RunReport, StopReason, saturate
+from superopt.extract.greedy import ExtractionError, extract, program_cost
+from superopt.extract.target import load_target
+from superopt.lowering.jax import lower
+from superopt.report import Report
+from superopt.rulesets import DEFAULT, resolve
+
+
+@dataclass
+class Specialization:
+    """superopt's result for one set of argument shapes and dtypes."""
+    run: Callable          # flat arrays -> flat outputs
+    report: Report
+    term: Graph            # the program that runs
+    original: Graph
+    out_tree: Any          # pytree structure of fn's result
+
+
+class _Stages:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str, fn, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds[name] = time.perf_counter() - start
+
+
+def _describe(graph: Graph, costs: list[float], k: int = 5) -> list[tuple[float, str]]:
+    from superopt.egraph.ir import type_str
+    live = graph.live()
+    ranked = sorted(zip(costs, live), key=lambda cn: -cn[0])[:k]
+    return [(c, f"{graph.nodes[i].op} -> {type_str(graph.nodes[i])}") for c, i in ranked if c > 0]
+
+
+def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool) -> Specialization:
+    """The pipeline for one specialization; never returns a program that disagrees with `fn`."""
+    tgt = load_target(target)
+    stage = _Stages()
+    captured = stage("capture", capture, fn, args)
+    original = captured.graph
+    phases = [Phase(rs.name, list(rs)) for rs in resolve(rulesets)]
+    cost_before, original_costs = program_cost(original, tgt)
+    report = Report(target, RunReport(StopReason.SATURATED), cost_before=cost_before, cost_after=cost_before,
+                    ops_before=original.op_counts())
+    jitted_original = jax.jit(lambda *flat: jax.tree_util.tree_leaves(
+        fn(*jax.tree_util.tree_unflatten(captured.in_tree, flat))))
+
+    def keep_original(why: str) -> Specialization:
+        report.outcome = f"kept original: {why}"
+        report.ops_after = report.ops_before
+        report.cost_after = cost_before
+        report.top_costs = _describe(original, original_costs)
+        report.stage_seconds = stage.seconds
+        return Specialization(jitted_original, report, original, original, captured.out_tree)
+
+    enc = stage("encode", encode, original)
+    run = report.run = stage("saturate", saturate, enc.egraph, phases, limits)
+    if run.stop_reason is StopReason.ERROR:
+        return keep_original(f"saturation failed ({run.error})")
+    frozen = stage("freeze", freeze, enc.egraph)
+    run.enodes, run.eclasses = frozen.n_nodes, frozen.n_classes
+    try:
+        chosen = stage("extract", extract, frozen, enc, tgt)
+    except ExtractionError as exc:
+        return keep_original(str(exc))
+    report.cost_after = chosen.cost
+    report.ops_after = chosen.graph.op_counts()
+    report.top_costs = _describe(chosen.graph, chosen.node_costs)
+    if not chosen.cost < cost_before * (1 - 1e-9):
+        return keep_original("no cheaper program found")
+    program = stage("lower", lower, chosen.graph)
+    if check:
+        problem = stage("verify", _verify, jitted_original, program, captured.in_avals)
+        if problem:
+            warnings.warn(f"superopt: the optimized program differs from the original ({problem}); "
+                          f"returning the original. Rules involved: {', '.join(run.fired) or 'none'}",
+                          verification.VerificationWarning, stacklevel=3)
+            return keep_original(f"verification failed: {problem}")
+    report.outcome = "optimized"
+    report.stage_seconds = stage.seconds
+    return Specialization(program, report, chosen.graph, original, captured.out_tree)
+
+
+def _verify(reference: Callable, candidate: Callable, avals, trials: int = 2) -> str | None:
+    for seed in range(trials):
+        args = verification.random_args(avals, seed)
+        problem = verification.compare_outputs([np.asarray(o) for o in reference(*args)],
+                                               [np.asarray(o) for o in candidate(*args)])
+        if problem:
+            return problem
+    return None
+
+
+def _spec_key(args) -> tuple:
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    return tree, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+
+
+class Optimized:
+    """A callable with `fn`'s signature, specialized and cached per argument shapes and dtypes."""
+
+    def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool):
+        load_target(target)  # an unknown target fails here, listing the valid ones
+        resolve(rulesets)
+        self.fn, self.target, self.rulesets, self.limits, self.verify = fn, target, tuple(rulesets), limits, verify
+        self._cache: dict[tuple, Specialization] = {}
+        self._last: Specialization | None = None
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "optimized")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def compile(self, *args) -> Specialization:
+        key = _spec_key(args)
+        spec = self._cache.get(key)
+        if spec is None:
+            spec = self._cache[key] = optimize(self.fn, args, self.target, self.rulesets, self.limits, self.verify)
+        self._last = spec
+        return spec
+
+    def __call__(self, *args):
+        spec = self.compile(*args)
+        return jax.tree_util.tree_unflatten(spec.out_tree, spec.run(*jax.tree_util.tree_leaves(args)))
+
+    def _specialization(self) -> Specialization:
+        if self._last is None:
+            raise RuntimeError("superopt: nothing compiled yet; call the function (or .compile(*args)) first")
+        return self._last
+
+    @property
+    def report(self) -> Report:
+        return self._specialization().report
+
+    @property
+    def term(self) -> str:
+        return pretty(self._specialization().term)
+
+
+def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Sequence[Any] = DEFAULT,
+             limits: Limits | None = None, verify: bool = True):
+    """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`."""
+    if fn is None:
+        return lambda f: superopt(f, target, rulesets=rulesets, limits=limits, verify=verify)
+    return Optimized(fn, target, rulesets, limits or Limits(), verify)

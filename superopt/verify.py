@@ -1,0 +1,72 @@
+"""Verify: the optimized program against the original on random inputs, with tolerances per dtype."""
+from __future__ import annotations
+
+import numpy as np
+
+# Floating-point outputs pass two checks (integers and bools must be equal):
+#   elementwise |a - e| <= tol * (|e| + max|e|)   -- no element is wrong on the output's own scale;
+#   normwise    ||a - e|| <= norm_tol * ||e||      -- the output as a whole is as accurate as rounding allows.
+# Error is measured against the output's scale, not each element's, because a reassociated dot product
+# errs relative to sum |a_i b_i|, which is large where the result cancels to near zero.
+TOLERANCES = {"float64": (1e-9, 1e-10), "float32": (1e-3, 1e-4), "float16": (1e-2, 5e-3),
+              "bfloat16": (5e-2, 2e-2)}
+
+
+class VerificationWarning(UserWarning):
+    """The optimized program differed from the original; the original was kept."""
+
+
+def random_args(avals, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for shape, dtype in avals:
+        dt = np.dtype(dtype)
+        if dt == np.bool_:
+            out.append(rng.random(shape) < 0.5)
+        elif dt.kind in "iu":
+            lo = 0 if dt.kind == "u" else -8
+            out.append(rng.integers(lo, 9, size=shape).astype(dt))
+        else:
+            out.append(rng.standard_normal(shape).astype(np.float32).astype(dt))
+    return out
+
+
+def mismatch(expected, actual) -> str | None:
+    """None if `actual` matches `expected` within the dtype's tolerance, else a description."""
+    e, a = np.asarray(expected), np.asarray(actual)
+    if e.shape != a.shape or e.dtype != a.dtype:
+        return f"type {a.dtype}{list(a.shape)} != expected {e.dtype}{list(e.shape)}"
+    if e.dtype.kind not in "fc":
+        bad = int(np.sum(e != a))
+        return f"{bad} of {e.size} elements differ" if bad else None
+    e64, a64 = e.astype(np.float64), a.astype(np.float64)
+    if not np.array_equal(np.isnan(e64), np.isnan(a64)):
+        return "NaN positions differ"
+    inf = np.isinf(e64) | np.isinf(a64)
+    if not np.array_equal(e64[inf], a64[inf]):
+        return "Inf positions or signs differ"
+    finite = ~(np.isnan(e64) | inf)
+    if not finite.any():
+        return None
+    tol, norm_tol = TOLERANCES.get(str(e.dtype), TOLERANCES["float32"])
+    ef, af = e64[finite], a64[finite]
+    scale = max(float(np.max(np.abs(ef))), np.finfo(np.float32).tiny)
+    err = np.abs(ef - af)
+    bound = tol * (np.abs(ef) + scale)
+    if not np.all(err <= bound):
+        worst = int(np.argmax(err - bound))
+        return f"element error {err[worst]:.3g} over bound {bound[worst]:.3g} (dtype {e.dtype})"
+    norm_err = float(np.linalg.norm(ef - af) / max(np.linalg.norm(ef), np.finfo(np.float32).tiny))
+    if norm_err > norm_tol:
+        return f"normwise relative error {norm_err:.3g} over {norm_tol:g} (dtype {e.dtype})"
+    return None
+
+
+def compare_outputs(expected: list, actual: list) -> str | None:
+    if len(expected) != len(actual):
+        return f"{len(actual)} outputs, expected {len(expected)}"
+    for k, (e, a) in enumerate(zip(expected, actual)):
+        problem = mismatch(e, a)
+        if problem:
+            return f"output {k}: {problem}"
+    return None

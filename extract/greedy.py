@@ -38,7 +38,7 @@ class _Best:
 class Extraction:
     graph: Graph
     cost: float
-    node_costs: list[float]  # per node of `graph`, seconds per call (0 for hoisted constants)
+    node_costs: list[float]  # per live node of `graph`, seconds per call (0 for hoisted constants)
 
 
 def _node_types(fz: FrozenEGraph, node: ENode):
@@ -70,28 +70,30 @@ def _list_types(fz, cls, tensor_type):
     return out
 
 
-def extract(fz: FrozenEGraph, enc: Encoding, target: Target) -> Extraction:
-    nodes = [n for cls in fz.classes.values() for n in cls]
+def _node_costs(fz: FrozenEGraph, enc: Encoding, target: Target) -> dict[ENode, float]:
     own: dict[ENode, float] = {}
-    for n in nodes:
-        if n.fn in _LISTS:
-            own[n] = 0.0
-            continue
-        ins, out = _node_types(fz, n)
-        if out is None or any(t is None for t in ins):
-            continue  # a node the analyses could not type is never chosen
-        op, attrs = decode(n.fn, n.args, n.children, enc)
-        own[n] = op_cost(op, attrs, ins, out, target)
-    parents: dict = {}
-    for n in nodes:
-        for c in n.children:
-            parents.setdefault(c, []).append(n)
+    for cls in fz.classes.values():
+        for n in cls:
+            if n.fn in _LISTS:
+                own[n] = 0.0
+                continue
+            ins, out = _node_types(fz, n)
+            if out is None or any(t is None for t in ins):
+                continue  # a node the analyses could not type is never chosen
+            op, attrs = decode(n.fn, n.args, n.children, enc)
+            own[n] = op_cost(op, attrs, ins, out, target)
+    return own
 
-    best: dict = {}
+
+def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict) -> dict:
+    """Cheapest node per class by cost sets; classes in `fixed` are already paid for and never change."""
+    best = dict(fixed)
     queue = deque(n for n in nodes if not n.children and n in own)
+    for cls in fixed:
+        queue.extend(parents.get(cls, ()))
     while queue:
         n = queue.popleft()
-        if n not in own or any(c not in best for c in n.children):
+        if n not in own or n.eclass in fixed or any(c not in best for c in n.children):
             continue
         costs: dict = {}
         for c in n.children:
@@ -106,32 +108,47 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target) -> Extraction:
         if old is None or total < old.total - _EPS * max(1.0, old.total):
             best[n.eclass] = _Best(total, n, costs, const_only)
             queue.extend(parents.get(n.eclass, ()))
-
-    missing = [k for k, cls in sorted(fz.outputs.items()) if cls not in best]
-    if missing:
-        raise ExtractionError(f"superopt: no well-typed term found for outputs {missing}")
-    return _build(fz, enc, best)
+    return best
 
 
-def _build(fz: FrozenEGraph, enc: Encoding, best: dict) -> Extraction:
+def extract(fz: FrozenEGraph, enc: Encoding, target: Target) -> Extraction:
+    """Outputs are extracted in order; what one output's program computes is free for the next ones."""
+    own = _node_costs(fz, enc, target)
+    nodes = [n for cls in fz.classes.values() for n in cls]
+    parents: dict = {}
+    for n in nodes:
+        for c in n.children:
+            parents.setdefault(c, []).append(n)
+    fixed: dict = {}
+    for k in sorted(fz.outputs):
+        best = _greedy(nodes, own, parents, fixed)
+        root = fz.outputs[k]
+        if root not in best:
+            raise ExtractionError(f"superopt: no well-typed term found for output {k}")
+        for cls in best[root].costs:
+            b = best[cls]
+            fixed[cls] = _Best(0.0, b.node, {cls: 0.0}, b.const_only)
+    graph = _build(fz, enc, {cls: b.node for cls, b in fixed.items()})
+    cost, node_costs = program_cost(graph, target)
+    return Extraction(graph, cost, node_costs)
+
+
+def _build(fz: FrozenEGraph, enc: Encoding, choice: dict) -> Graph:
     """The chosen sub-DAG as a Graph, built with an explicit stack (any depth)."""
     src = enc.graph
     graph = Graph(consts=src.consts, opaque=src.opaque, n_args=src.n_args)
     ids: dict = {}
-    node_costs: list[float] = []
     on_path: set = set()
-
-    def flatten(cls) -> list:
-        out = []
-        while best[cls].node.fn == "tcons":
-            out.append(best[cls].node.children[0])
-            cls = best[cls].node.children[1]
-        return out
 
     def tensor_children(n: ENode) -> list:
         kids = []
         for c in n.children:
-            kids.extend(flatten(c) if best[c].node.fn in _LISTS else [c])
+            if choice[c].fn not in _LISTS:
+                kids.append(c)
+                continue
+            while choice[c].fn == "tcons":
+                kids.append(choice[c].children[0])
+                c = choice[c].children[1]
         return kids
 
     for root in (fz.outputs[k] for k in sorted(fz.outputs)):
@@ -140,7 +157,7 @@ def _build(fz: FrozenEGraph, enc: Encoding, best: dict) -> Extraction:
             cls, expanded = stack.pop()
             if cls in ids:
                 continue
-            n = best[cls].node
+            n = choice[cls]
             kids = tensor_children(n)
             if not expanded:
                 if cls in on_path:
@@ -152,9 +169,8 @@ def _build(fz: FrozenEGraph, enc: Encoding, best: dict) -> Extraction:
             on_path.discard(cls)
             op, attrs = decode(n.fn, n.args, n.children, enc)
             ids[cls] = graph.add(Node(op, tuple(ids[c] for c in kids), attrs, fz.shapes[cls], fz.dtypes[cls]))
-            node_costs.append(best[cls].costs[cls])
     graph.outputs = [ids[fz.outputs[k]] for k in sorted(fz.outputs)]
-    return Extraction(graph, sum(node_costs), node_costs)
+    return graph
 
 
 def program_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:

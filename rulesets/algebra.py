@@ -10,7 +10,7 @@ from __future__ import annotations
 from egglog import String, Vec, eq, f64, i64, ne, rule, union, var, vars_
 
 from superopt.egraph.terms import (
-    Tensor, add, arg, binary, broadcast, concat, const, convert, div, dtype, exp, float_dtype, integer_pow, lit, log,
+    Tensor, add, arg, binary, broadcast, concat, const, div, dtype, exp, float_dtype, integer_pow, lit, log,
     matmul, mul, neg, reduce, reshape, select, shape, slice_, sub, tlist, transpose, unary,
 )
 from superopt.rewrites.rule import RuleSet, rules, rw
@@ -164,12 +164,8 @@ ALGEBRA = RuleSet("algebra", [
     rw("reshape-of-reshape", reshape(reshape(x, s), t), reshape(x, t), doc="reshape(reshape(x)) -> reshape(x)"),
     rules("reshape-identity", [rule(eq(z).to(reshape(x, s)), eq(shape(x)).to(s)).then(union(z).with_(x))],
           doc="reshape(x, shape(x)) -> x"),
-    rules("broadcast-identity", [rule(eq(z).to(broadcast(x, s, p)), eq(shape(x)).to(s)).then(union(z).with_(x))],
-          doc="broadcast(x, shape(x)) -> x"),
     rules("broadcast-as-reshape", _broadcast_as_reshape(), doc="a broadcast that only adds unit dims -> reshape"),
     rules("broadcast-of-broadcast", _broadcast_of_broadcast(), doc="broadcast(broadcast(x)) -> one broadcast"),
-    rules("convert-identity", [rule(eq(z).to(convert(x, d)), eq(dtype(x)).to(d)).then(union(z).with_(x))],
-          doc="convert(x, dtype(x)) -> x"),
     # -- exact identities (the result must keep the shape: x*1 with a rank-0 x and a broadcast 1 stays) --
     rules("mul-one", [*_identity_when_same_shape(mul(x, one), x), *_identity_when_same_shape(mul(one, x), x)],
           doc="x*1 -> x, 1*x -> x"),

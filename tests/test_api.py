@@ -1,0 +1,78 @@
+"""The public API: the callable, its report and term, specialization, errors, and the verification net."""
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from superopt import Limits, StopReason, VerificationWarning, superopt
+from superopt.egraph.terms import exp
+from superopt.rewrites.rule import RuleSet, rw
+from superopt.rulesets.algebra import x
+
+A = jnp.asarray(np.random.default_rng(0).standard_normal((256, 256)), jnp.float32)
+V = jnp.asarray(np.random.default_rng(1).standard_normal((256, 1)), jnp.float32)
+
+
+def chain(a, b, v):
+    return (a @ b) @ v
+
+
+def test_optimizes_and_reports():
+    fast = superopt(chain)
+    np.testing.assert_allclose(fast(A, A, V), chain(A, A, V), rtol=1e-4, atol=1e-3)
+    report = fast.report
+    assert report.optimized and report.cost_after < report.cost_before
+    text = str(report)
+    for needle in ("outcome      : optimized", "stopped by saturated", "e-nodes", "matmul-assoc", "cost (model)"):
+        assert needle in text
+    assert "matmul(%0, %3)" in fast.term or "matmul(%1, %2)" in fast.term
+
+
+def test_specializes_per_shape_like_jit():
+    fast = superopt(chain)
+    fast(A, A, V)
+    first = fast.report
+    small = jnp.ones((8, 8))
+    np.testing.assert_allclose(fast(small, small, small[:, :1]), chain(small, small, small[:, :1]))
+    assert fast.report is not first and len(fast._cache) == 2
+    fast(A, A, V)
+    assert fast.report is first and len(fast._cache) == 2
+
+
+def test_decorator_form_and_report_before_compile():
+    @superopt(target="cpu")
+    def f(a):
+        return a * 1.0
+    with pytest.raises(RuntimeError, match="nothing compiled yet"):
+        f.report
+    np.testing.assert_allclose(f(A), A)
+
+
+def test_unknown_target_and_ruleset_are_clear_errors():
+    with pytest.raises(ValueError, match=r"unknown target 'npu-9000'; valid targets: .*cpu"):
+        superopt(chain, target="npu-9000")
+    with pytest.raises(ValueError, match=r"unknown rule set 'nope'; known: algebra"):
+        superopt(chain, rulesets=["nope"])
+
+
+def test_unsound_user_rule_is_caught_and_named():
+    bogus = RuleSet("mine", [rw("exp-is-identity", exp(x), x, doc="wrong on purpose")])
+    fast = superopt(lambda a: jnp.exp(a) * 2.0 + jnp.exp(a) @ a, rulesets=["algebra", bogus])
+    with pytest.warns(VerificationWarning, match="exp-is-identity"):
+        out = fast(A)
+    np.testing.assert_allclose(out, jnp.exp(A) * 2.0 + jnp.exp(A) @ A, rtol=1e-4)
+    assert fast.report.outcome.startswith("kept original: verification failed")
+
+
+def test_kept_original_when_nothing_is_cheaper():
+    fast = superopt(lambda a: jnp.tanh(a) + 1.0)
+    fast(A)
+    assert fast.report.outcome == "kept original: no cheaper program found"
+
+
+def test_limits_reach_the_report():
+    fast = superopt(chain, limits=Limits(iterations=1))
+    fast(A, A, V)
+    assert fast.report.run.stop_reason in (StopReason.ITERATION_LIMIT, StopReason.SATURATED)
+    assert fast.report.run.iterations == 1

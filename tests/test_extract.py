@@ -1,0 +1,65 @@
+"""Cost model and DAG-aware extraction."""
+import jax.numpy as jnp
+import pytest
+
+from superopt.egraph.capture import capture
+from superopt.egraph.encode import encode
+from superopt.egraph.frozen import freeze
+from superopt.egraph.runner import Phase, saturate
+from superopt.extract.cost import op_cost
+from superopt.extract.greedy import extract, program_cost
+from superopt.extract.target import available_targets, load_target
+from superopt.rulesets.algebra import ALGEBRA
+
+CPU = load_target("cpu")
+F32 = "float32"
+
+
+def best(fn, *args):
+    captured = capture(fn, args)
+    enc = encode(captured.graph)
+    saturate(enc.egraph, [Phase("algebra", list(ALGEBRA))])
+    return captured.graph, extract(freeze(enc.egraph), enc, CPU)
+
+
+def test_matmul_cost_scales_with_flops():
+    small = op_cost("matmul", (), [((64, 64), F32), ((64, 1), F32)], ((64, 1), F32), CPU)
+    big = op_cost("matmul", (), [((64, 64), F32), ((64, 64), F32)], ((64, 64), F32), CPU)
+    assert big > small > 0
+
+
+def test_reshape_and_leaves_are_free_and_transcendentals_cost_more():
+    assert op_cost("reshape", (), [((4, 4), F32)], ((16,), F32), CPU) == 0
+    t = [((1 << 20,), F32)]
+    assert op_cost("exp", (), t, t[0], CPU) > op_cost("add", (), t + t, t[0], CPU) * 0  # both positive
+    assert op_cost("exp", (), t, t[0], CPU) >= op_cost("neg", (), t, t[0], CPU)
+
+
+def test_unknown_target_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown target 'tpu-v9'.*cpu"):
+        load_target("tpu-v9")
+    assert "cpu" in available_targets()
+
+
+def test_extraction_cost_is_the_cost_of_the_extracted_program():
+    _, chosen = best(lambda a, b, v: jnp.tanh((a @ b) @ v) + 1.0, jnp.ones((64, 64)), jnp.ones((64, 64)), jnp.ones((64, 1)))
+    assert chosen.cost == pytest.approx(program_cost(chosen.graph, CPU)[0])
+
+
+def test_shared_subterm_is_paid_once():
+    """(A@B) is an output, so (A@B)@v reuses it: two matmuls, not A@(B@v) plus A@B (three)."""
+    a, b, v = jnp.ones((128, 128)), jnp.ones((128, 128)), jnp.ones((128, 1))
+    _, chosen = best(lambda a, b, v: (a @ b, (a @ b) @ v), a, b, v)
+    assert chosen.graph.op_counts()["matmul"] == 2
+    # Without the shared output, re-association wins.
+    _, alone = best(lambda a, b, v: (a @ b) @ v, a, b, v)
+    first = next(n for n in alone.graph.nodes if n.op == "matmul")
+    assert first.shape == (128, 1)
+
+
+def test_constant_subterms_are_free():
+    w = jnp.ones((32, 32))
+    graph, chosen = best(lambda x: x @ (w @ w), jnp.ones((4, 32)))
+    cost, per_node = program_cost(graph, CPU)
+    matmul_costs = [c for c, i in zip(per_node, graph.live()) if graph.nodes[i].op == "matmul"]
+    assert sorted(matmul_costs)[0] == 0.0  # w @ w is computed once, at build time

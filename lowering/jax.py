@@ -113,4 +113,5 @@ def lower(graph: Graph) -> Callable:
         env = evaluate(graph, flat_args, dict(zip(heavy, hoisted_values)), only=rest)
         return [env[o] for o in graph.outputs]
 
-    return lambda *flat_args: run(list(flat_args), [hoisted[i] for i in heavy])
+    hoisted_values = [hoisted[i] for i in heavy]
+    return lambda *flat_args: run(list(flat_args), hoisted_values)

@@ -21,6 +21,10 @@ from superopt.lowering.jax import lower
 from superopt.report import Report
 from superopt.rulesets import DEFAULT, resolve
 
+# The cost model does not resolve differences of a few percent; a program that is predicted to be
+# less than this much faster is not worth swapping in for the original.
+MIN_PREDICTED_GAIN = 0.03
+
 
 @dataclass
 class Specialization:
@@ -87,6 +91,9 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     report.top_costs = _describe(chosen.graph, chosen.node_costs)
     if not chosen.cost < cost_before * (1 - 1e-9):
         return keep_original("no cheaper program found")
+    if chosen.cost > cost_before * (1 - MIN_PREDICTED_GAIN):
+        gain = 1 - chosen.cost / cost_before
+        return keep_original(f"predicted gain {gain:.1%} is below the {MIN_PREDICTED_GAIN:.0%} threshold")
     program = stage("lower", lower, chosen.graph)
     if check:
         problem = stage("verify", _verify, jitted_original, program, captured.in_avals)
@@ -110,9 +117,11 @@ def _verify(reference: Callable, candidate: Callable, avals, trials: int = 2) ->
     return None
 
 
-def _spec_key(args) -> tuple:
-    leaves, tree = jax.tree_util.tree_flatten(args)
-    return tree, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+def _leaf_type(x) -> tuple:
+    try:
+        return x.shape, x.dtype
+    except AttributeError:  # a Python scalar
+        return (), type(x)
 
 
 class Optimized:
@@ -128,17 +137,22 @@ class Optimized:
         self.__name__ = getattr(fn, "__name__", "optimized")
         self.__doc__ = getattr(fn, "__doc__", None)
 
-    def compile(self, *args) -> Specialization:
-        key = _spec_key(args)
+    def _lookup(self, args) -> tuple[Specialization, list]:
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        key = (tree, tuple(_leaf_type(x) for x in leaves))
         spec = self._cache.get(key)
         if spec is None:
             spec = self._cache[key] = optimize(self.fn, args, self.target, self.rulesets, self.limits, self.verify)
         self._last = spec
-        return spec
+        return spec, leaves
+
+    def compile(self, *args) -> Specialization:
+        """Optimize for these argument shapes and dtypes (once; later calls hit the cache)."""
+        return self._lookup(args)[0]
 
     def __call__(self, *args):
-        spec = self.compile(*args)
-        return jax.tree_util.tree_unflatten(spec.out_tree, spec.run(*jax.tree_util.tree_leaves(args)))
+        spec, leaves = self._lookup(args)
+        return jax.tree_util.tree_unflatten(spec.out_tree, spec.run(*leaves))
 
     def _specialization(self) -> Specialization:
         if self._last is None:

@@ -42,6 +42,19 @@ def _is_tensor_sort(sort: str) -> bool:
     return sort.rsplit(".", 1)[-1] in TENSOR_SORTS
 
 
+def count(egraph: EGraph) -> tuple[int, int]:
+    """(e-nodes, e-classes) of the tensor sorts, without decoding any values."""
+    nodes, classes = 0, set()
+    for fn in egraph._egraph.freeze().functions.values():
+        if fn.is_let_binding or not _is_tensor_sort(fn.output_sort):
+            continue
+        for row in fn.rows:
+            if not row.subsumed:
+                nodes += 1
+                classes.add(row.output)
+    return nodes, len(classes)
+
+
 def freeze(egraph: EGraph) -> FrozenEGraph:
     raw = egraph._egraph  # private: the bindings object
     frozen = raw.freeze()

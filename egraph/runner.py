@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from egglog import EGraph, bindings, ruleset
 
 from superopt.egraph.analysis import analysis
+from superopt.egraph.frozen import count
 from superopt.rewrites.rule import Rule, RuleSet
 
 
@@ -102,5 +103,7 @@ def saturate(egraph: EGraph, phases: list[Phase], limits: Limits = Limits()) -> 
     except Exception as exc:  # egglog raises EggSmolError on a type conflict: a rule broke the analyses
         report.stop_reason = StopReason.ERROR
         report.error = f"{type(exc).__name__}: {exc}"
+    else:
+        report.enodes, report.eclasses = count(egraph)
     report.seconds = time.perf_counter() - start
     return report

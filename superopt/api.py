@@ -81,7 +81,6 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     if run.stop_reason is StopReason.ERROR:
         return keep_original(f"saturation failed ({run.error})")
     frozen = stage("freeze", freeze, enc.egraph)
-    run.enodes, run.eclasses = frozen.n_nodes, frozen.n_classes
     try:
         chosen = stage("extract", extract, frozen, enc, tgt)
     except ExtractionError as exc:

@@ -86,6 +86,15 @@ def test_nested_jit_and_custom_jvp_are_walked_into():
     assert "opaque" not in ops and "tanh" in ops and "max" in ops
 
 
+def test_custom_vjp_primal_is_walked_into():
+    @jax.custom_vjp
+    def scaled_tanh(a):
+        return jnp.tanh(a) * 2.0
+    scaled_tanh.defvjp(lambda a: (scaled_tanh(a), a), lambda a, g: (g,))
+    ops = roundtrip(lambda a: scaled_tanh(a) + 1.0, x).op_counts()
+    assert "opaque" not in ops and "tanh" in ops
+
+
 def test_unsupported_primitives_become_opaque_and_stay_correct():
     def fn(a):
         h = jnp.tanh(a @ a.T)

@@ -25,6 +25,8 @@ def test_saturates_small_program():
     report = saturate(encode(capture(lambda a: (a @ a) @ a[:, :1], (jnp.ones((4, 4)),)).graph).egraph, PHASES)
     assert report.stop_reason is StopReason.SATURATED
     assert report.fired.get("matmul-assoc", 0) > 0 and report.seconds > 0
+    # Classes: a, a[:, :1], a@a, a@a[:, :1], and the root, which holds both associations.
+    assert (report.enodes, report.eclasses) == (6, 5)
 
 
 @pytest.mark.parametrize("limits, reason", [

@@ -1,77 +1,134 @@
-"""A named rewrite rule, and the registry that collects every rule set.
+"""Rules as data: a named pair (or group of pairs) of patterns with named legality predicates.
 
-A `Rule` is one row of a rule-set table: a kebab-case name, a doc line, the egglog rules it compiles to,
-the rule set it belongs to, and where it was declared (file:line) so reports can point at it.
-`numerics` says in which sense the two sides are equal, which decides how the checker compares them:
-  "exact"   - equal in IEEE arithmetic (same value, NaN and Inf included);
-  "reals"   - equal over the reals: may differ by rounding, and where an intermediate overflows.
+A rule-set module declares one table:
+
+    ALGEBRA = RuleSet("algebra", {
+        "matmul": [
+            rule("matmul-assoc", matmul(matmul(x, y, d), z, d), matmul(x, matmul(y, z, d), d),
+                 when("has_dtype", x, d), ..., two_way=True, numerics="reals", doc="(x@y)@z <-> x@(y@z)"),
+        ],
+    })
+
+Each rule records its name, rule set, category (the table section), doc line and source file:line.
+`numerics` says in which sense the sides are equal, which decides how the checker compares them:
+  "exact" - equal in IEEE arithmetic (same values; NaN and Inf where they arise);
+  "reals" - equal over the reals: may differ by rounding, and where an intermediate overflows.
 """
 from __future__ import annotations
 
-import inspect
 import os
+import re
+import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from egglog import eq, rule, union, var
-
-from superopt.egraph.terms import Tensor
+from superopt.rewrites.functions import PREDICATES, when
+from superopt.rewrites.pattern import TENSOR, Pattern, variables
 
 NUMERICS = ("exact", "reals")
+_NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rule:
     name: str
-    doc: str
-    egg: tuple            # egglog rewrites / rules this rule compiles to
+    pairs: tuple            # ((lhs, rhs), ...): one pair, or several matched together (multi-pattern)
+    when: tuple = ()        # ((predicate name, args), ...)
+    two_way: bool = False
     numerics: str = "exact"
+    doc: str = ""
+    category: str = ""
     ruleset: str = ""
-    source: str = ""      # file:line of the declaration
+    source: str = ""
 
     def __post_init__(self):
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(f"rule name {self.name!r} is not kebab-case")
         if self.numerics not in NUMERICS:
             raise ValueError(f"rule {self.name!r}: numerics must be one of {NUMERICS}, not {self.numerics!r}")
-        if not self.egg:
-            raise ValueError(f"rule {self.name!r} compiles to no egglog rule")
+        if self.two_way and len(self.pairs) > 1:
+            raise ValueError(f"rule {self.name!r}: a multi-pattern rule cannot be two-way")
+        for lhs, rhs in self.pairs:
+            if lhs.sort != TENSOR or rhs.sort != TENSOR:
+                raise TypeError(f"rule {self.name!r}: both sides must be tensors")
+            bound = set(variables(lhs)) | {v for l, _ in self.pairs for v in variables(l)}
+            free = [v for v in variables(rhs) if v not in bound]
+            if free:
+                raise ValueError(f"rule {self.name!r}: right-hand side uses unbound variables {free}")
+        for name, _ in self.when:
+            if name not in PREDICATES:
+                raise KeyError(f"rule {self.name!r}: unknown predicate {name!r}")
+
+    @cached_property
+    def egg(self) -> tuple:
+        """The egglog rules this rule compiles to (compiled once, on first use)."""
+        from superopt.rewrites.compile import compile_rule
+        return tuple(compile_rule(self))
+
+    def key(self) -> tuple:
+        """Everything that defines the rule except where it was declared."""
+        return (self.name, self.pairs, self.when, self.two_way, self.numerics, self.doc, self.category, self.ruleset)
+
+    def __eq__(self, other):
+        return isinstance(other, Rule) and self.key() == other.key()
+
+    def __hash__(self):
+        return hash(self.key())
 
 
-def _caller_source(depth: int = 2) -> str:
-    frame = inspect.stack()[depth]
-    return f"{os.path.relpath(frame.filename, os.path.dirname(os.path.dirname(__file__)))}:{frame.lineno}"
+def _caller() -> str:
+    """file:line of the declaration: the outermost frame in the declaring module, so a rule built by a
+    helper in a rule-set module points at its row in the table, not into the helper."""
+    frame = sys._getframe(2)
+    filename, line = frame.f_code.co_filename, frame.f_lineno
+    while frame.f_back is not None and frame.f_back.f_code.co_filename == filename:
+        frame = frame.f_back
+        line = frame.f_lineno
+    return f"{os.path.relpath(filename, _ROOT)}:{line}"
 
 
-def _one_way(lhs, rhs, conditions):
-    # A rewrite as an egglog `rule`, whose declaration identifies it in egglog's run reports.
-    root = var("__root", Tensor)
-    return rule(eq(root).to(lhs), *conditions).then(union(root).with_(rhs))
+def rule(name: str, lhs: Pattern, rhs: Pattern, *conditions, doc: str, two_way: bool = False,
+         numerics: str = "exact") -> Rule:
+    """`lhs -> rhs` where every condition holds; `two_way=True` declares `lhs <-> rhs` once."""
+    return Rule(name, ((lhs, rhs),), tuple(conditions), two_way, numerics, doc, source=_caller())
 
 
-def rw(name: str, lhs, rhs, *conditions, doc: str, numerics: str = "exact", two_way: bool = False) -> Rule:
-    """`lhs -> rhs if conditions`; `two_way` declares `lhs <-> rhs` once."""
-    egg = (_one_way(lhs, rhs, conditions),) + ((_one_way(rhs, lhs, conditions),) if two_way else ())
-    return Rule(name, doc, egg, numerics, source=_caller_source())
-
-
-def rules(name: str, egg_rules, *, doc: str, numerics: str = "exact") -> Rule:
-    """A rule that compiles to several egglog rules (one per rank, or a multi-pattern rule)."""
-    return Rule(name, doc, tuple(egg_rules), numerics, source=_caller_source())
+def multi_rule(name: str, pairs, *conditions, doc: str, numerics: str = "exact") -> Rule:
+    """Several patterns matched together; each lhs_i is unioned with its rhs_i."""
+    return Rule(name, tuple(pairs), tuple(conditions), False, numerics, doc, source=_caller())
 
 
 @dataclass
 class RuleSet:
+    """One table of rules, in sections named by category."""
     name: str
-    rules: list[Rule] = field(default_factory=list)
+    sections: dict = field(default_factory=dict)   # category -> list[Rule]
+    rules: list = field(init=False)
 
     def __post_init__(self):
-        seen = set()
-        for i, r in enumerate(self.rules):
-            if r.name in seen:
-                raise ValueError(f"rule set {self.name!r}: rule {r.name!r} declared twice")
-            seen.add(r.name)
-            self.rules[i] = Rule(r.name, r.doc, r.egg, r.numerics, self.name, r.source)
+        if isinstance(self.sections, (list, tuple)):
+            self.sections = {"": list(self.sections)}
+        self.rules, seen = [], set()
+        for category, members in self.sections.items():
+            for r in members:
+                if r.name in seen:
+                    raise ValueError(f"rule set {self.name!r}: rule {r.name!r} declared twice")
+                seen.add(r.name)
+                self.rules.append(Rule(r.name, r.pairs, r.when, r.two_way, r.numerics, r.doc,
+                                       category or r.category, self.name, r.source))
 
     def __iter__(self):
         return iter(self.rules)
 
     def __len__(self):
         return len(self.rules)
+
+    def __getitem__(self, name: str) -> Rule:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        raise KeyError(f"rule set {self.name!r} has no rule {name!r}")
+
+
+__all__ = ["Rule", "RuleSet", "rule", "multi_rule", "when", "NUMERICS"]

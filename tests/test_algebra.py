@@ -20,6 +20,7 @@ from superopt.verify import compare_outputs
 rng = np.random.default_rng(0)
 A, B, C = (jnp.asarray(rng.standard_normal((8, 8)), jnp.float32) for _ in range(3))
 V = jnp.asarray(rng.standard_normal((8, 1)), jnp.float32)
+W1, W2, W3 = (rng.standard_normal((8, 4)).astype(np.float32) for _ in range(3))
 T3 = jnp.asarray(rng.standard_normal((2, 3, 4)), jnp.float32)
 
 # rule name -> (program, arguments)
@@ -33,7 +34,10 @@ FIRES = {
     "matmul-assoc": (lambda a, b, v: (a @ b) @ v, (A, B, V)),
     "matmul-distribute-lhs": (lambda a, b, c: a @ b + a @ c, (A, B, C)),
     "matmul-distribute-rhs": (lambda a, b, c: a @ c + b @ c, (A, B, C)),
-    "matmul-merge-shared-lhs": (lambda x, q, k, v: (x @ q, x @ k, x @ v), (A, B, C, A.T)),
+    "matmul-merge-2-shared-lhs-inputs": (lambda x, q, k: (x @ q, x @ k), (A, B, C)),
+    "matmul-merge-3-shared-lhs-inputs": (lambda x, q, k, v: (x @ q, x @ k, x @ v), (A, B, C, A.T)),
+    "matmul-merge-2-shared-lhs-constants": (lambda x: (x @ W1, x @ W2), (A,)),
+    "matmul-merge-3-shared-lhs-constants": (lambda x: (x @ W1, x @ W2, x @ W3), (A,)),
     "matmul-scale-lhs": (lambda a, b: (a * 0.5) @ b, (A, B)),
     "matmul-scale-rhs": (lambda a, b: a @ (b * 0.5), (A, B)),
     "reshape-of-reshape": (lambda t: t.reshape(6, 4).reshape(24) + 1, (T3,)),
@@ -41,7 +45,9 @@ FIRES = {
     "broadcast-as-reshape": (lambda a: jnp.expand_dims(a, 0) + 1, (A,)),
     "broadcast-of-broadcast": (lambda v: jnp.broadcast_to(jnp.broadcast_to(v, (8, 8))[None], (3, 8, 8)), (V,)),
     "mul-one": (lambda a: a * 1.0 + 2.0, (A,)),
+    "mul-one-left": (lambda a: 1.0 * a + 2.0, (A,)),
     "add-zero": (lambda a: (a + 0.0) * 2.0, (A,)),
+    "add-zero-left": (lambda a: (0.0 + a) * 2.0, (A,)),
     "sub-zero": (lambda a: (a - 0.0) * 2.0, (A,)),
     "div-one": (lambda a: (a / 1.0) * 2.0, (A,)),
     "neg-neg": (lambda a: -(-a) * 2.0, (A,)),
@@ -60,7 +66,12 @@ FIRES = {
     "div-sqrt-as-rsqrt": (lambda a, b: a / jnp.sqrt(jnp.abs(b)), (A, B)),
     "recip-sqrt": (lambda a: 1.0 / jnp.sqrt(jnp.abs(a)), (A,)),
     "reduce-sum-scale": (lambda a: jnp.sum(a * 3.0, axis=1), (A,)),
-    "fold-literals": (lambda a: a * (jnp.float32(2.0) * jnp.float32(3.0)), (A,)),
+    "fold-add": (lambda a: a * (jnp.float32(2.0) + jnp.float32(3.0)), (A,)),
+    "fold-sub": (lambda a: a * (jnp.float32(2.0) - jnp.float32(3.0)), (A,)),
+    "fold-mul": (lambda a: a * (jnp.float32(2.0) * jnp.float32(3.0)), (A,)),
+    "fold-div": (lambda a: a * (jnp.float32(2.0) / jnp.float32(3.0)), (A,)),
+    "fold-max": (lambda a: a * jnp.maximum(jnp.float32(2.0), jnp.float32(3.0)), (A,)),
+    "fold-min": (lambda a: a * jnp.minimum(jnp.float32(2.0), jnp.float32(3.0)), (A,)),
 }
 
 
@@ -75,7 +86,8 @@ def test_there_are_enough_rules_and_each_is_described():
     assert len(ALGEBRA) >= 25
     for r in ALGEBRA:
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", r.name), r.name
-        assert r.doc and r.ruleset == "algebra" and re.fullmatch(r"rulesets/algebra\.py:\d+", r.source)
+        assert r.doc and r.category and r.ruleset == "algebra"
+        assert re.fullmatch(r"rulesets/algebra\.py:\d+", r.source), r.source
 
 
 @pytest.mark.parametrize("name", sorted(FIRES))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from superopt import Limits, StopReason, VerificationWarning, superopt
-from superopt.egraph.terms import exp
-from superopt.rewrites.rule import RuleSet, rw
+from superopt.rewrites.pattern import exp
+from superopt.rewrites.rule import RuleSet, rule
 from superopt.rulesets.algebra import x
 
 A = jnp.asarray(np.random.default_rng(0).standard_normal((256, 256)), jnp.float32)
@@ -57,7 +57,7 @@ def test_unknown_target_and_ruleset_are_clear_errors():
 
 
 def test_unsound_user_rule_is_caught_and_named():
-    bogus = RuleSet("mine", [rw("exp-is-identity", exp(x), x, doc="wrong on purpose")])
+    bogus = RuleSet("mine", [rule("exp-is-identity", exp(x), x, doc="wrong on purpose")])
     fast = superopt(lambda a: jnp.exp(a) * 2.0 + jnp.exp(a) @ a, rulesets=["algebra", bogus])
     with pytest.warns(VerificationWarning, match="exp-is-identity"):
         out = fast(A)

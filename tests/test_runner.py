@@ -46,12 +46,10 @@ def test_limits_must_be_positive():
 
 
 def test_a_rule_that_breaks_shapes_is_an_error_not_a_wrong_program():
-    from egglog import Vec, i64, rewrite, vars_
-    from superopt.egraph.terms import Tensor, transpose
-    from superopt.rewrites.rule import Rule
-    (x,) = vars_("x", Tensor)
-    p = vars_("p", Vec[i64])
-    bad = Rule("drop-transpose", "wrong: transpose(x) -> x", (rewrite(transpose(x, *p)).to(x),))
+    from superopt.rewrites.pattern import tensors, transpose, vecs
+    from superopt.rewrites.rule import rule
+    (x,), (p,) = tensors("x"), vecs("p")
+    bad = rule("drop-transpose", transpose(x, p), x, doc="wrong: transpose(x) -> x")
     egraph = encode(capture(lambda a: a.T * 2, (jnp.ones((3, 5)),)).graph).egraph
     report = saturate(egraph, [Phase("bad", [bad])])
     assert report.stop_reason is StopReason.ERROR

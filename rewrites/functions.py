@@ -1,0 +1,131 @@
+"""Named legality predicates and attribute functions, each with two meanings.
+
+`egg` compiles to egglog (facts for a predicate, one list per alternative; an expression for an attribute
+function), given a compile context; `py` is the meaning on concrete values, used by the soundness checker.
+`ranks` names the variables whose rank (tensor) or length (vec) must be a known number to compile: egglog
+has no loops over vectors, so such rules are expanded once per rank.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from egglog import String, Vec, eq, f64, i64, ne
+
+from superopt.egraph.terms import dtype as dtype_of, float_dtype
+from superopt.rewrites.pattern import DTYPE, FLOAT, INT, TENSOR, VEC, Var
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class Predicate:
+    name: str
+    sorts: tuple[str, ...]
+    doc: str
+    egg: Callable            # (ctx, *args) -> list[list[fact]]: alternatives, any of which suffices
+    py: Callable             # (*values) -> bool
+    ranks: Callable = lambda *args: ()
+
+
+@dataclass(frozen=True)
+class AttributeFn:
+    name: str
+    egg: Callable            # (ctx, *args) -> egglog expression
+    py: Callable             # (*values) -> value
+    ranks: Callable = lambda *args: ()
+
+
+def _vec(values) -> Vec[i64]:
+    values = [v if not isinstance(v, int) else i64(v) for v in values]
+    return Vec[i64](*values) if values else Vec[i64].empty()
+
+
+def _rank(v) -> int:
+    return len(v) if isinstance(v, tuple) else np.ndim(v)
+
+
+def _swap_last(r: int) -> tuple[int, ...]:
+    return (*range(r - 2), r - 1, r - 2)
+
+
+def _keyed(*args):
+    return tuple(a for a in args if isinstance(a, Var))
+
+
+PREDICATES: dict[str, Predicate] = {p.name: p for p in [
+    Predicate("same_shape", (TENSOR, TENSOR), "the two tensors have the same shape",
+              lambda c, a, b: [[eq(c.shape(a)).to(c.shape(b))]], lambda a, b: np.shape(a) == np.shape(b)),
+    Predicate("shape_is", (TENSOR, VEC), "the tensor has exactly this shape",
+              lambda c, t, s: [[eq(c.shape(t)).to(c.expr(s))]], lambda t, s: tuple(np.shape(t)) == tuple(s)),
+    Predicate("has_dtype", (TENSOR, DTYPE), "the tensor has this dtype",
+              lambda c, t, d: [[eq(dtype_of(c.expr(t))).to(c.expr(d))]], lambda t, d: str(np.asarray(t).dtype) == d),
+    Predicate("float_dtype", (DTYPE,), "a floating-point dtype",
+              lambda c, d: [[float_dtype(c.expr(d))]], lambda d: d in FLOAT_DTYPES),
+    Predicate("rank", (TENSOR, INT), "the tensor has this rank",
+              lambda c, t, r: [[eq(c.shape(t).length()).to(c.expr(r))]], lambda t, r: np.ndim(t) == r),
+    Predicate("scalar", (TENSOR,), "a rank-0 tensor",
+              lambda c, t: [[eq(c.shape(t).length()).to(i64(0))]], lambda t: np.ndim(t) == 0),
+    Predicate("same_rank", (TENSOR, TENSOR), "the two tensors have the same rank",
+              lambda c, a, b: [[eq(c.shape(a).length()).to(c.shape(b).length())]],
+              lambda a, b: np.ndim(a) == np.ndim(b)),
+    Predicate("fits", (VEC, TENSOR), "a permutation or axis list as long as the tensor's rank",
+              lambda c, p, t: [[eq(c.expr(p).length()).to(c.shape(t).length())]], lambda p, t: len(p) == np.ndim(t)),
+    Predicate("matmul_ok", (TENSOR, TENSOR), "a@b is a valid matmul: a rank-2 b, or equal ranks",
+              lambda c, a, b: [[eq(c.shape(b).length()).to(i64(2))],
+                               [eq(c.shape(a).length()).to(c.shape(b).length())]],
+              lambda a, b: np.ndim(a) >= 2 and (np.ndim(b) == 2 or np.ndim(a) == np.ndim(b))),
+    Predicate("identity_perm", (VEC,), "the identity permutation",
+              lambda c, p: [[eq(c.expr(p)).to(_vec(range(c.rank(p))))]], lambda p: tuple(p) == tuple(range(len(p))),
+              lambda p: _keyed(p)),
+    Predicate("swaps_last_two", (VEC,), "the permutation that swaps the last two axes",
+              lambda c, p: [[eq(c.expr(p)).to(_vec(_swap_last(c.rank(p))))]] if c.rank(p) >= 2 else [],
+              lambda p: len(p) >= 2 and tuple(p) == _swap_last(len(p)), lambda p: _keyed(p)),
+    Predicate("same_numel", (TENSOR, VEC), "the tensor has as many elements as the shape describes",
+              lambda c, t, s: [[eq(_product(c.shape(t), c.rank(t))).to(_product(c.expr(s), c.rank(s)))]],
+              lambda t, s: math.prod(np.shape(t)) == math.prod(s), lambda t, s: _keyed(t, s)),
+    Predicate("less", (INT, INT), "a < b (orders leaves so a group is matched once)",
+              lambda c, a, b: [[c.expr(a) < c.expr(b)]], lambda a, b: a < b),
+    Predicate("nonzero", (FLOAT,), "a nonzero constant",
+              lambda c, v: [[ne(c.expr(v)).to(f64(0.0))]], lambda v: v != 0.0),
+]}
+
+
+def _product(v, r: int):
+    out = i64(1)
+    for i in range(r):
+        out = out * v[i]
+    return out
+
+
+ATTRIBUTES: dict[str, AttributeFn] = {f.name: f for f in [
+    AttributeFn("compose", lambda c, p, q: _vec(c.expr(p)[c.expr(q)[i]] for i in range(c.rank(q))),
+                lambda p, q: tuple(p[i] for i in q), lambda p, q: _keyed(q)),
+    AttributeFn("shape_of", lambda c, t: c.shape(t), lambda t: tuple(np.shape(t))),
+    AttributeFn("dim", lambda c, t, i: c.shape(t)[c.expr(i)], lambda t, i: np.shape(t)[i]),
+    AttributeFn("zeros_like", lambda c, t: _vec([0] * c.rank(t)), lambda t: (0,) * np.ndim(t), lambda t: _keyed(t)),
+    AttributeFn("ones_like", lambda c, t: _vec([1] * c.rank(t)), lambda t: (1,) * np.ndim(t), lambda t: _keyed(t)),
+    AttributeFn("set_last", lambda c, v, x: c.expr(v).set(c.expr(v).length() - 1, c.expr(x)),
+                lambda v, x: tuple(v[:-1]) + (x,)),
+    AttributeFn("iadd", lambda c, a, b: c.expr(a) + c.expr(b), lambda a, b: a + b),
+    AttributeFn("fadd", lambda c, a, b: c.expr(a) + c.expr(b), lambda a, b: a + b),
+    AttributeFn("fsub", lambda c, a, b: c.expr(a) - c.expr(b), lambda a, b: a - b),
+    AttributeFn("fmul", lambda c, a, b: c.expr(a) * c.expr(b), lambda a, b: a * b),
+    AttributeFn("fdiv", lambda c, a, b: c.expr(a) / c.expr(b), lambda a, b: a / b),
+    AttributeFn("fmax", lambda c, a, b: c.expr(a).max(c.expr(b)), lambda a, b: max(a, b)),
+    AttributeFn("fmin", lambda c, a, b: c.expr(a).min(c.expr(b)), lambda a, b: min(a, b)),
+]}
+
+
+def when(name: str, *args) -> tuple:
+    """A predicate application in a rule's `when` list, checked against the predicate's sorts."""
+    from superopt.rewrites.pattern import _coerce
+    if name not in PREDICATES:
+        raise KeyError(f"unknown predicate {name!r}; known: {', '.join(sorted(PREDICATES))}")
+    pred = PREDICATES[name]
+    if len(args) != len(pred.sorts):
+        raise TypeError(f"predicate {name} takes {len(pred.sorts)} arguments, got {len(args)}")
+    return (name, tuple(_coerce(a, s, f"predicate {name} argument {i}") for i, (a, s) in
+                        enumerate(zip(args, pred.sorts))))

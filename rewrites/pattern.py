@@ -1,0 +1,199 @@
+"""The pattern language rules are written in: typed variables, term constructors, attribute functions.
+
+A pattern is data (`Var`, `Const`, `App`), so one rule serves three readers: the egglog compiler
+(`rewrites/compile.py`), the s-expression text format (`rewrites/sexpr.py`) and the soundness checker's
+numpy evaluation (`rewrites/checker.py`). Constructor names and argument sorts mirror `egraph/terms.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Sorts of pattern variables and constants.
+TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT = "tensor", "list", "vec", "dtype", "op", "float", "int"
+SORTS = (TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT)
+
+# Term constructors: name -> (argument sorts, result sort). `vec` is Vec[i64]: shapes, perms, axes.
+CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
+    "arg": ((INT,), TENSOR), "const": ((INT,), TENSOR), "lit": ((FLOAT, DTYPE), TENSOR),
+    "iota": ((INT, VEC, DTYPE), TENSOR),
+    "unary": ((OP, TENSOR), TENSOR), "binary": ((OP, TENSOR, TENSOR), TENSOR),
+    "integer_pow": ((TENSOR, INT), TENSOR), "select": ((TENSOR, TENSOR, TENSOR), TENSOR),
+    "convert": ((TENSOR, DTYPE), TENSOR), "matmul": ((TENSOR, TENSOR, DTYPE), TENSOR),
+    "conv": ((TENSOR, TENSOR, INT), TENSOR), "reduce": ((OP, TENSOR, VEC), TENSOR),
+    "argreduce": ((OP, TENSOR, INT, DTYPE), TENSOR), "transpose": ((TENSOR, VEC), TENSOR),
+    "reshape": ((TENSOR, VEC), TENSOR), "broadcast": ((TENSOR, VEC, VEC), TENSOR),
+    "concat": ((LIST, INT), TENSOR), "slice": ((TENSOR, VEC, VEC, VEC), TENSOR),
+    "pad": ((TENSOR, TENSOR, VEC, VEC, VEC), TENSOR),
+    "tnil": ((), LIST), "tcons": ((TENSOR, LIST), LIST),
+}
+
+# Attribute functions: computed attributes in a rule's right-hand side, name -> (argument sorts, result).
+ATTRIBUTE_FNS: dict[str, tuple[tuple[str, ...], str]] = {
+    "compose": ((VEC, VEC), VEC),          # compose(p, q)[i] = p[q[i]]
+    "shape_of": ((TENSOR,), VEC),          # the shape of a bound tensor
+    "dim": ((TENSOR, INT), INT),           # dim(t, i) = shape_of(t)[i]
+    "zeros_like": ((TENSOR,), VEC),        # (0,) * rank(t)
+    "ones_like": ((TENSOR,), VEC),         # (1,) * rank(t)
+    "set_last": ((VEC, INT), VEC),         # v with its last entry replaced
+    "iadd": ((INT, INT), INT),
+    "fadd": ((FLOAT, FLOAT), FLOAT), "fsub": ((FLOAT, FLOAT), FLOAT), "fmul": ((FLOAT, FLOAT), FLOAT),
+    "fdiv": ((FLOAT, FLOAT), FLOAT), "fmax": ((FLOAT, FLOAT), FLOAT), "fmin": ((FLOAT, FLOAT), FLOAT),
+}
+
+
+class Pattern:
+    """Base of pattern nodes."""
+    sort: str
+
+
+@dataclass(frozen=True)
+class Var(Pattern):
+    name: str
+    sort: str
+
+    def __post_init__(self):
+        if self.sort not in SORTS:
+            raise ValueError(f"pattern variable {self.name!r}: unknown sort {self.sort!r}")
+
+    def __repr__(self):
+        return f"?{self.name}"
+
+
+@dataclass(frozen=True)
+class Const(Pattern):
+    value: Any
+    sort: str
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+@dataclass(frozen=True)
+class App(Pattern):
+    fn: str
+    args: tuple
+
+    @property
+    def sort(self) -> str:
+        return signature(self.fn)[1]
+
+    def __repr__(self):
+        return f"{self.fn}({', '.join(map(repr, self.args))})"
+
+
+def signature(fn: str) -> tuple[tuple[str, ...], str]:
+    if fn in CONSTRUCTORS:
+        return CONSTRUCTORS[fn]
+    if fn in ATTRIBUTE_FNS:
+        return ATTRIBUTE_FNS[fn]
+    raise KeyError(f"unknown constructor or attribute function {fn!r}")
+
+
+def _coerce(value, sort: str, where: str) -> Pattern:
+    if isinstance(value, Pattern):
+        if value.sort != sort:
+            raise TypeError(f"{where}: expected a {sort}, got {value!r} of sort {value.sort}")
+        return value
+    if sort == VEC and isinstance(value, (tuple, list)):
+        return Const(tuple(int(v) for v in value), VEC)
+    if sort in (DTYPE, OP) and isinstance(value, str):
+        return Const(value, sort)
+    if sort == FLOAT and isinstance(value, (int, float)):
+        return Const(float(value), FLOAT)
+    if sort == INT and isinstance(value, int):
+        return Const(int(value), INT)
+    raise TypeError(f"{where}: cannot use {value!r} as a {sort}")
+
+
+def app(fn: str, *args) -> App:
+    sorts, _ = signature(fn)
+    if len(args) != len(sorts):
+        raise TypeError(f"{fn} takes {len(sorts)} arguments, got {len(args)}")
+    return App(fn, tuple(_coerce(a, s, f"{fn} argument {i}") for i, (a, s) in enumerate(zip(args, sorts))))
+
+
+def variables(pattern: Pattern) -> list[Var]:
+    """Variables in order of first appearance (iterative: patterns may be deep)."""
+    out, seen, stack = [], set(), [pattern]
+    while stack:
+        p = stack.pop()
+        if isinstance(p, Var):
+            if p not in seen:
+                seen.add(p)
+                out.append(p)
+        elif isinstance(p, App):
+            stack.extend(reversed(p.args))
+    return out
+
+
+# ---- typed variables ----
+
+def tensors(names: str) -> list[Var]:
+    return [Var(n, TENSOR) for n in names.split()]
+
+
+def vecs(names: str) -> list[Var]:
+    return [Var(n, VEC) for n in names.split()]
+
+
+def dtypes(names: str) -> list[Var]:
+    return [Var(n, DTYPE) for n in names.split()]
+
+
+def ops(names: str) -> list[Var]:
+    return [Var(n, OP) for n in names.split()]
+
+
+def floats(names: str) -> list[Var]:
+    return [Var(n, FLOAT) for n in names.split()]
+
+
+def ints(names: str) -> list[Var]:
+    return [Var(n, INT) for n in names.split()]
+
+
+# ---- constructor builders (same names and argument order as egraph/terms.py) ----
+
+def arg(i): return app("arg", i)
+def const(i): return app("const", i)
+def lit(value, dtype): return app("lit", value, dtype)
+def unary(op, x): return app("unary", op, x)
+def binary(op, x, y): return app("binary", op, x, y)
+def integer_pow(x, n): return app("integer_pow", x, n)
+def select(p, on_false, on_true): return app("select", p, on_false, on_true)
+def convert(x, dtype): return app("convert", x, dtype)
+def matmul(a, b, dtype): return app("matmul", a, b, dtype)
+def reduce(op, x, axes): return app("reduce", op, x, axes)
+def transpose(x, perm): return app("transpose", x, perm)
+def reshape(x, shape): return app("reshape", x, shape)
+def broadcast(x, shape, dims): return app("broadcast", x, shape, dims)
+def slice_(x, start, limit, strides): return app("slice", x, start, limit, strides)
+def pad(x, value, low, high, interior): return app("pad", x, value, low, high, interior)
+
+
+def concat(items, dimension) -> App:
+    lst = app("tnil")
+    for item in reversed(list(items)):
+        lst = app("tcons", item, lst)
+    return app("concat", lst, dimension)
+
+
+def exp(x): return unary("exp", x)
+def log(x): return unary("log", x)
+def neg(x): return unary("neg", x)
+def add(x, y): return binary("add", x, y)
+def sub(x, y): return binary("sub", x, y)
+def mul(x, y): return binary("mul", x, y)
+def div(x, y): return binary("div", x, y)
+
+
+# ---- attribute functions ----
+
+def compose(p, q): return app("compose", p, q)
+def shape_of(t): return app("shape_of", t)
+def dim(t, i): return app("dim", t, i)
+def zeros_like(t): return app("zeros_like", t)
+def ones_like(t): return app("ones_like", t)
+def set_last(v, value): return app("set_last", v, value)
+def iadd(a, b): return app("iadd", a, b)

@@ -31,12 +31,18 @@ def random_args(avals, seed: int) -> list[np.ndarray]:
     return out
 
 
+def is_float(dtype) -> bool:
+    """numpy's float kinds, and the ml_dtypes floats (bfloat16, float8), whose numpy kind is 'V'."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in "fc" or dtype.name.startswith(("bfloat", "float8"))
+
+
 def mismatch(expected, actual) -> str | None:
     """None if `actual` matches `expected` within the dtype's tolerance, else a description."""
     e, a = np.asarray(expected), np.asarray(actual)
     if e.shape != a.shape or e.dtype != a.dtype:
         return f"type {a.dtype}{list(a.shape)} != expected {e.dtype}{list(e.shape)}"
-    if e.dtype.kind not in "fc":
+    if not is_float(e.dtype):
         bad = int(np.sum(e != a))
         return f"{bad} of {e.size} elements differ" if bad else None
     e64, a64 = e.astype(np.float64), a.astype(np.float64)

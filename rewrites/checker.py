@@ -1,0 +1,381 @@
+"""Soundness checker: for a rule, draw bindings with Hypothesis, evaluate both sides with the numpy
+reference evaluator, and compare.
+
+Bindings are generated top-down from the left-hand side: each sub-pattern is given the type its parent
+needs (a matmul picks a contracting size, a transpose a permutation, a broadcast its dimensions), so
+shapes are consistent by construction and shared variables stay consistent. Bindings that break a
+predicate, or a left-hand side that is still ill typed, are rejected; a right-hand side that is ill typed
+or differs is unsound. Values: "exact" rules see zeros, negatives, large magnitudes, NaN and Inf;
+"reals" rules see moderate finite values, since they may differ where an intermediate overflows.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+from superopt.egraph.encode import decode
+from superopt.rewrites.functions import ATTRIBUTES, PREDICATES
+from superopt.rewrites.infer import IllTyped, infer
+from superopt.rewrites.pattern import CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, OP, TENSOR, VEC, App, Const, Var
+from superopt.rewrites.reference import evaluate_node
+from superopt.verify import mismatch
+
+DTYPES = ("float32", "float16", "bfloat16")
+UNARY = ("neg", "abs", "exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "sin", "floor", "sign", "square",
+         "erf", "is_finite")
+BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "gt", "eq")
+REDUCE = ("reduce_sum", "reduce_max", "reduce_min")
+FLOATS = (0.0, 1.0, -1.0, 2.0, 0.5, -3.25, 1e-3, 100.0)
+DIMS = (1, 2, 3)
+_LEAVES = ("arg", "const")
+
+
+class Reject(Exception):
+    """These bindings do not satisfy the rule's left-hand side or predicates."""
+
+
+@dataclass
+class Counterexample:
+    bindings: dict
+    problem: str
+
+    def __str__(self):
+        lines = [f"  {k} = {_describe(v)}" for k, v in self.bindings.items()]
+        return "\n".join([f"  problem: {self.problem}", *lines])
+
+
+@dataclass
+class CheckResult:
+    rule: str
+    cases: int = 0          # bindings that satisfied the left-hand side and were compared
+    rejected: int = 0
+    counterexample: Counterexample | None = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def sound(self) -> bool:
+        return self.counterexample is None and self.cases > 0
+
+
+def _describe(v) -> str:
+    if isinstance(v, np.ndarray):
+        flat = ", ".join(f"{x:.4g}" if v.dtype.kind == "f" or str(v.dtype) == "bfloat16" else str(x)
+                         for x in v.reshape(-1)[:8].tolist())
+        more = ", ..." if v.size > 8 else ""
+        return f"{v.dtype}{list(v.shape)} [{flat}{more}]"
+    return repr(v)
+
+
+# ---- evaluation ----
+
+def evaluate(p, env: dict):
+    """Value of a pattern under bindings (tensor leaves keyed by Var, or by ("arg", i) / ("const", i))."""
+    if isinstance(p, Var):
+        return env[p]
+    if isinstance(p, Const):
+        return p.value
+    if p.fn in ATTRIBUTES:
+        return ATTRIBUTES[p.fn].py(*(evaluate(a, env) for a in p.args))
+    if p.fn in _LEAVES:
+        return env[(p.fn, evaluate(p.args[0], env))]
+    if p.fn == "tnil":
+        return []
+    if p.fn == "tcons":
+        return [evaluate(p.args[0], env)] + evaluate(p.args[1], env)
+    sorts = CONSTRUCTORS[p.fn][0]
+    values = [evaluate(a, env) for a in p.args]
+    prims = tuple(v for v, s in zip(values, sorts) if s not in (TENSOR, LIST))
+    tensors = []
+    for v, s in zip(values, sorts):
+        if s == TENSOR:
+            tensors.append(v)
+        elif s == LIST:
+            tensors.extend(v)
+    shape, dtype = infer(p.fn, prims, [(tuple(np.shape(t)), str(np.asarray(t).dtype)) for t in tensors])
+    if p.fn == "lit":
+        return np.asarray(prims[0], dtype=np.dtype(dtype))
+    op, attrs = decode(p.fn, prims, (), None)
+    return evaluate_node(op, attrs, tensors, shape, np.dtype(dtype))
+
+
+# ---- binding generation ----
+
+class _Generator:
+    def __init__(self, rule, draw):
+        self.rule, self.draw = rule, draw
+        self.dtype = draw(st.sampled_from(DTYPES))
+        self.env: dict = {}
+        self.types: dict = {}     # tensor leaf key -> (shape, dtype)
+        self.hints: dict = {}     # tensor leaf key -> rank
+        self.dtype_hints: dict = {}
+        ints = []
+        for lhs, _ in rule.pairs:
+            for v in _vars(lhs):
+                if v.sort == DTYPE:
+                    self.env[v] = self.dtype
+                elif v.sort == FLOAT:
+                    self.env[v] = draw(st.sampled_from(FLOATS))
+                elif v.sort == INT and v not in ints:
+                    ints.append(v)
+        # Integer variables are leaf ids; drawn distinct and increasing, so `less` chains hold.
+        for v, n in zip(ints, sorted(draw(st.sets(st.integers(0, 7), min_size=len(ints), max_size=len(ints))))):
+            self.env[v] = n
+        for name, args in rule.when:
+            if name in ("scalar", "rank") and _is_leaf(args[0]):
+                self.hints[self.key(args[0])] = 0 if name == "scalar" else args[1].value
+            if name == "has_dtype" and _is_leaf(args[0]) and isinstance(args[1], Const):
+                self.dtype_hints[self.key(args[0])] = args[1].value
+
+    def key(self, p):
+        return p if isinstance(p, Var) else (p.fn, evaluate(p.args[0], self.env))
+
+    def shape(self, rank: int | None = None, lo: int = 0) -> tuple:
+        r = self.draw(st.integers(lo, 3)) if rank is None else rank
+        return tuple(self.draw(st.sampled_from(DIMS)) for _ in range(r))
+
+    def op(self, v, choices):
+        if isinstance(v, Const):
+            return v.value
+        if v not in self.env:
+            self.env[v] = self.draw(st.sampled_from(choices))
+        return self.env[v]
+
+    def vec(self, v, make):
+        if isinstance(v, Const):
+            return v.value
+        if v not in self.env:
+            self.env[v] = tuple(make())
+        return self.env[v]
+
+    def scalarish(self, p) -> bool:
+        if isinstance(p, App) and p.fn == "lit":
+            return True
+        if isinstance(p, Var) or (isinstance(p, App) and p.fn in _LEAVES):
+            k = self.key(p)
+            return (k in self.types and self.types[k][0] == ()) or self.hints.get(k) == 0
+        return False
+
+    def leaf(self, p, want):
+        k = self.key(p)
+        if k in self.types:
+            if want is not None and self.types[k] != want:
+                raise Reject(f"{p!r} needed as {want} and {self.types[k]}")
+            return self.types[k]
+        rank = self.hints.get(k)
+        t = want or (self.shape(rank), self.dtype)
+        t = (t[0], self.dtype_hints.get(k, t[1]))
+        if rank is not None and len(t[0]) != rank:
+            raise Reject(f"{p!r} must have rank {rank}")
+        self.types[k] = t
+        return t
+
+    def gen(self, p, want=None):
+        """Give sub-pattern `p` the type `want` (or any type); returns the type it got."""
+        if isinstance(p, Var) or p.fn in _LEAVES:
+            return self.leaf(p, want)
+        shape = want[0] if want else None
+        a = p.args
+        if p.fn == "lit":
+            if shape not in (None, ()):
+                raise Reject("a literal is rank 0")
+            return (), evaluate(a[1], self.env)
+        if p.fn in ("unary", "integer_pow"):
+            op = self.op(a[0], UNARY) if p.fn == "unary" else "integer_pow"
+            operand = a[1] if p.fn == "unary" else a[0]
+            if shape is None:
+                shape = () if self.scalarish(operand) else self.shape()
+            t = self.gen(operand, (shape, self.dtype))
+            return t[0], ("bool" if op == "is_finite" else self.dtype)
+        if p.fn == "binary":
+            op = self.op(a[0], BINARY)
+            if shape is None:
+                shape = () if all(self.scalarish(o) for o in a[1:]) else self.shape()
+            for operand in a[1:]:
+                self.gen(operand, ((), self.dtype) if self.scalarish(operand) else (shape, self.dtype))
+            return shape, ("bool" if op in ("gt", "eq") else self.dtype)
+        if p.fn == "select":
+            shape = shape if shape is not None else self.shape()
+            self.gen(a[0], (() if self.scalarish(a[0]) else shape, "bool"))
+            self.gen(a[1], (shape, self.dtype))
+            self.gen(a[2], (shape, self.dtype))
+            return shape, self.dtype
+        if p.fn == "matmul":
+            lhs_t = self.types.get(self.key(a[0])) if _is_leaf(a[0]) else None
+            rhs_t = self.types.get(self.key(a[1])) if _is_leaf(a[1]) else None
+            if shape is None and lhs_t is not None and len(lhs_t[0]) >= 2:
+                n = rhs_t[0][-1] if rhs_t is not None else self.draw(st.sampled_from(DIMS))
+                shape = lhs_t[0][:-1] + (n,)
+            shape = shape if shape is not None else self.shape(lo=2)
+            if len(shape) < 2:
+                raise Reject("a matmul result has rank >= 2")
+            k = lhs_t[0][-1] if lhs_t is not None else rhs_t[0][-2] if rhs_t is not None and len(rhs_t[0]) >= 2 \
+                else self.draw(st.sampled_from(DIMS))
+            rhs_hint = self.hints.get(self.key(a[1])) if _is_leaf(a[1]) else None
+            rhs_rank2 = len(shape) == 2 or rhs_hint == 2 or (rhs_t is not None and len(rhs_t[0]) == 2) \
+                or (rhs_t is None and rhs_hint is None and self.draw(st.booleans()))
+            self.gen(a[0], (shape[:-1] + (k,), self.dtype))
+            self.gen(a[1], (((k, shape[-1]) if rhs_rank2 else shape[:-2] + (k, shape[-1])), self.dtype))
+            return shape, evaluate(a[2], self.env)
+        if p.fn == "transpose":
+            shape = shape if shape is not None else self.shape()
+            perm = self.vec(a[1], lambda: self.draw(st.permutations(range(len(shape)))))
+            if sorted(perm) != list(range(len(shape))):
+                raise Reject("permutation rank")
+            inner = [0] * len(shape)
+            for i, src in enumerate(perm):
+                inner[src] = shape[i]
+            self.gen(a[0], (tuple(inner), self.dtype))
+            return shape, self.dtype
+        if p.fn == "reshape":
+            shape = tuple(self.vec(a[1], lambda: shape if shape is not None else self.shape()))
+            n = math.prod(shape)
+            choices = [shape, (n,), (1,) + shape, tuple(d for d in shape if d != 1)]
+            self.gen(a[0], (self.draw(st.sampled_from(choices)), self.dtype))
+            return shape, self.dtype
+        if p.fn == "broadcast":
+            shape = tuple(self.vec(a[1], lambda: shape if shape is not None else self.shape()))
+            dims = self.vec(a[2], lambda: sorted(self.draw(st.sets(st.integers(0, len(shape) - 1)))) if shape else ())
+            inner = tuple(shape[k] if self.draw(st.booleans()) else 1 for k in dims)
+            self.gen(a[0], (inner, self.dtype))
+            return shape, self.dtype
+        if p.fn == "reduce":
+            self.op(a[0], REDUCE)
+            shape = shape if shape is not None else self.shape()
+            rank = len(shape) + self.draw(st.integers(0, 2))
+            extra = rank - len(shape)
+            axes = self.vec(a[2], lambda: sorted(self.draw(st.sets(st.integers(0, rank - 1), min_size=extra,
+                                                                    max_size=extra))) if rank else ())
+            it = iter(shape)
+            inner = tuple(self.draw(st.sampled_from(DIMS)) if i in axes else next(it, 1) for i in range(len(axes) + len(shape)))
+            self.gen(a[1], (inner, self.dtype))
+            return shape, self.dtype
+        if p.fn == "concat":
+            items = _list_items(a[0])
+            shape = shape if shape is not None else self.shape(lo=1)
+            dim = evaluate(a[1], self.env)
+            if not 0 <= dim < len(shape) or shape[dim] < len(items):
+                raise Reject("concat")
+            cuts = sorted(self.draw(st.sets(st.integers(1, shape[dim] - 1), min_size=len(items) - 1,
+                                            max_size=len(items) - 1))) if len(items) > 1 else []
+            for item, lo, hi in zip(items, [0] + cuts, cuts + [shape[dim]]):
+                self.gen(item, (shape[:dim] + (hi - lo,) + shape[dim + 1:], self.dtype))
+            return shape, self.dtype
+        if p.fn == "convert":
+            shape = shape if shape is not None else self.shape()
+            inner = a[0]
+            source = self.dtype_hints.get(self.key(inner)) if _is_leaf(inner) else None
+            if isinstance(inner, App) and inner.fn == "convert":
+                source = None  # a chain of casts: the innermost operand decides
+            self.gen(inner, (shape, source or self.dtype))
+            return shape, evaluate(a[1], self.env)
+        if p.fn == "slice":
+            shape = shape if shape is not None else self.shape()
+            self.gen(a[0], None)
+            return self.types.get(self.key(a[0]), ((), None))
+        raise Reject(f"the checker cannot generate bindings for {p.fn!r} yet")
+
+    def values(self, numerics: str) -> None:
+        for k, (shape, dtype) in sorted(self.types.items(), key=lambda kv: str(kv[0])):
+            self.env[k] = self.draw(_arrays(shape, dtype, numerics))
+
+
+def _is_leaf(p) -> bool:
+    return isinstance(p, Var) or (isinstance(p, App) and p.fn in _LEAVES)
+
+
+def _list_items(p) -> list:
+    items = []
+    while isinstance(p, App) and p.fn == "tcons":
+        items.append(p.args[0])
+        p = p.args[1]
+    return items
+
+
+def _vars(p) -> list[Var]:
+    out, stack = [], [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, Var):
+            out.append(q)
+        elif isinstance(q, App):
+            stack.extend(q.args)
+    return out
+
+
+def _arrays(shape, dtype: str, numerics: str):
+    if dtype == "bool":
+        return st.lists(st.booleans(), min_size=math.prod(shape), max_size=math.prod(shape)).map(
+            lambda xs: np.array(xs, dtype=bool).reshape(shape))
+    big = {"float16": 3e4, "bfloat16": 1e30, "float32": 1e30}[dtype]
+    if numerics == "exact":
+        elements = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, big, -big, math.inf, -math.inf, math.nan]),
+                             st.floats(-100, 100, width=32))
+    else:
+        elements = st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-4, 4, width=32))
+    return st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)).map(
+        lambda xs: np.array(xs, dtype=np.float32).astype(np.dtype(dtype)).reshape(shape))
+
+
+# ---- the check ----
+
+def _one_case(rule, draw) -> tuple[dict, str | None]:
+    """Draw one binding; returns (bindings, problem) with problem None when both sides agree."""
+    gen = _Generator(rule, draw)
+    for lhs, _ in rule.pairs:
+        gen.gen(lhs)
+    gen.values(rule.numerics)
+    env = gen.env
+    try:
+        lhs_values = [evaluate(lhs, env) for lhs, _ in rule.pairs]
+    except IllTyped as exc:
+        raise Reject(str(exc)) from exc
+    for name, args in rule.when:
+        try:
+            if not PREDICATES[name].py(*(evaluate(a, env) for a in args)):
+                raise Reject(f"predicate {name} does not hold")
+        except IllTyped as exc:
+            raise Reject(str(exc)) from exc
+    shown = {str(k): v for k, v in env.items()}
+    for (lhs, rhs), left in zip(rule.pairs, lhs_values):
+        try:
+            right = evaluate(rhs, env)
+        except IllTyped as exc:
+            return shown, f"right-hand side is ill typed: {exc}"
+        problem = mismatch(np.asarray(left), np.asarray(right))
+        if problem:
+            return shown | {"lhs": np.asarray(left), "rhs": np.asarray(right)}, problem
+    return shown, None
+
+
+def check_rule(rule, examples: int = 60, seed: int = 0) -> CheckResult:
+    """Check one rule on `examples` bindings (Hypothesis shrinks any counterexample it finds)."""
+    result = CheckResult(rule.name)
+    failure: list = []
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def run(data):
+        try:
+            shown, problem = _one_case(rule, data.draw)
+        except Reject:
+            result.rejected += 1
+            assume(False)
+            return
+        result.cases += 1
+        if problem:
+            failure[:] = [Counterexample(shown, problem)]
+            raise AssertionError(problem)
+
+    try:
+        run()
+    except Exception as exc:  # an AssertionError, or a group of them when Hypothesis finds several
+        if not failure:       # otherwise Hypothesis gave up: nearly every binding was rejected
+            result.notes.append(f"{type(exc).__name__}: {exc}")
+    if failure:
+        result.counterexample = failure[-1]
+    return result

@@ -12,7 +12,7 @@ from egglog import String, Vec, eq, f64, i64, rule, ruleset, set_, var, vars_
 from superopt.egraph.ir import BINARY_OPS, COMPARISONS, UNARY_OPS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, convert,
-    dtype, integer_pow, iota, lit, matmul, pad, reduce, reshape, select, shape, slice_, tcons, tnil, transpose, unary,
+    dtype, integer_pow, iota, lit, matmul, pad, pool, reduce, reshape, select, shape, slice_, tcons, tnil, transpose, unary,
 )
 
 MAX_RANK = 6
@@ -51,6 +51,11 @@ def _layout_rules():
     for r in range(1, MAX_RANK + 1):
         yield rule(eq(z).to(transpose(x, p)), eq(p.length()).to(i64(r)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(
             set_(shape(z)).to(Vec[i64](*(s[p[i]] for i in range(r)))), set_(dtype(z)).to(d))
+        w, st, lo, hi = vars_("pw pst plo phi", Vec[i64])
+        yield rule(eq(z).to(pool(op, x, w, st, lo, hi)), eq(w.length()).to(i64(r)), eq(s).to(shape(x)),
+                   eq(d).to(dtype(x))).then(
+            set_(shape(z)).to(Vec[i64](*((s[i] + lo[i] + hi[i] - w[i]) / st[i] + 1 for i in range(r)))),
+            set_(dtype(z)).to(d))
         yield rule(eq(z).to(slice_(x, a, b, c)), eq(a.length()).to(i64(r)), eq(d).to(dtype(x))).then(
             set_(shape(z)).to(Vec[i64](*((b[i] - a[i] + c[i] - 1) / c[i] for i in range(r)))), set_(dtype(z)).to(d))
         yield rule(eq(z).to(pad(x, y, a, b, c)), eq(a.length()).to(i64(r)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(

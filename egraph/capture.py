@@ -14,7 +14,9 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, COMPARISONS, REDUCTIONS, UNARY_OPS, Graph, Node, Opaque
+from superopt.egraph.ir import (
+    ARG_REDUCTIONS, BINARY_OPS, COMPARISONS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node, Opaque,
+)
 
 # Primitives whose body is walked instead of being kept whole, with the param holding the body.
 _CALL_BODIES = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr",
@@ -182,6 +184,15 @@ def _iota(b, eqn, ins):
     return b.node("iota", (), (int(eqn.params["dimension"]),), _out(eqn))
 
 
+def _pool(b, eqn, ins):
+    p = eqn.params
+    if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+        return None
+    low, high = (tuple(int(pad[k]) for pad in p["padding"]) for k in (0, 1))
+    attrs = (tuple(p["window_dimensions"]), tuple(p["window_strides"]), low, high)
+    return b.node(eqn.primitive.name, ins, attrs, _out(eqn))
+
+
 def _conv(b, eqn, ins):
     params = tuple(sorted(eqn.params.items()))
     try:
@@ -225,6 +236,7 @@ _HANDLERS: dict[str, Callable] = {
     **{op: _elementwise for op in UNARY_OPS | BINARY_OPS | COMPARISONS},
     **{op: _reduce for op in REDUCTIONS},
     **{op: _arg_reduce for op in ARG_REDUCTIONS},
+    **{op: _pool for op in WINDOW_REDUCTIONS},
     "integer_pow": _integer_pow, "select_n": _select_n, "transpose": _transpose, "reshape": _reshape,
     "squeeze": _squeeze, "broadcast_in_dim": _broadcast, "convert_element_type": _convert,
     "concatenate": _concat, "slice": _slice, "pad": _pad, "iota": _iota,

@@ -11,7 +11,7 @@ from egglog import EGraph, String, set_
 
 from superopt.egraph import terms as T
 from superopt.egraph.analysis import facts
-from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, Graph, Node
+from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
 
 _BATCH = 256  # actions registered per call: fewer FFI round trips, no deep expressions
 
@@ -38,6 +38,8 @@ def _to_expr(enc: Encoding, node: Node, ins: list):
         return T.reduce(op, ins[0], T.ints(a[0]))
     if op in ARG_REDUCTIONS:
         return T.argreduce(op, ins[0], a[0], node.dtype)
+    if op in WINDOW_REDUCTIONS:
+        return T.pool(op, ins[0], *(T.ints(v) for v in a))
     build = {
         "arg": lambda: T.arg(a[0]),
         "const": lambda: T.const(a[0]),
@@ -105,6 +107,7 @@ def decode(fn: str, args: tuple, children: tuple, enc: Encoding) -> tuple[str, t
         "conv": lambda: ("conv", (enc.conv_params[args[0]],)),
         "reduce": lambda: (args[0], (tuple(args[1]),)),
         "argreduce": lambda: (args[0], (args[1],)),
+        "pool": lambda: (args[0], tuple(tuple(v) for v in args[1:])),
         "transpose": lambda: ("transpose", (tuple(args[0]),)),
         "reshape": lambda: ("reshape", ()),
         "broadcast": lambda: ("broadcast", (tuple(args[1]),)),

@@ -27,6 +27,8 @@ BINARY_OPS = frozenset({
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or"})
 ARG_REDUCTIONS = frozenset({"argmax", "argmin"})
+# Window reductions (pooling); attrs (window, strides, low padding, high padding), no dilation.
+WINDOW_REDUCTIONS = frozenset({"reduce_window_max", "reduce_window_min", "reduce_window_sum"})
 # Structural ops and leaves; attrs are listed with each.
 STRUCTURAL_OPS = frozenset({
     "arg",          # (index,)
@@ -46,7 +48,7 @@ STRUCTURAL_OPS = frozenset({
     "pad",          # (low, high, interior) inputs (x, padding_value)
     "opaque",       # (opaque_index, output_index) into Graph.opaque
 })
-ALL_OPS = UNARY_OPS | BINARY_OPS | REDUCTIONS | ARG_REDUCTIONS | STRUCTURAL_OPS
+ALL_OPS = UNARY_OPS | BINARY_OPS | REDUCTIONS | ARG_REDUCTIONS | WINDOW_REDUCTIONS | STRUCTURAL_OPS
 
 
 @dataclass(frozen=True)

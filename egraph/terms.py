@@ -57,6 +57,9 @@ def conv(lhs: Tensor, rhs: Tensor, params: i64Like) -> Tensor:
     """conv_general_dilated; `params` is an id into the encoding's table of conv params."""
 @function(egg_fn="reduce")
 def reduce(op: StringLike, x: Tensor, axes: Vec[i64]) -> Tensor: ...
+@function(egg_fn="pool")
+def pool(op: StringLike, x: Tensor, window: Vec[i64], strides: Vec[i64], low: Vec[i64], high: Vec[i64]) -> Tensor:
+    """A window reduction (reduce_window_max / _min / _sum) without dilation."""
 @function(egg_fn="argreduce")
 def argreduce(op: StringLike, x: Tensor, axis: i64Like, dtype: StringLike) -> Tensor: ...
 

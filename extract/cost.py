@@ -41,6 +41,8 @@ def flops(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> 
         return size(out) * (target.transcendental_flops if op in TRANSCENDENTAL else 1)
     if op in REDUCTIONS or op in ARG_REDUCTIONS:
         return float(size(ins[0]))
+    if op.startswith("reduce_window"):
+        return float(size(out) * math.prod(attrs[0]))
     if op == "integer_pow":
         return size(out) * max(1, abs(attrs[0]).bit_length())
     return 0.0

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, Graph, Node
+from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
 
 _UNARY_FN = {"not": lax.bitwise_not, "stop_gradient": lax.stop_gradient, "round": lax.round}
 _BINARY_FN = {"and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor}
@@ -27,6 +27,15 @@ def _matmul(node: Node, a, b):
         batch = tuple(range(ra - 2))
         dims = (((ra - 1,), (rb - 2,)), (batch, batch))
     return lax.dot_general(a, b, dims, preferred_element_type=np.dtype(node.dtype))
+
+
+def _pool(node: Node, x):
+    window, strides, low, high = node.attrs
+    primitive = {"reduce_window_max": lax.reduce_window_max_p, "reduce_window_min": lax.reduce_window_min_p,
+                 "reduce_window_sum": lax.reduce_window_sum_p}[node.op]
+    ones = (1,) * len(window)
+    return primitive.bind(x, window_dimensions=window, window_strides=strides, padding=tuple(zip(low, high)),
+                          base_dilation=ones, window_dilation=ones)
 
 
 def _reduce(node: Node, x):
@@ -49,6 +58,7 @@ _LOWER: dict[str, Callable] = {
     "argmax": lambda n, x: lax.argmax(x, n.attrs[0], np.dtype(n.dtype)),
     "argmin": lambda n, x: lax.argmin(x, n.attrs[0], np.dtype(n.dtype)),
     **{op: _reduce for op in REDUCTIONS},
+    **{op: _pool for op in WINDOW_REDUCTIONS},
     **{op: (lambda fn: lambda n, x: fn(x))(_UNARY_FN.get(op) or getattr(lax, op)) for op in UNARY_OPS
        if op in _UNARY_FN or hasattr(lax, op)},
     **{op: (lambda fn: lambda n, x, y: fn(x, y))(_BINARY_FN.get(op) or getattr(lax, op)) for op in BINARY_OPS

@@ -34,6 +34,31 @@ DIMS = (1, 2, 3)
 _LEAVES = ("arg", "const")
 
 
+WINDOWS = ("reduce_window_max", "reduce_window_min", "reduce_window_sum")
+
+
+class _ConvTable:
+    """Convolution parameters the checker draws from; a `conv` pattern's params id indexes this table."""
+
+    def __init__(self):
+        self._params = None
+
+    @property
+    def conv_params(self) -> list:
+        if self._params is None:  # captured from a real call, so they are exactly what capture produces
+            import jax.numpy as jnp
+            from jax import lax
+            from superopt.egraph.capture import capture
+            fn = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "VALID",  # noqa: E731
+                                                       dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            graph = capture(fn, (jnp.ones((1, 3, 3, 2)), jnp.ones((2, 2, 2, 4)))).graph
+            self._params = [next(n.attrs[0] for n in graph.nodes if n.op == "conv")]
+        return self._params
+
+
+CONV_TABLE = _ConvTable()  # entry 0: NHWC input, HWIO kernel, stride 1, VALID padding
+
+
 class Reject(Exception):
     """These bindings do not satisfy the rule's left-hand side or predicates."""
 
@@ -95,10 +120,11 @@ def evaluate(p, env: dict):
             tensors.append(v)
         elif s == LIST:
             tensors.extend(v)
-    shape, dtype = infer(p.fn, prims, [(tuple(np.shape(t)), str(np.asarray(t).dtype)) for t in tensors])
+    typed = (CONV_TABLE.conv_params[prims[0]],) if p.fn == "conv" else prims
+    shape, dtype = infer(p.fn, typed, [(tuple(np.shape(t)), str(np.asarray(t).dtype)) for t in tensors])
     if p.fn == "lit":
         return np.asarray(prims[0], dtype=np.dtype(dtype))
-    op, attrs = decode(p.fn, prims, (), None)
+    op, attrs = decode(p.fn, prims, (), CONV_TABLE)
     return evaluate_node(op, attrs, tensors, shape, np.dtype(dtype))
 
 
@@ -264,6 +290,31 @@ class _Generator:
             for item, lo, hi in zip(items, [0] + cuts, cuts + [shape[dim]]):
                 self.gen(item, (shape[:dim] + (hi - lo,) + shape[dim + 1:], self.dtype))
             return shape, self.dtype
+        if p.fn == "pool":
+            self.op(a[0], WINDOWS)
+            shape = shape if shape is not None else self.shape(lo=1)
+            window = self.vec(a[2], lambda: [self.draw(st.sampled_from((1, 2))) for _ in shape])
+            strides = self.vec(a[3], lambda: [self.draw(st.sampled_from((1, 2))) for _ in shape])
+            pads = [self.vec(v, lambda: [0] * len(shape)) if not isinstance(v, App) else [0] * len(shape)
+                    for v in a[4:6]]
+            if not len(window) == len(strides) == len(shape):
+                raise Reject("pool attribute ranks")
+            inner = tuple((o - 1) * t + w - lo - hi for o, w, t, lo, hi in zip(shape, window, strides, *pads))
+            if min(inner, default=1) < 1:
+                raise Reject("pool input")
+            self.gen(a[1], (inner, self.dtype))
+            return shape, self.dtype
+        if p.fn == "conv":
+            shape = shape if shape is not None else self.shape(4, lo=4)
+            if len(shape) != 4:
+                raise Reject("the checker's convolutions are NHWC")
+            if isinstance(a[2], Var):
+                self.env[a[2]] = 0  # the one configuration in CONV_TABLE
+            kh, kw, c = (self.draw(st.sampled_from(DIMS)) for _ in range(3))
+            n, h, w, o = shape
+            self.gen(a[0], ((n, h + kh - 1, w + kw - 1, c), self.dtype))
+            self.gen(a[1], ((kh, kw, c, o), self.dtype))
+            return shape, self.dtype
         if p.fn == "convert":
             shape = shape if shape is not None else self.shape()
             inner = a[0]
@@ -273,10 +324,35 @@ class _Generator:
             self.gen(inner, (shape, source or self.dtype))
             return shape, evaluate(a[1], self.env)
         if p.fn == "slice":
-            shape = shape if shape is not None else self.shape()
-            self.gen(a[0], None)
-            return self.types.get(self.key(a[0]), ((), None))
+            xs, xd = self.gen(a[0], None)
+            stubs = self.stubs()
+            bounds = []
+            for k, v in enumerate(a[1:4]):
+                if isinstance(v, Var) and v not in self.env:
+                    bounds.append(None)
+                    continue
+                try:
+                    bounds.append(tuple(evaluate(v, stubs)))
+                except (KeyError, IllTyped) as exc:
+                    raise Reject(f"slice bound: {exc}") from exc
+            start = bounds[0] or self.vec(a[1], lambda: [self.draw(st.integers(0, n - 1)) if n else 0 for n in xs])
+            limit = bounds[1] or self.vec(a[2], lambda: [self.draw(st.integers(b + 1, n)) if n else 0
+                                                         for b, n in zip(start, xs)])
+            strides = bounds[2] or self.vec(a[3], lambda: [self.draw(st.sampled_from((1, 2))) for _ in xs])
+            try:
+                out = infer("slice", (start, limit, strides), [(xs, xd)])
+            except IllTyped as exc:
+                raise Reject(str(exc)) from exc
+            if want is not None and out[0] != want[0]:
+                raise Reject("slice result shape")
+            return out
         raise Reject(f"the checker cannot generate bindings for {p.fn!r} yet")
+
+    def stubs(self) -> dict:
+        """Bindings with zero arrays for the tensors typed so far: enough for shape-only attributes."""
+        env = dict(self.env)
+        env.update({k: np.zeros(shape, dtype=np.dtype(dtype)) for k, (shape, dtype) in self.types.items()})
+        return env
 
     def values(self, numerics: str) -> None:
         for k, (shape, dtype) in sorted(self.types.items(), key=lambda kv: str(kv[0])):

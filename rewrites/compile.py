@@ -24,7 +24,7 @@ _CONSTRUCTOR_FNS = {"arg": T.arg, "const": T.const, "lit": T.lit, "iota": T.iota
                     "binary": T.binary, "integer_pow": T.integer_pow, "select": T.select, "convert": T.convert,
                     "matmul": T.matmul, "conv": T.conv, "reduce": T.reduce, "argreduce": T.argreduce,
                     "transpose": T.transpose, "reshape": T.reshape, "broadcast": T.broadcast, "concat": T.concat,
-                    "slice": T.slice_, "pad": T.pad, "tnil": T.tnil, "tcons": T.tcons}
+                    "slice": T.slice_, "pad": T.pad, "pool": T.pool, "tnil": T.tnil, "tcons": T.tcons}
 assert set(_CONSTRUCTOR_FNS) == set(CONSTRUCTORS), "every constructor needs an egglog function"
 
 
@@ -38,6 +38,8 @@ class CompileContext:
         self._shapes: dict[Pattern, object] = {}
 
     def rank(self, v: Pattern) -> int:
+        if isinstance(v, Const) and v.sort == VEC:
+            return len(v.value)
         if v not in self.ranks:
             raise KeyError(f"the rank of {v!r} is not fixed in this expansion (declare it in `ranks`)")
         return self.ranks[v]
@@ -70,8 +72,8 @@ def _constant(c: Const):
     return {DTYPE: String, OP: String, FLOAT: f64, INT: i64}[c.sort](c.value)
 
 
-def _rank_keys(rule) -> list[Var]:
-    keys: list[Var] = []
+def _rank_keys(rule) -> list[Pattern]:
+    keys: list[Pattern] = []
 
     def visit(p):
         stack = [p]
@@ -92,7 +94,7 @@ def _rank_keys(rule) -> list[Var]:
     return list(dict.fromkeys(keys))
 
 
-def _rank_fact(ctx: CompileContext, key: Var, r: int):
+def _rank_fact(ctx: CompileContext, key: Pattern, r: int):
     length = ctx.shape(key).length() if key.sort == TENSOR else ctx.expr(key).length()
     return eq(length).to(i64(r))
 

@@ -52,7 +52,9 @@ def _swap_last(r: int) -> tuple[int, ...]:
 
 
 def _keyed(*args):
-    return tuple(a for a in args if isinstance(a, Var))
+    """The arguments whose rank must be fixed: tensor patterns, and vector variables (a constant vector's
+    length is known)."""
+    return tuple(a for a in args if a.sort == TENSOR or isinstance(a, Var))
 
 
 PREDICATES: dict[str, Predicate] = {p.name: p for p in [
@@ -93,6 +95,24 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
 ]}
 
 
+def _center(s, ref, r: int, low: bool):
+    """Padding that centres a kernel of shape s in one of shape ref, on the last two (spatial) axes."""
+    out = []
+    for i in range(r):
+        if i < r - 2:
+            out.append(i64(0))
+        else:
+            half = (ref[i] - s[i]) / 2
+            out.append(half if low else ref[i] - s[i] - half)
+    return out
+
+
+def _center_py(s, ref, low: bool) -> tuple:
+    r = len(s)
+    return tuple(0 if i < r - 2 else ((ref[i] - s[i]) // 2 if low else ref[i] - s[i] - (ref[i] - s[i]) // 2)
+                 for i in range(r))
+
+
 def _product(v, r: int):
     out = i64(1)
     for i in range(r):
@@ -109,6 +129,12 @@ ATTRIBUTES: dict[str, AttributeFn] = {f.name: f for f in [
     AttributeFn("ones_like", lambda c, t: _vec([1] * c.rank(t)), lambda t: (1,) * np.ndim(t), lambda t: _keyed(t)),
     AttributeFn("set_last", lambda c, v, x: c.expr(v).set(c.expr(v).length() - 1, c.expr(x)),
                 lambda v, x: tuple(v[:-1]) + (x,)),
+    AttributeFn("set_at", lambda c, v, i, x: c.expr(v).set(c.expr(i), c.expr(x)),
+                lambda v, i, x: tuple(v[:i]) + (x,) + tuple(v[i + 1:])),
+    AttributeFn("center_low", lambda c, t, ref: _vec(_center(c.shape(t), c.shape(ref), c.rank(t), low=True)),
+                lambda t, ref: _center_py(np.shape(t), np.shape(ref), low=True), lambda t, ref: _keyed(t)),
+    AttributeFn("center_high", lambda c, t, ref: _vec(_center(c.shape(t), c.shape(ref), c.rank(t), low=False)),
+                lambda t, ref: _center_py(np.shape(t), np.shape(ref), low=False), lambda t, ref: _keyed(t)),
     AttributeFn("iadd", lambda c, a, b: c.expr(a) + c.expr(b), lambda a, b: a + b),
     AttributeFn("fadd", lambda c, a, b: c.expr(a) + c.expr(b), lambda a, b: a + b),
     AttributeFn("fsub", lambda c, a, b: c.expr(a) - c.expr(b), lambda a, b: a - b),

@@ -30,6 +30,28 @@ def _elementwise(op: str, ins: list[Type]) -> Type:
     return shape, ("bool" if op in COMPARISONS or op == "is_finite" else ins[-1][1])
 
 
+def _conv(params: dict, ins: list[Type]) -> Type:
+    """conv_general_dilated's result shape; `prims[0]` carries the parameters themselves, not their id."""
+    (lhs, ld), (rhs, rd) = ins
+    lhs_spec, rhs_spec, out_spec = params["dimension_numbers"]
+    _need(len(lhs) == len(rhs) == len(lhs_spec), "conv: operand ranks differ")
+    groups, batch_groups = params["feature_group_count"], params["batch_group_count"]
+    _need(lhs[lhs_spec[1]] == rhs[rhs_spec[1]] * groups, "conv: input features do not match the kernel")
+    spatial = []
+    for k, (li, ri) in enumerate(zip(lhs_spec[2:], rhs_spec[2:])):
+        size = (lhs[li] - 1) * params["lhs_dilation"][k] + 1 + sum(params["padding"][k])
+        window = (rhs[ri] - 1) * params["rhs_dilation"][k] + 1
+        _need(size >= window, "conv: window larger than the padded input")
+        spatial.append((size - window) // params["window_strides"][k] + 1)
+    out = [0] * len(lhs)
+    out[out_spec[0]] = lhs[lhs_spec[0]] // batch_groups
+    out[out_spec[1]] = rhs[rhs_spec[0]]
+    for k, oi in enumerate(out_spec[2:]):
+        out[oi] = spatial[k]
+    dtype = params.get("preferred_element_type")
+    return tuple(out), str(np.dtype(dtype)) if dtype is not None else ld
+
+
 def infer(fn: str, prims: tuple, ins: list[Type]) -> Type:
     """(shape, dtype) of constructor `fn` applied to primitive arguments `prims` and tensor operands `ins`."""
     if fn == "lit":
@@ -70,6 +92,13 @@ def infer(fn: str, prims: tuple, ins: list[Type]) -> Type:
         (s, d), axes = ins[0], prims[1]
         _need(list(axes) == sorted(set(axes)) and all(0 <= a < len(s) for a in axes), f"reduce: bad axes {axes}")
         return tuple(n for i, n in enumerate(s) if i not in axes), d
+    if fn == "pool":
+        (s, d), (_, window, strides, low, high) = ins[0], prims
+        _need(len(window) == len(strides) == len(low) == len(high) == len(s), "pool: attribute ranks differ")
+        _need(all(w >= 1 and t >= 1 for w, t in zip(window, strides)), "pool: windows and strides must be positive")
+        out = tuple((n + lo + hi - w) // t + 1 for n, w, t, lo, hi in zip(s, window, strides, low, high))
+        _need(all(n >= 1 for n in out), f"pool: window larger than the padded input {s}")
+        return out, d
     if fn == "argreduce":
         (s, _), (_, axis, dtype) = ins[0], prims
         _need(0 <= axis < len(s), f"argreduce: bad axis {axis}")
@@ -95,6 +124,8 @@ def infer(fn: str, prims: tuple, ins: list[Type]) -> Type:
         out = tuple(a + b + n + max(0, n - 1) * c for a, b, n, c in zip(lo, hi, s, interior))
         _need(all(n >= 0 for n in out) and all(c >= 0 for c in interior), "pad: negative size")
         return out, d
+    if fn == "conv":
+        return _conv(dict(prims[0]), ins)
     if fn == "iota":
         dim, shape, dtype = prims
         _need(0 <= dim < len(shape), "iota: bad dimension")

@@ -21,7 +21,8 @@ CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "integer_pow": ((TENSOR, INT), TENSOR), "select": ((TENSOR, TENSOR, TENSOR), TENSOR),
     "convert": ((TENSOR, DTYPE), TENSOR), "matmul": ((TENSOR, TENSOR, DTYPE), TENSOR),
     "conv": ((TENSOR, TENSOR, INT), TENSOR), "reduce": ((OP, TENSOR, VEC), TENSOR),
-    "argreduce": ((OP, TENSOR, INT, DTYPE), TENSOR), "transpose": ((TENSOR, VEC), TENSOR),
+    "argreduce": ((OP, TENSOR, INT, DTYPE), TENSOR),
+    "pool": ((OP, TENSOR, VEC, VEC, VEC, VEC), TENSOR), "transpose": ((TENSOR, VEC), TENSOR),
     "reshape": ((TENSOR, VEC), TENSOR), "broadcast": ((TENSOR, VEC, VEC), TENSOR),
     "concat": ((LIST, INT), TENSOR), "slice": ((TENSOR, VEC, VEC, VEC), TENSOR),
     "pad": ((TENSOR, TENSOR, VEC, VEC, VEC), TENSOR),
@@ -36,6 +37,9 @@ ATTRIBUTE_FNS: dict[str, tuple[tuple[str, ...], str]] = {
     "zeros_like": ((TENSOR,), VEC),        # (0,) * rank(t)
     "ones_like": ((TENSOR,), VEC),         # (1,) * rank(t)
     "set_last": ((VEC, INT), VEC),         # v with its last entry replaced
+    "set_at": ((VEC, INT, INT), VEC),      # v with entry i replaced
+    "center_low": ((TENSOR, TENSOR), VEC),   # (ref - t) // 2 on the last two axes, 0 elsewhere
+    "center_high": ((TENSOR, TENSOR), VEC),  # the rest of (ref - t) on the last two axes
     "iadd": ((INT, INT), INT),
     "fadd": ((FLOAT, FLOAT), FLOAT), "fsub": ((FLOAT, FLOAT), FLOAT), "fmul": ((FLOAT, FLOAT), FLOAT),
     "fdiv": ((FLOAT, FLOAT), FLOAT), "fmax": ((FLOAT, FLOAT), FLOAT), "fmin": ((FLOAT, FLOAT), FLOAT),
@@ -166,6 +170,7 @@ def convert(x, dtype): return app("convert", x, dtype)
 def matmul(a, b, dtype): return app("matmul", a, b, dtype)
 def reduce(op, x, axes): return app("reduce", op, x, axes)
 def transpose(x, perm): return app("transpose", x, perm)
+def pool(op, x, window, strides, low, high): return app("pool", op, x, window, strides, low, high)
 def reshape(x, shape): return app("reshape", x, shape)
 def broadcast(x, shape, dims): return app("broadcast", x, shape, dims)
 def slice_(x, start, limit, strides): return app("slice", x, start, limit, strides)
@@ -197,3 +202,6 @@ def zeros_like(t): return app("zeros_like", t)
 def ones_like(t): return app("ones_like", t)
 def set_last(v, value): return app("set_last", v, value)
 def iadd(a, b): return app("iadd", a, b)
+def set_at(v, i, value): return app("set_at", v, i, value)
+def center_low(t, ref): return app("center_low", t, ref)
+def center_high(t, ref): return app("center_high", t, ref)

@@ -20,7 +20,7 @@ from typing import Callable
 import ml_dtypes  # also makes np.dtype('bfloat16') resolve
 import numpy as np
 
-from superopt.egraph.ir import Graph
+from superopt.egraph.ir import WINDOW_REDUCTIONS, Graph
 
 try:  # scipy is optional; math and statistics give the same functions one element at a time
     from scipy import special as _special
@@ -148,6 +148,17 @@ def _reductions() -> dict[str, Callable]:
     }
 
 
+def _pool(op: str, x, window, strides, low, high):
+    """reduce_window: pad with the reduction's identity, take every window, keep every stride-th one."""
+    identity = {"reduce_window_max": _lowest(x.dtype), "reduce_window_min": _lowest(x.dtype, True),
+                "reduce_window_sum": 0}[op]
+    padded = _pad(x, np.asarray(identity, dtype=x.dtype), low, high, (0,) * x.ndim)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, window)[tuple(slice(None, None, t) for t in strides)]
+    axes = tuple(range(x.ndim, 2 * x.ndim))
+    reduce = {"reduce_window_max": np.max, "reduce_window_min": np.min, "reduce_window_sum": np.sum}[op]
+    return reduce(windows, axis=axes).astype(x.dtype)
+
+
 # ---- structural ops ----
 
 def _pad(x, value, low, high, interior):
@@ -255,6 +266,7 @@ EVAL: dict[str, Callable] = {
     "concat": lambda a, s, d, *xs: np.concatenate(xs, axis=a[0]),
     "slice": lambda a, s, d, x: x[tuple(slice(b, e, k) for b, e, k in zip(*a))],
     "pad": lambda a, s, d, x, v: _pad(x, v, *a),
+    **{op: (lambda op: lambda a, s, d, x: _pool(op, x, *a))(op) for op in WINDOW_REDUCTIONS},
 }
 
 

@@ -1,4 +1,5 @@
-"""The `superopt` command: `superopt rules list [--ruleset NAME]`, `superopt demo`."""
+"""The `superopt` command: `superopt rules list [--ruleset NAME]`, `superopt rules check [NAME ...]`,
+`superopt demo`."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,30 @@ def _rules_list(args) -> int:
     return 0
 
 
+def _rules_check(args) -> int:
+    from superopt.rewrites.checker import check_rule
+    from superopt.rulesets import RULESETS
+    rules = [r for rs in RULESETS.values() for r in rs]
+    if args.names:
+        known = {r.name for r in rules}
+        missing = [n for n in args.names if n not in known]
+        if missing:
+            raise ValueError(f"superopt: no rule named {', '.join(missing)}; see `superopt rules list`")
+        rules = [r for r in rules if r.name in args.names]
+    unsound, cases = [], 0
+    for r in rules:
+        result = check_rule(r, examples=args.examples)
+        cases += result.cases
+        status = "sound" if result.sound else ("UNSOUND" if result.counterexample else "UNCHECKED")
+        print(f"{status:<9} {r.ruleset}/{r.name:<40} {result.cases:>4} cases  [{r.source}]")
+        if not result.sound:
+            unsound.append(r.name)
+            print(result.counterexample or "  no binding satisfied the left-hand side: " + "; ".join(result.notes))
+    print(f"checked {len(rules)} rules on {cases} cases: "
+          + ("all sound" if not unsound else f"{len(unsound)} failed: {', '.join(unsound)}"))
+    return 1 if unsound else 0
+
+
 def _demo(args) -> int:
     from superopt.demo import main as demo_main
     demo_main()
@@ -29,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     listing = rules_sub.add_parser("list", help="list rules with their rule set, numerics and source")
     listing.add_argument("--ruleset", help="only this rule set")
     listing.set_defaults(run=_rules_list)
+    check = rules_sub.add_parser("check", help="check rules for soundness on random bindings (all by default)")
+    check.add_argument("names", nargs="*", help="rule names to check")
+    check.add_argument("--examples", type=int, default=60, help="bindings per rule (default 60)")
+    check.set_defaults(run=_rules_check)
     demo = sub.add_parser("demo", help="optimize the embedded transformer block and time it")
     demo.set_defaults(run=_demo)
     args = parser.parse_args(argv)

@@ -59,6 +59,17 @@ def test_structural_ops_are_modelled(op):
     assert op in graph.op_counts()
 
 
+@pytest.mark.parametrize("kind", ["max", "sum", "min"])
+def test_window_reductions_are_modelled_and_match_the_reference(kind):
+    from superopt.rewrites.reference import evaluate
+    img = jnp.asarray(np.random.default_rng(0).standard_normal((1, 7, 6, 2)), jnp.float32)
+    init, op = {"max": (-jnp.inf, lax.max), "sum": (0.0, lax.add), "min": (jnp.inf, lax.min)}[kind]
+    fn = lambda a: lax.reduce_window(a, init, op, (1, 3, 2, 1), (1, 2, 2, 1), "SAME")
+    graph = roundtrip(fn, img)
+    assert f"reduce_window_{kind}" in graph.op_counts()
+    np.testing.assert_allclose(evaluate(graph, [np.asarray(img)])[0], fn(img), rtol=1e-5, atol=1e-6)
+
+
 def test_squeeze_and_expand_dims_become_reshapes_and_broadcasts():
     graph = roundtrip(lambda a: jnp.squeeze(jnp.expand_dims(a, 0), 0) * 2, x)
     assert graph.op_counts().get("opaque", 0) == 0

@@ -14,12 +14,13 @@ from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
 from superopt.egraph.ir import Graph, pretty
-from superopt.egraph.runner import Limits, Phase, RunReport, StopReason, saturate
+from superopt.egraph.runner import Limits, RunReport, StopReason, saturate
 from superopt.extract.greedy import ExtractionError, extract, program_cost
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
 from superopt.report import Report
-from superopt.rulesets import DEFAULT, resolve
+from superopt.rewrites.schedule import Schedule
+from superopt.rulesets import DEFAULT
 
 # The cost model does not resolve differences of a few percent; a program that is predicted to be
 # less than this much faster is not worth swapping in for the original.
@@ -61,7 +62,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     stage = _Stages()
     captured = stage("capture", capture, fn, args)
     original = captured.graph
-    phases = [Phase(rs.name, list(rs)) for rs in resolve(rulesets)]
+    schedule = rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets)
     cost_before, original_costs = program_cost(original, tgt)
     report = Report(target, RunReport(StopReason.SATURATED), cost_before=cost_before, cost_after=cost_before,
                     ops_before=original.op_counts())
@@ -77,7 +78,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
         return Specialization(jitted_original, report, original, original, captured.out_tree)
 
     enc = stage("encode", encode, original)
-    run = report.run = stage("saturate", saturate, enc.egraph, phases, limits)
+    run = report.run = stage("saturate", saturate, enc.egraph, schedule, limits)
     if run.stop_reason is StopReason.ERROR:
         return keep_original(f"saturation failed ({run.error})")
     frozen = stage("freeze", freeze, enc.egraph)
@@ -128,8 +129,9 @@ class Optimized:
 
     def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool):
         load_target(target)  # an unknown target fails here, listing the valid ones
-        resolve(rulesets)
-        self.fn, self.target, self.rulesets, self.limits, self.verify = fn, target, tuple(rulesets), limits, verify
+        if not isinstance(rulesets, Schedule):
+            rulesets = Schedule.of(*rulesets)
+        self.fn, self.target, self.rulesets, self.limits, self.verify = fn, target, rulesets, limits, verify
         self._cache: dict[tuple, Specialization] = {}
         self._last: Specialization | None = None
         self.__wrapped__ = fn
@@ -167,9 +169,12 @@ class Optimized:
         return pretty(self._specialization().term)
 
 
-def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Sequence[Any] = DEFAULT,
+def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Sequence[Any] | Schedule = DEFAULT,
              limits: Limits | None = None, verify: bool = True):
-    """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`."""
+    """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
+
+    `rulesets` names rule sets (or gives RuleSet objects), run as one phase each in order, or is a
+    `Schedule` of phases with their own limits and back-off."""
     if fn is None:
         return lambda f: superopt(f, target, rulesets=rulesets, limits=limits, verify=verify)
     return Optimized(fn, target, rulesets, limits or Limits(), verify)

@@ -45,12 +45,16 @@ class Report:
             f"  cost (model) : {_fmt_time(self.cost_before)} -> {_fmt_time(self.cost_after)} per call "
             f"({self.speedup_estimate:.2f}x)",
         ]
+        for ph in r.phases:
+            bans = ", ".join(f"{n} x{k}" for n, k in sorted(ph.bans.items()))
+            lines.append(f"  phase {ph.name:<7}: {ph.stop_reason.value} after {ph.iterations} iterations, "
+                         f"{_fmt_time(ph.seconds)}" + (f"; backed off: {bans}" if bans else ""))
         if r.error:
             lines.append(f"  error        : {r.error}")
         fired = r.fired
         lines.append(f"  rules fired  : {len(fired)} of {len(r.matches)}")
         for name, n in sorted(fired.items(), key=lambda kv: (-kv[1], kv[0])):
-            lines.append(f"    {name:<34} {n:>6} matches")
+            lines.append(f"    {name:<34} {n:>6} matches  {_fmt_time(r.rule_seconds.get(name, 0.0)):>9}")
         changed = sorted(set(self.ops_before) | set(self.ops_after))
         diffs = [f"{op} {self.ops_before.get(op, 0)}->{self.ops_after.get(op, 0)}" for op in changed
                  if self.ops_before.get(op, 0) != self.ops_after.get(op, 0)]

@@ -1,21 +1,54 @@
-"""Targets as data: hardware figures read from `extract/targets/<name>.toml`."""
+"""Targets as data: hardware figures read from `extract/targets/<name>.toml`, each with its source.
+
+The `cpu` target is overridden by the figures `superopt calibrate` measured on this machine, when a
+calibration is cached (see `superopt.extract.calibrate`).
+"""
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 _DIR = Path(__file__).parent / "targets"
 
 
 @dataclass(frozen=True)
+class GpuSpec:
+    sms: int
+    regs_per_sm: int
+    max_regs_per_thread: int
+    max_warps_per_sm: int
+    max_blocks_per_sm: int
+    smem_per_sm: int
+    l2_bytes: int
+
+
+@dataclass(frozen=True)
+class NpuSpec:
+    cores: int
+    clock_hz: float
+    cube_flops: float
+    vector_flops: float
+    ub_bytes: int
+    l1_bytes: int
+    l0a_bytes: int
+    l0b_bytes: int
+    l0c_bytes: int
+    separated: bool           # cube and vector cores exchange data through global memory (910B)
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     kind: str                 # "cpu", "gpu" or "npu"
-    peak_flops: float         # FLOP/s
-    mem_bandwidth: float      # bytes/s between memory and the compute units
+    peak_flops: float         # FLOP/s of the general (vector / non-tensor) units, f32
+    mem_bandwidth: float      # bytes/s between global memory and the compute units
     launch_overhead: float    # seconds per kernel
     transcendental_flops: float = 20.0
+    matrix_flops: float = 0.0  # FLOP/s of the matrix unit (tensor core, cube) in f16/bf16; 0: none
+    gpu: GpuSpec | None = None
+    npu: NpuSpec | None = None
+    calibrated: bool = False
 
 
 def available_targets() -> list[str]:
@@ -28,4 +61,11 @@ def load_target(name: str) -> Target:
         raise ValueError(f"superopt: unknown target {name!r}; valid targets: {', '.join(available_targets())}")
     with path.open("rb") as f:
         data = tomllib.load(f)
-    return Target(**data)
+    gpu, npu = data.pop("gpu", None), data.pop("npu", None)
+    target = Target(**data, gpu=GpuSpec(**gpu) if gpu else None, npu=NpuSpec(**npu) if npu else None)
+    if name == "cpu":
+        from superopt.extract.calibrate import cached_calibration
+        measured = cached_calibration()
+        if measured:
+            target = replace(target, calibrated=True, **measured)
+    return target

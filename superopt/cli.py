@@ -1,5 +1,5 @@
 """The `superopt` command: `superopt rules list [--ruleset NAME]`, `superopt rules check [NAME ...]`,
-`superopt demo`."""
+`superopt calibrate`, `superopt demo`."""
 from __future__ import annotations
 
 import argparse
@@ -40,6 +40,16 @@ def _rules_check(args) -> int:
     return 1 if unsound else 0
 
 
+def _calibrate(args) -> int:
+    from superopt.extract.calibrate import cache_path, calibrate
+    sizes = {"matmul_size": 512, "stream_mib": 32} if args.quick else {}
+    figures = calibrate(**sizes)
+    print(f"peak f32 matmul : {figures['peak_flops'] / 1e9:8.1f} GFLOP/s")
+    print(f"memory bandwidth: {figures['mem_bandwidth'] / 1e9:8.1f} GB/s (read + write)")
+    print(f"cached in {cache_path()}; the cpu target uses these figures from now on")
+    return 0
+
+
 def _demo(args) -> int:
     from superopt.demo import main as demo_main
     demo_main()
@@ -58,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("names", nargs="*", help="rule names to check")
     check.add_argument("--examples", type=int, default=60, help="bindings per rule (default 60)")
     check.set_defaults(run=_rules_check)
+    cal = sub.add_parser("calibrate", help="measure this machine's FLOP/s and bandwidth for the cpu target")
+    cal.add_argument("--quick", action="store_true", help="small sizes: seconds instead of tens of seconds")
+    cal.set_defaults(run=_calibrate)
     demo = sub.add_parser("demo", help="optimize the embedded transformer block and time it")
     demo.set_defaults(run=_demo)
     args = parser.parse_args(argv)

@@ -1,0 +1,54 @@
+"""Targets as data, and calibration of the cpu target."""
+import re
+from pathlib import Path
+
+import pytest
+
+from superopt.cli import main
+from superopt.extract import calibrate
+from superopt.extract.target import available_targets, load_target
+
+TARGETS = ["cpu", "gpu-a100", "gpu-h100", "npu-910", "npu-910b"]
+
+
+def test_all_targets_load_with_their_kind_specific_figures():
+    assert set(TARGETS) <= set(available_targets())
+    for name in TARGETS:
+        t = load_target(name)
+        assert t.peak_flops > 0 and t.mem_bandwidth > 0 and t.launch_overhead > 0
+        assert (t.gpu is not None) == (t.kind == "gpu") and (t.npu is not None) == (t.kind == "npu")
+    assert load_target("npu-910b").npu.separated and not load_target("npu-910").npu.separated
+    assert load_target("npu-910b").npu.ub_bytes == 192 * 1024
+    assert load_target("gpu-h100").gpu.smem_per_sm > load_target("gpu-a100").gpu.smem_per_sm
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_every_number_carries_its_source(name):
+    lines = (Path(calibrate.__file__).parent / "targets" / f"{name}.toml").read_text().splitlines()
+    for previous, line in zip([""] + lines, lines):
+        bare_number = re.match(r"\s*\w+\s*=\s*[-0-9.e]+\s*$", line)
+        if bare_number and not previous.lstrip().startswith("#"):
+            pytest.fail(f"{name}: '{line.strip()}' has no source comment, inline or on the line above")
+
+
+def test_calibration_is_measured_cached_and_used(capsys):
+    assert not load_target("cpu").calibrated
+    assert main(["calibrate", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "GFLOP/s" in out and "GB/s" in out
+    cpu = load_target("cpu")
+    assert cpu.calibrated
+    cached = calibrate.cached_calibration()
+    assert cpu.peak_flops == cached["peak_flops"] > 1e8 and cpu.mem_bandwidth == cached["mem_bandwidth"] > 1e8
+    calibrate.cache_path().unlink()
+    assert not load_target("cpu").calibrated
+
+
+def test_a_calibration_from_another_machine_is_ignored():
+    path = calibrate.cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('machine = "some other machine"\npeak_flops = 1.0\nmatrix_flops = 1.0\nmem_bandwidth = 1.0\n')
+    try:
+        assert calibrate.cached_calibration() is None and not load_target("cpu").calibrated
+    finally:
+        path.unlink()

@@ -39,6 +39,7 @@ class Extraction:
     graph: Graph
     cost: float
     node_costs: list[float]  # per live node of `graph`, seconds per call (0 for hoisted constants)
+    method: str = "greedy"   # which extractor produced it, and how it ended
 
 
 def _node_types(fz: FrozenEGraph, node: ENode):
@@ -70,7 +71,8 @@ def _list_types(fz, cls, tensor_type):
     return out
 
 
-def _node_costs(fz: FrozenEGraph, enc: Encoding, target: Target) -> dict[ENode, float]:
+def node_costs(fz: FrozenEGraph, enc: Encoding, target: Target) -> dict[ENode, float]:
+    """Cost of every e-node the analyses could type (the others are never chosen)."""
     own: dict[ENode, float] = {}
     for cls in fz.classes.values():
         for n in cls:
@@ -113,7 +115,7 @@ def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict) -> dict:
 
 def extract(fz: FrozenEGraph, enc: Encoding, target: Target) -> Extraction:
     """Outputs are extracted in order; what one output's program computes is free for the next ones."""
-    own = _node_costs(fz, enc, target)
+    own = node_costs(fz, enc, target)
     nodes = [n for cls in fz.classes.values() for n in cls]
     parents: dict = {}
     for n in nodes:
@@ -128,12 +130,12 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target) -> Extraction:
         for cls in best[root].costs:
             b = best[cls]
             fixed[cls] = _Best(0.0, b.node, {cls: 0.0}, b.const_only)
-    graph = _build(fz, enc, {cls: b.node for cls, b in fixed.items()})
-    cost, node_costs = program_cost(graph, target)
-    return Extraction(graph, cost, node_costs)
+    graph = build_graph(fz, enc, {cls: b.node for cls, b in fixed.items()})
+    cost, per_node = program_cost(graph, target)
+    return Extraction(graph, cost, per_node)
 
 
-def _build(fz: FrozenEGraph, enc: Encoding, choice: dict) -> Graph:
+def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict) -> Graph:
     """The chosen sub-DAG as a Graph, built with an explicit stack (any depth)."""
     src = enc.graph
     graph = Graph(consts=src.consts, opaque=src.opaque, n_args=src.n_args)

@@ -56,7 +56,18 @@ def _describe(graph: Graph, costs: list[float], k: int = 5) -> list[tuple[float,
     return [(c, f"{graph.nodes[i].op} -> {type_str(graph.nodes[i])}") for c, i in ranked if c > 0]
 
 
-def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool) -> Specialization:
+EXTRACTORS = ("greedy", "ilp")
+
+
+def _extract(frozen, enc, tgt, extractor: str):
+    if extractor == "ilp":
+        from superopt.extract.ilp import extract_ilp
+        return extract_ilp(frozen, enc, tgt)
+    return extract(frozen, enc, tgt)
+
+
+def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool,
+             extractor: str = "greedy") -> Specialization:
     """The pipeline for one specialization; never returns a program that disagrees with `fn`."""
     tgt = load_target(target)
     stage = _Stages()
@@ -83,10 +94,11 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
         return keep_original(f"saturation failed ({run.error})")
     frozen = stage("freeze", freeze, enc.egraph)
     try:
-        chosen = stage("extract", extract, frozen, enc, tgt)
+        chosen = stage("extract", _extract, frozen, enc, tgt, extractor)
     except ExtractionError as exc:
         return keep_original(str(exc))
     report.cost_after = chosen.cost
+    report.extraction = chosen.method
     report.ops_after = chosen.graph.op_counts()
     report.top_costs = _describe(chosen.graph, chosen.node_costs)
     if not chosen.cost < cost_before * (1 - 1e-9):
@@ -127,8 +139,11 @@ def _leaf_type(x) -> tuple:
 class Optimized:
     """A callable with `fn`'s signature, specialized and cached per argument shapes and dtypes."""
 
-    def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool):
+    def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool, extractor: str = "greedy"):
         load_target(target)  # an unknown target fails here, listing the valid ones
+        if extractor not in EXTRACTORS:
+            raise ValueError(f"superopt: unknown extractor {extractor!r}; valid: {', '.join(EXTRACTORS)}")
+        self.extractor = extractor
         if not isinstance(rulesets, Schedule):
             rulesets = Schedule.of(*rulesets)
         self.fn, self.target, self.rulesets, self.limits, self.verify = fn, target, rulesets, limits, verify
@@ -143,7 +158,8 @@ class Optimized:
         key = (tree, tuple(_leaf_type(x) for x in leaves))
         spec = self._cache.get(key)
         if spec is None:
-            spec = self._cache[key] = optimize(self.fn, args, self.target, self.rulesets, self.limits, self.verify)
+            spec = self._cache[key] = optimize(self.fn, args, self.target, self.rulesets, self.limits, self.verify,
+                                               self.extractor)
         self._last = spec
         return spec, leaves
 
@@ -170,11 +186,12 @@ class Optimized:
 
 
 def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Sequence[Any] | Schedule = DEFAULT,
-             limits: Limits | None = None, verify: bool = True):
+             limits: Limits | None = None, verify: bool = True, extractor: str = "greedy"):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
 
     `rulesets` names rule sets (or gives RuleSet objects), run as one phase each in order, or is a
-    `Schedule` of phases with their own limits and back-off."""
+    `Schedule` of phases with their own limits and back-off. `extractor` is "greedy" (DAG-aware, the
+    default) or "ilp" (HiGHS; optimal on small graphs, never worse than greedy)."""
     if fn is None:
-        return lambda f: superopt(f, target, rulesets=rulesets, limits=limits, verify=verify)
-    return Optimized(fn, target, rulesets, limits or Limits(), verify)
+        return lambda f: superopt(f, target, rulesets=rulesets, limits=limits, verify=verify, extractor=extractor)
+    return Optimized(fn, target, rulesets, limits or Limits(), verify, extractor)

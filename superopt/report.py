@@ -21,6 +21,7 @@ class Report:
     cost_before: float = 0.0       # model seconds per call, original program
     cost_after: float = 0.0        # model seconds per call, chosen program
     outcome: str = ""              # "optimized", or why the original was kept
+    extraction: str = ""           # which extractor chose the program, and how it ended
     ops_before: dict = field(default_factory=dict)
     ops_after: dict = field(default_factory=dict)
     stage_seconds: dict = field(default_factory=dict)
@@ -43,7 +44,7 @@ class Report:
             f"{_fmt_time(r.seconds)}",
             f"  e-graph      : {r.enodes} e-nodes in {r.eclasses} e-classes",
             f"  cost (model) : {_fmt_time(self.cost_before)} -> {_fmt_time(self.cost_after)} per call "
-            f"({self.speedup_estimate:.2f}x)",
+            f"({self.speedup_estimate:.2f}x)" + (f", extracted by {self.extraction}" if self.extraction else ""),
         ]
         for ph in r.phases:
             bans = ", ".join(f"{n} x{k}" for n, k in sorted(ph.bans.items()))

@@ -1,0 +1,74 @@
+"""The Chimera data-movement model (thesis ch. 3; ../shared/reference/thesis-digest.md).
+
+A chain of ops shares one loop nest: `perm` orders the loops outermost first, `tiles` gives each loop's
+tile size. Algorithm 1 gives the data volume DV moved between memory and the chip and the memory use MU
+of one tile step: a loop that does not index a tensor reuses it, until an inner loop has already forced
+a reload; intermediates of the chain stay on chip; an op's private loops leave the nest after it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    loops: tuple[str, ...]                     # loops of this op
+    tensors: dict                              # tensor name -> the loops that index it
+
+
+def footprint(index_loops, tiles: dict) -> int:
+    return math.prod(tiles[l] for l in index_loops)
+
+
+def data_movement(ops: list[Op], io_tensors: set, perm: list[str], extents: dict, tiles: dict) -> tuple[int, int]:
+    """(DV, MU) in elements, by Algorithm 1."""
+    dv, mu, order = 0, 0, list(perm)
+    for op in ops:
+        total_df = 0
+        for tensor, index in op.tensors.items():
+            df = footprint(index, tiles)
+            total_df += df
+            if tensor not in io_tensors:
+                continue                       # an intermediate stays on chip
+            dm, keep_reuse = df, True
+            for loop in reversed(order):       # innermost to outermost
+                if loop not in op.loops:
+                    continue
+                if loop in index:
+                    keep_reuse = False
+                if not keep_reuse:
+                    dm *= math.ceil(extents[loop] / tiles[loop])
+            dv += dm
+        later = {l for o in ops[ops.index(op) + 1:] for l in o.loops}
+        order = [l for l in order if l not in op.loops or l in later]
+        mu = max(mu, total_df)
+    return dv, mu
+
+
+def gemm_chain(m: int, n: int, k: int, l: int) -> tuple[list[Op], set, dict]:
+    """C[m,l] = A[m,k] B[k,l]; E[m,n] = C[m,l] D[l,n] (thesis Table 3.5's order: batch, M, N, K, L)."""
+    ops = [Op("gemm1", ("m", "l", "k"), {"A": ("m", "k"), "B": ("k", "l"), "C": ("m", "l")}),
+           Op("gemm2", ("m", "n", "l"), {"C": ("m", "l"), "D": ("l", "n"), "E": ("m", "n")})]
+    return ops, {"A", "B", "D", "E"}, {"m": m, "n": n, "k": k, "l": l}
+
+
+def gemm_chain_mlkn(m, n, k, l, tm, tn, tk, tl) -> tuple[int, int]:
+    """Table 3.4's closed forms for the mlkn order."""
+    c = math.ceil
+    dv = m * k * c(l / tl) + k * l * c(m / tm) + n * l * c(m / tm) + m * n * c(l / tl)
+    mu = max(tm * tk + tk * tl + tm * tl, tm * tl + tl * tn + tm * tn)
+    return dv, mu
+
+
+def optimal_tiles_mlkn(m, n, k, l, capacity: int, a: int = 1) -> dict:
+    """The analytic optimum for mlkn (Lagrange over the reals, then clamped): TM = TL = -a + sqrt(a^2 + MC),
+    TN = TK = a; `a` is the micro-kernel granule (1 on a CPU, 16 for a tensor core or cube)."""
+    t = -a + math.sqrt(a * a + capacity)
+    return {"m": min(max(a, math.floor(t)), m), "l": min(max(a, math.floor(t)), l), "n": min(a, n), "k": min(a, k)}
+
+
+def optimal_dv_mlkn(m, n, k, l, capacity: int, a: int = 1) -> float:
+    """DV* = 2ML(K+N)/TM* at the real-valued optimum."""
+    return 2 * m * l * (k + n) / (-a + math.sqrt(a * a + capacity))

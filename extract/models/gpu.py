@@ -1,0 +1,77 @@
+"""GPU kernel cost: roofline with register pressure, occupancy, the spill cliff and uncoalesced access.
+
+Registers per thread are estimated from the kernel body's peak number of live values; the occupancy
+formula is the CUDA one (reference/hardware-and-jax-facts.md); below `HIDING_OCCUPANCY` a kernel cannot
+keep enough memory requests in flight and slows down in proportion; past 255 registers the compiler
+spills to local memory, which costs global traffic (a cliff, not a slope); a transposed access touches
+a 32-byte sector per 4-byte element.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from superopt.extract.target import GpuSpec, Target
+
+BASE_REGISTERS = 16        # thread/block indices, addresses, loop counters: an estimate for simple kernels
+HIDING_OCCUPANCY = 0.5     # occupancy a memory-bound kernel needs to hide DRAM latency (estimate)
+SECTOR_BYTES = 32          # DRAM transaction granule: a strided 4-byte access wastes the rest of the sector
+REG_GRANULE = 256          # registers are allocated per warp in units of 256
+
+
+@dataclass(frozen=True)
+class GpuKernel:
+    flops: float
+    bytes: float                      # global memory traffic with coalesced access
+    live_values: int = 8              # peak live scalar values per thread in the body
+    value_bytes: int = 4
+    threads_per_block: int = 256
+    smem_per_block: int = 0
+    uncoalesced_bytes: float = 0.0    # of `bytes`, the part accessed with a transposed (strided) pattern
+    tensor_cores: bool = False
+    work_items: int = 0               # threads launched in all (for spill traffic); 0: bytes / value_bytes
+
+
+def registers_per_thread(live_values: int, value_bytes: int = 4) -> int:
+    return BASE_REGISTERS + live_values * max(1, math.ceil(value_bytes / 4))
+
+
+def occupancy(regs: int, threads_per_block: int, smem_per_block: int, gpu: GpuSpec) -> tuple[int, float]:
+    """(resident blocks per SM, occupancy in [0, 1])."""
+    warps = math.ceil(threads_per_block / 32)
+    regs = min(regs, gpu.max_regs_per_thread)          # beyond this the compiler spills instead
+    per_warp = math.ceil(regs * 32 / REG_GRANULE) * REG_GRANULE
+    by_warps = gpu.max_warps_per_sm // warps
+    by_regs = gpu.regs_per_sm // (per_warp * warps)
+    by_smem = gpu.smem_per_sm // (math.ceil((smem_per_block + 1024) / 128) * 128) if smem_per_block else by_warps
+    blocks = min(by_warps, by_regs, by_smem, gpu.max_blocks_per_sm)
+    return blocks, blocks * warps / gpu.max_warps_per_sm
+
+
+def occupancy_penalty(occ: float) -> float:
+    if occ <= 0:
+        return math.inf                                   # the kernel cannot launch
+    return max(1.0, HIDING_OCCUPANCY / occ)
+
+
+def breakdown(k: GpuKernel, target: Target) -> dict:
+    """Every factor of the kernel's time, for reports; `time` is in seconds."""
+    gpu = target.gpu
+    regs = registers_per_thread(k.live_values, k.value_bytes)
+    blocks, occ = occupancy(regs, k.threads_per_block, k.smem_per_block, gpu)
+    spilled = max(0, regs - gpu.max_regs_per_thread)
+    items = k.work_items or max(1, int(k.bytes // k.value_bytes))
+    spill_bytes = spilled * 4 * 2 * items                 # each spilled value stored and loaded once per thread
+    wasted = k.uncoalesced_bytes * (SECTOR_BYTES / k.value_bytes - 1)
+    moved = k.bytes + wasted + spill_bytes
+    peak = target.matrix_flops if k.tensor_cores and target.matrix_flops else target.peak_flops
+    compute, memory = k.flops / peak, moved / target.mem_bandwidth
+    penalty = occupancy_penalty(occ)
+    return {"flops": k.flops, "bytes": moved, "registers": regs, "blocks_per_sm": blocks, "occupancy": occ,
+            "occupancy_penalty": penalty, "spilled_registers": spilled, "spill_bytes": spill_bytes,
+            "uncoalesced_extra_bytes": wasted,
+            "time": max(compute, memory) * penalty + target.launch_overhead}
+
+
+def kernel_time(k: GpuKernel, target: Target) -> float:
+    return breakdown(k, target)["time"]

@@ -1,0 +1,75 @@
+"""Ascend-style NPU kernel cost: cube versus vector placement, buffer capacities as hard limits,
+format conversions, and the 910B's cube-to-vector exchange through global memory.
+
+A kernel that does not fit its buffers costs infinity (it cannot run as tiled). Vector kernels keep
+every live tile in the Unified Buffer, twice over when double-buffered (ping-pong). Cube kernels hold
+their A, B and C tiles in L0A, L0B and L0C (fp32 accumulation) and stage them in L1. The cube writes its
+result in a fractal (NZ / NC1HWC0) layout; FixPipe converts to ND on the way out for free, but a vector
+op fused behind the cube that needs ND along the fractal axis (a reduction such as LayerNorm) needs a
+TransData pass, which is slow (strided 16-element fractal rows). On the 910B the cube and vector cores
+are separate and exchange data through global memory, so a cube->vector fusion saves no traffic there.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from superopt.extract.target import Target
+
+TRANSDATA_EFFICIENCY = 0.25   # fraction of bandwidth a fractal<->ND conversion reaches (strided 32 B rows; estimate)
+ALIGN = 32                    # UB allocations are 32-byte aligned (reference facts)
+
+
+@dataclass(frozen=True)
+class NpuKernel:
+    unit: str                         # "cube" or "vector"
+    flops: float
+    bytes: float                      # global memory traffic
+    ub_live_bytes: int = 0            # vector: bytes of the tiles live in the UB at once
+    double_buffer: bool = True
+    l0a_bytes: int = 0                # cube: tile bytes in L0A / L0B / L0C and L1
+    l0b_bytes: int = 0
+    l0c_bytes: int = 0
+    l1_bytes: int = 0
+    transdata_bytes: float = 0.0      # bytes converted between fractal and ND inside the kernel
+    gm_exchange_bytes: float = 0.0    # bytes passed from cube to vector cores through global memory (910B)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def fits(k: NpuKernel, target: Target) -> tuple[bool, str]:
+    """Whether the kernel's tiles fit its buffers, and if not, which and by how much."""
+    npu = target.npu
+    ub = _aligned(k.ub_live_bytes) * (2 if k.double_buffer else 1)
+    for name, need, have in (("UB", ub, npu.ub_bytes), ("L0A", k.l0a_bytes, npu.l0a_bytes),
+                             ("L0B", k.l0b_bytes, npu.l0b_bytes), ("L0C", k.l0c_bytes, npu.l0c_bytes),
+                             ("L1", k.l1_bytes, npu.l1_bytes)):
+        if need > have:
+            return False, f"{name} needs {need} bytes, has {have}"
+    return True, ""
+
+
+def breakdown(k: NpuKernel, target: Target) -> dict:
+    npu = target.npu
+    ok, why = fits(k, target)
+    rate = npu.cube_flops if k.unit == "cube" else npu.vector_flops
+    compute = k.flops / rate
+    transdata = 2 * k.transdata_bytes / (target.mem_bandwidth * TRANSDATA_EFFICIENCY)
+    exchange = 2 * k.gm_exchange_bytes / target.mem_bandwidth if npu.separated else 0.0
+    memory = k.bytes / target.mem_bandwidth + transdata + exchange
+    time = max(compute, memory) + target.launch_overhead if ok else math.inf
+    return {"unit": k.unit, "flops": k.flops, "bytes": k.bytes, "ub_bytes": _aligned(k.ub_live_bytes)
+            * (2 if k.double_buffer else 1), "fits": ok, "overflow": why, "transdata_seconds": transdata,
+            "gm_exchange_seconds": exchange, "time": time}
+
+
+def kernel_time(k: NpuKernel, target: Target) -> float:
+    return breakdown(k, target)["time"]
+
+
+def matmul_tiles(tm: int, tn: int, tk: int, itemsize: int = 2) -> dict:
+    """Buffer use of one cube matmul tile step: A in L0A, B in L0B, fp32 C in L0C, A and B staged in L1."""
+    return {"l0a_bytes": tm * tk * itemsize, "l0b_bytes": tk * tn * itemsize, "l0c_bytes": tm * tn * 4,
+            "l1_bytes": 2 * (tm * tk + tk * tn) * itemsize}

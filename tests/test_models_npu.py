@@ -1,0 +1,60 @@
+"""NPU cost model: capacities as hard limits, cube versus vector, TransData, and seed 001's NPU cases."""
+import math
+
+from superopt.extract.models.npu import NpuKernel, breakdown, fits, kernel_time, matmul_tiles
+from superopt.extract.target import load_target
+
+NPU_910, NPU_910B = load_target("npu-910"), load_target("npu-910b")
+
+
+def test_a_matmul_on_the_vector_unit_is_at_least_10x_slower():
+    flops = 2 * 4096 ** 3   # compute-bound: launch overhead does not dilute the ratio
+    for target in (NPU_910, NPU_910B):
+        cube = kernel_time(NpuKernel("cube", flops, 6e6, **matmul_tiles(128, 128, 64)), target)
+        vector = kernel_time(NpuKernel("vector", flops, 6e6, ub_live_bytes=48 * 1024), target)
+        assert vector >= 10 * cube
+
+
+def test_capacities_are_hard_limits():
+    assert fits(NpuKernel("cube", 1, 1, **matmul_tiles(128, 128, 128)), NPU_910)[0]
+    ok, why = fits(NpuKernel("cube", 1, 1, **matmul_tiles(256, 256, 256)), NPU_910)  # A tile: 128 KB
+    assert not ok and why.startswith("L0A")
+    assert math.isinf(kernel_time(NpuKernel("vector", 1, 1, ub_live_bytes=100 * 1024), NPU_910B))  # x2 > 192 KB
+    assert math.isfinite(kernel_time(NpuKernel("vector", 1, 1, ub_live_bytes=100 * 1024, double_buffer=False),
+                                     NPU_910B))
+
+
+def elementwise_chain(n_elements: int, fused: bool, target, tile_elements: int):
+    """Add+Mul+ReLU over fp16 tensors: a + b, * c, max 0. Fused: one kernel, four live tiles (a, b, c, out);
+    unfused: three kernels, each with three live tiles, each reading and writing global memory."""
+    b = 2 * n_elements
+    if fused:
+        return kernel_time(NpuKernel("vector", 3 * n_elements, 4 * b, ub_live_bytes=4 * 2 * tile_elements), target)
+    return sum(kernel_time(NpuKernel("vector", n_elements, 3 * b, ub_live_bytes=3 * 2 * tile_elements), target)
+               for _ in range(3))
+
+
+def test_seed_001_add_mul_relu_is_fused_on_910b_while_the_ub_fits_and_split_when_it_overflows():
+    # A row of 8192 fp16 must be resident: 4 live rows x 16 KB x 2 (double buffer) = 128 KB <= 192 KB.
+    assert elementwise_chain(1 << 22, fused=True, target=NPU_910B, tile_elements=8192) < \
+        elementwise_chain(1 << 22, fused=False, target=NPU_910B, tile_elements=8192)
+    # Rows of 14336 fp16: fused needs 4 x 28 KB x 2 = 224 KB > 192 KB, while each unfused kernel needs
+    # 3 x 28 KB x 2 = 168 KB and fits: the chain is split.
+    assert math.isinf(elementwise_chain(1 << 22, fused=True, target=NPU_910B, tile_elements=14336))
+    assert math.isfinite(elementwise_chain(1 << 22, fused=False, target=NPU_910B, tile_elements=14336))
+
+
+def test_seed_001_conv_plus_layernorm_is_not_fused_on_910b():
+    """The conv's fractal (NC1HWC0) output cannot feed LayerNorm's reduction over channels: fused, a TransData
+    pass converts it on chip and, on the 910B, cube and vector cores still exchange it through global
+    memory; unfused, FixPipe writes ND on the way out for free and LayerNorm reads it."""
+    act = 2 * 64 * 56 * 56 * 64                       # fp16 activation bytes
+    conv = NpuKernel("cube", 2 * 64 * 56 * 56 * 64 * 64 * 9, 2 * act, **matmul_tiles(128, 64, 64))
+    layernorm = NpuKernel("vector", 8 * act / 2, 2 * act, ub_live_bytes=3 * 2 * 64 * 16)
+    fused = NpuKernel("cube", conv.flops + layernorm.flops, act + act, **matmul_tiles(128, 64, 64),
+                      transdata_bytes=act, gm_exchange_bytes=act)
+    split = kernel_time(conv, NPU_910B) + kernel_time(layernorm, NPU_910B)
+    assert kernel_time(fused, NPU_910B) > split
+    parts = breakdown(fused, NPU_910B)
+    assert parts["transdata_seconds"] > 0 and parts["gm_exchange_seconds"] > 0
+    assert breakdown(fused, NPU_910)["gm_exchange_seconds"] == 0   # the 910 couples cube and vector on chip

@@ -48,10 +48,25 @@ def flops(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> 
     return 0.0
 
 
+MATRIX_OPS = frozenset({"matmul", "conv"})
+MATRIX_DTYPES = frozenset({"float16", "bfloat16"})  # what tensor cores and the cube take at their peak
+
+
+def compute_rate(op: str, ins: list[Type], target: Target) -> float:
+    """FLOP/s this op gets: the matrix unit for matmul/conv where the target has one (on a GPU only for
+    f16/bf16 operands; the NPU's cube is the only place a matmul runs well), the general units otherwise."""
+    if op in MATRIX_OPS and target.matrix_flops:
+        if target.kind == "npu" or (target.kind == "gpu" and ins and ins[0][1] in MATRIX_DTYPES):
+            return target.matrix_flops
+        if target.kind == "cpu":
+            return target.matrix_flops
+    return target.peak_flops
+
+
 def op_cost(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:
     """Seconds for one op: max(compute, memory) + launch, under the target's roofline."""
     if op in FREE:
         return 0.0
     moved = nbytes(out) + sum(nbytes(t) for t in ins if t[0])  # rank-0 operands live in registers
-    compute = flops(op, attrs, ins, out, target) / target.peak_flops
+    compute = flops(op, attrs, ins, out, target) / compute_rate(op, ins, target)
     return max(compute, moved / target.mem_bandwidth) + target.launch_overhead

@@ -6,7 +6,7 @@ from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
 from superopt.egraph.runner import Phase, saturate
-from superopt.extract.cost import op_cost
+from superopt.extract.cost import compute_rate, op_cost
 from superopt.extract.greedy import extract, program_cost
 from superopt.extract.target import available_targets, load_target
 from superopt.rulesets.algebra import ALGEBRA
@@ -63,3 +63,15 @@ def test_constant_subterms_are_free():
     cost, per_node = program_cost(graph, CPU)
     matmul_costs = [c for c, i in zip(per_node, graph.live()) if graph.nodes[i].op == "matmul"]
     assert sorted(matmul_costs)[0] == 0.0  # w @ w is computed once, at build time
+
+
+def test_matmuls_use_the_matrix_unit_where_the_target_has_one():
+    big = [((4096, 4096), "bfloat16"), ((4096, 4096), "bfloat16")]
+    out = ((4096, 4096), "float32")
+    h100 = load_target("gpu-h100")
+    assert op_cost("matmul", (), big, out, h100) < 0.2 * op_cost(
+        "matmul", (), [((4096, 4096), "float32")] * 2, out, h100)      # bf16 on tensor cores, f32 not
+    npu = load_target("npu-910b")
+    assert compute_rate("matmul", big, npu) == npu.npu.cube_flops          # the cube
+    assert compute_rate("mul", big, npu) == npu.peak_flops                 # the vector unit
+    assert compute_rate("matmul", big, npu) >= 10 * compute_rate("mul", big, npu)

@@ -85,7 +85,7 @@ COLUMNS = ["workload", "description", "outcome", "rules fired", "stop reason", "
            "jax.jit (ms)", "superopt (ms)", "ratio superopt/jax.jit"]
 
 
-def render(rows: list[dict], repeats: int, rounds: int, when: str, command: str) -> str:
+def render(rows: list[dict], repeats: int, rounds: int, when: str, command: str, extra: list[str] = ()) -> str:
     """The whole BENCHMARKS.md text."""
     lines = [
         "# Benchmarks: superopt vs. jax.jit",
@@ -128,6 +128,7 @@ def render(rows: list[dict], repeats: int, rounds: int, when: str, command: str)
         "by construction and any deviation is measurement noise. Rules fired lists the rewrite "
         "rules that matched, with match counts, most frequent first.",
         "",
+        *extra,
     ]
     return "\n".join(lines)
 
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=9, help="timed runs per round after warm-up")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file to write")
+    ap.add_argument("--no-ranking", action="store_true", help="skip the cost-model ranking of chain candidates")
     ns = ap.parse_args(argv)
 
     names = [n for n in WORKLOADS if re.search(ns.filter, n)] if ns.filter else DEFAULT_WORKLOADS
@@ -157,12 +159,23 @@ def main(argv: list[str] | None = None) -> int:
                   f"superopt {_ms(r['opt_ms'])} ms, ratio {r['ratio']:.3f}", file=sys.stderr, flush=True)
         rows.append(r)
 
+    extra: list[str] = []
+    if not ns.no_ranking:
+        from bench.ranking import CHAINS, rank_chain, render as render_ranking
+        rankings = []
+        for name in CHAINS:
+            print(f"[ranking] {name} ...", file=sys.stderr, flush=True)
+            r = rank_chain(name, repeats=ns.repeats)
+            print(f"    {len(r.predicted)} candidates, rho {r.rho:.2f}", file=sys.stderr, flush=True)
+            rankings.append(r)
+        extra = render_ranking(rankings, ns.repeats)
+
     command = "python -m bench.run" + "".join(
         f" {flag} {shlex.quote(str(val))}" for flag, val, default in [("--filter", ns.filter, None), ("--repeats", ns.repeats, 9),
                                                     ("--rounds", ns.rounds, 3)]
         if val != default)
     with open(ns.output, "w", encoding="utf-8") as f:
-        f.write(render(rows, ns.repeats, ns.rounds, when, command))
+        f.write(render(rows, ns.repeats, ns.rounds, when, command, extra))
     print(f"wrote {ns.output}", file=sys.stderr)
     return 1 if any("error" in r for r in rows) else 0
 

@@ -113,9 +113,10 @@ def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict) -> dict:
     return best
 
 
-def extract(fz: FrozenEGraph, enc: Encoding, target: Target) -> Extraction:
-    """Outputs are extracted in order; what one output's program computes is free for the next ones."""
-    own = node_costs(fz, enc, target)
+def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()) -> Extraction:
+    """Outputs are extracted in order; what one output's program computes is free for the next ones.
+    Nodes in `exclude` are never chosen (used to force alternatives)."""
+    own = {n: c for n, c in node_costs(fz, enc, target).items() if n not in exclude}
     nodes = [n for cls in fz.classes.values() for n in cls]
     parents: dict = {}
     for n in nodes:

@@ -63,10 +63,34 @@ def compute_rate(op: str, ins: list[Type], target: Target) -> float:
     return target.peak_flops
 
 
-def op_cost(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:
-    """Seconds for one op: max(compute, memory) + launch, under the target's roofline."""
+# An unfused op is one kernel. Vector kernels on an NPU stream tiles of this many bytes per operand.
+NPU_VECTOR_TILE = 16 * 1024
+NPU_CUBE_TILE = (128, 128, 64)
+
+
+def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> dict:
+    """The op as one kernel on `target`: FLOPs, bytes and time, plus the target model's own factors
+    (GPU: registers, occupancy, penalties; NPU: unit, UB bytes, whether the tiles fit)."""
     if op in FREE:
-        return 0.0
+        return {"flops": 0.0, "bytes": 0, "time": 0.0}
     moved = nbytes(out) + sum(nbytes(t) for t in ins if t[0])  # rank-0 operands live in registers
-    compute = flops(op, attrs, ins, out, target) / compute_rate(op, ins, target)
-    return max(compute, moved / target.mem_bandwidth) + target.launch_overhead
+    work = flops(op, attrs, ins, out, target)
+    if target.kind == "gpu":
+        from superopt.extract.models.gpu import GpuKernel, breakdown
+        itemsize = max(1, nbytes(((1,), out[1])))
+        return breakdown(GpuKernel(work, moved, live_values=len(ins) + 2, value_bytes=itemsize,
+                                   tensor_cores=compute_rate(op, ins, target) == target.matrix_flops), target)
+    if target.kind == "npu":
+        from superopt.extract.models.npu import NpuKernel, breakdown, matmul_tiles
+        if op in MATRIX_OPS:
+            kernel = NpuKernel("cube", work, moved, **matmul_tiles(*NPU_CUBE_TILE))
+        else:
+            kernel = NpuKernel("vector", work, moved, ub_live_bytes=(len(ins) + 1) * min(NPU_VECTOR_TILE, nbytes(out)))
+        return breakdown(kernel, target)
+    compute = work / compute_rate(op, ins, target)
+    return {"flops": work, "bytes": moved, "time": max(compute, moved / target.mem_bandwidth) + target.launch_overhead}
+
+
+def op_cost(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:
+    """Seconds for one op run as one kernel on `target` (see `op_breakdown`)."""
+    return op_breakdown(op, attrs, ins, out, target)["time"]

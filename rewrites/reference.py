@@ -286,26 +286,41 @@ def evaluate_node(op: str, attrs: tuple, inputs, shape: tuple, dtype) -> np.ndar
     return out
 
 
-def evaluate(graph: Graph, args) -> list[np.ndarray]:
-    """Evaluate the live nodes in order; returns the outputs as numpy arrays."""
+def _is_float(dtype) -> bool:
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype in _WIDEN
+
+
+def evaluate(graph: Graph, args, precise: bool = False) -> list[np.ndarray]:
+    """Evaluate the live nodes in order; returns the outputs as numpy arrays.
+
+    With `precise=True` every floating-point value is computed and kept in float64 (inputs are first
+    rounded to their declared dtype): the program's value without its rounding errors, which
+    verification measures both the original and an optimized program against."""
     env: dict[int, np.ndarray] = {}
     opaque_results: dict[tuple, list] = {}
+
+    def compute_dtype(dtype):
+        return np.dtype(np.float64) if precise and _is_float(dtype) else np.dtype(dtype)
+
     for i in graph.live():
         node = graph.nodes[i]
         ins = [env[j] for j in node.inputs]
         if node.op == "arg":
-            env[i] = np.asarray(args[node.attrs[0]]).astype(np.dtype(node.dtype), copy=False)
+            value = np.asarray(args[node.attrs[0]]).astype(np.dtype(node.dtype), copy=False)
+            env[i] = value.astype(compute_dtype(node.dtype), copy=False)
         elif node.op == "const":
-            env[i] = np.asarray(graph.consts[node.attrs[0]])
+            env[i] = np.asarray(graph.consts[node.attrs[0]]).astype(compute_dtype(node.dtype), copy=False)
         elif node.op == "lit":
-            env[i] = np.asarray(node.attrs[0], dtype=np.dtype(node.dtype))
+            env[i] = np.asarray(node.attrs[0], dtype=compute_dtype(node.dtype))
         elif node.op == "opaque":
             key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
             if key not in opaque_results:
                 op = graph.opaque[node.attrs[0]]
-                out = op.primitive.bind(*ins, **op.params)
+                declared = [x.astype(np.dtype(graph.nodes[j].dtype)) for x, j in zip(ins, node.inputs)]
+                out = op.primitive.bind(*declared, **op.params)
                 opaque_results[key] = list(out) if op.primitive.multiple_results else [out]
-            env[i] = np.asarray(opaque_results[key][node.attrs[1]])
+            env[i] = np.asarray(opaque_results[key][node.attrs[1]]).astype(compute_dtype(node.dtype))
         else:
-            env[i] = evaluate_node(node.op, node.attrs, ins, node.shape, node.dtype)
+            env[i] = evaluate_node(node.op, node.attrs, ins, node.shape, compute_dtype(node.dtype))
     return [env[o] for o in graph.outputs]

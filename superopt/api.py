@@ -49,11 +49,35 @@ class _Stages:
             self.seconds[name] = time.perf_counter() - start
 
 
-def _describe(graph: Graph, costs: list[float], k: int = 5) -> list[tuple[float, str]]:
+def _describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tuple[float, str]]:
+    """The k costliest kernels with the cost model's breakdown of each."""
     from superopt.egraph.ir import type_str
+    from superopt.extract.cost import op_breakdown
     live = graph.live()
-    ranked = sorted(zip(costs, live), key=lambda cn: -cn[0])[:k]
-    return [(c, f"{graph.nodes[i].op} -> {type_str(graph.nodes[i])}") for c, i in ranked if c > 0]
+    out = []
+    for c, i in sorted(zip(costs, live), key=lambda cn: -cn[0])[:k]:
+        if c <= 0:
+            continue
+        node = graph.nodes[i]
+        ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
+        parts = op_breakdown(node.op, node.attrs, ins, (node.shape, node.dtype), target)
+        out.append((c, f"{node.op} -> {type_str(node)}  [{_factors(parts)}]"))
+    return out
+
+
+def _factors(parts: dict) -> str:
+    shown = [f"{parts['flops']:.3g} flop", f"{parts['bytes']:.3g} B"]
+    if "occupancy" in parts:
+        shown += [f"{parts['registers']} regs", f"occupancy {parts['occupancy']:.2f}"]
+        if parts["occupancy_penalty"] > 1:
+            shown.append(f"occupancy penalty x{parts['occupancy_penalty']:.2f}")
+        if parts["spilled_registers"]:
+            shown.append(f"{parts['spilled_registers']} regs spilled")
+    if "unit" in parts:
+        shown += [parts["unit"], f"UB {parts['ub_bytes']} B"]
+        if not parts["fits"]:
+            shown.append(f"does not fit: {parts['overflow']}")
+    return ", ".join(shown)
 
 
 EXTRACTORS = ("greedy", "ilp")
@@ -84,7 +108,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
         report.outcome = f"kept original: {why}"
         report.ops_after = report.ops_before
         report.cost_after = cost_before
-        report.top_costs = _describe(original, original_costs)
+        report.top_costs = _describe(original, original_costs, tgt)
         report.stage_seconds = stage.seconds
         return Specialization(jitted_original, report, original, original, captured.out_tree)
 
@@ -100,7 +124,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     report.cost_after = chosen.cost
     report.extraction = chosen.method
     report.ops_after = chosen.graph.op_counts()
-    report.top_costs = _describe(chosen.graph, chosen.node_costs)
+    report.top_costs = _describe(chosen.graph, chosen.node_costs, tgt)
     if not chosen.cost < cost_before * (1 - 1e-9):
         return keep_original("no cheaper program found")
     if chosen.cost > cost_before * (1 - MIN_PREDICTED_GAIN):
@@ -108,7 +132,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
         return keep_original(f"predicted gain {gain:.1%} is below the {MIN_PREDICTED_GAIN:.0%} threshold")
     program = stage("lower", lower, chosen.graph)
     if check:
-        problem = stage("verify", _verify, jitted_original, program, captured.in_avals)
+        problem = stage("verify", _verify, jitted_original, program, captured.in_avals, original)
         if problem:
             warnings.warn(f"superopt: the optimized program differs from the original ({problem}); "
                           f"returning the original. Rules involved: {', '.join(run.fired) or 'none'}",
@@ -119,13 +143,21 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     return Specialization(program, report, chosen.graph, original, captured.out_tree)
 
 
-def _verify(reference: Callable, candidate: Callable, avals, trials: int = 2) -> str | None:
+def _verify(reference: Callable, candidate: Callable, avals, original: Graph, trials: int = 2) -> str | None:
+    """Compare on random inputs; where outputs differ beyond tolerance, accept the candidate only if it
+    is as accurate as the original against the float64 value of the original program."""
+    from superopt.rewrites.reference import evaluate
     for seed in range(trials):
         args = verification.random_args(avals, seed)
-        problem = verification.compare_outputs([np.asarray(o) for o in reference(*args)],
-                                               [np.asarray(o) for o in candidate(*args)])
-        if problem:
-            return problem
+        expected = [np.asarray(o) for o in reference(*args)]
+        actual = [np.asarray(o) for o in candidate(*args)]
+        if verification.compare_outputs(expected, actual) is None:
+            continue
+        truth = evaluate(original, args, precise=True)
+        for k, (e, a, t) in enumerate(zip(expected, actual, truth)):
+            problem = verification.as_accurate(e, a, t)
+            if problem:
+                return f"output {k}: {problem}"
     return None
 
 

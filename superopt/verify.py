@@ -76,3 +76,29 @@ def compare_outputs(expected: list, actual: list) -> str | None:
         if problem:
             return f"output {k}: {problem}"
     return None
+
+
+def as_accurate(expected, actual, truth, factor: float = 2.0) -> str | None:
+    """None if `actual` is about as close to `truth` as `expected` is (normwise, on the finite elements
+    where both agree on NaN and Inf), else a description. Used when two programs that round differently
+    disagree with each other: what matters then is that the optimized one is not less accurate."""
+    e, a = np.asarray(expected), np.asarray(actual)
+    if e.shape != a.shape or e.dtype != a.dtype or not is_float(e.dtype):
+        return mismatch(e, a)
+    e64, a64, t64 = (np.asarray(v, dtype=np.float64) for v in (e, a, truth))
+    if not np.array_equal(np.isnan(e64), np.isnan(a64)):
+        return "NaN positions differ"
+    inf = np.isinf(e64) | np.isinf(a64)
+    if not np.array_equal(e64[inf], a64[inf]):
+        return "Inf positions or signs differ"
+    finite = ~(np.isnan(e64) | inf) & np.isfinite(t64)
+    scale = float(np.linalg.norm(t64[finite]))
+    err_expected = float(np.linalg.norm(e64[finite] - t64[finite]))
+    err_actual = float(np.linalg.norm(a64[finite] - t64[finite]))
+    # Within the dtype's normwise tolerance (the same bound the direct comparison uses) or within a
+    # small factor of the original's own rounding error: a wrong program errs on the output's scale.
+    floor = TOLERANCES.get(str(e.dtype), TOLERANCES["float32"])[1] * scale
+    if err_actual <= factor * err_expected + floor:
+        return None
+    return (f"error against the float64 value {err_actual:.3g} exceeds {factor}x the original's "
+            f"{err_expected:.3g} (normwise, dtype {e.dtype})")

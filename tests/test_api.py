@@ -76,3 +76,25 @@ def test_limits_reach_the_report():
     fast(A, A, V)
     assert fast.report.run.stop_reason in (StopReason.ITERATION_LIMIT, StopReason.SATURATED)
     assert fast.report.run.iterations == 1
+
+
+def test_a_rounding_difference_amplified_by_tanh_is_judged_against_the_float64_value():
+    """Re-associating a bf16 chain rounds differently; tanh near zero amplifies that into large elementwise
+    differences between the two programs. Both err at bf16's rounding level against the float64 value, so
+    the optimized one is kept; a rule that changes the value is still refused (test_unsound_user_rule...)."""
+    rng = np.random.default_rng(3)
+    a, b, v = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in [(256, 256), (256, 256), (256, 4)])
+    fast = superopt(lambda a, b, v: jnp.tanh((a @ b) @ v))
+    fast(a, b, v)
+    assert fast.report.optimized, fast.report.outcome
+
+
+def test_accuracy_check_refuses_a_program_that_is_wrong_by_a_few_percent():
+    from superopt.verify import as_accurate
+    rng = np.random.default_rng(0)
+    truth = rng.standard_normal(4096)
+    original = (truth + rng.standard_normal(4096) * 1e-3).astype(np.float32)   # rounding-level error
+    close = (truth + rng.standard_normal(4096) * 1.5e-3).astype(np.float32)
+    wrong = (truth * 1.05).astype(np.float32)                                   # 5% off everywhere
+    assert as_accurate(original, close, truth) is None
+    assert "exceeds" in as_accurate(original, wrong, truth)

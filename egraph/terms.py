@@ -7,7 +7,7 @@ two derivations that disagree raise instead of producing a wrong program.
 """
 from __future__ import annotations
 
-from egglog import Expr, String, StringLike, Vec, f64, f64Like, function, i64, i64Like, relation
+from egglog import Expr, String, StringLike, Vec, f64Like, function, i64, i64Like, relation
 
 
 class Tensor(Expr):

@@ -10,7 +10,6 @@ or differs is unsound. Values: "exact" rules see zeros, negatives, large magnitu
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from superopt.egraph.encode import decode
 from superopt.rewrites.functions import ATTRIBUTES, PREDICATES
 from superopt.rewrites.infer import IllTyped, infer
-from superopt.rewrites.pattern import CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, OP, TENSOR, VEC, App, Const, Var
+from superopt.rewrites.pattern import CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, TENSOR, App, Const, Var
 from superopt.rewrites.reference import evaluate_node
 from superopt.verify import mismatch
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from egglog import String, Vec, eq, f64, i64, ne
+from egglog import Vec, eq, f64, i64, ne
 
 from superopt.egraph.terms import dtype as dtype_of, float_dtype
 from superopt.rewrites.pattern import DTYPE, FLOAT, INT, TENSOR, VEC, Var

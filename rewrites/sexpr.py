@@ -20,7 +20,7 @@ import re
 from superopt.egraph.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS
 from superopt.rewrites.functions import PREDICATES
 from superopt.rewrites.pattern import (
-    ATTRIBUTE_FNS, CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, OP, TENSOR, VEC, App, Const, Var, app,
+    ATTRIBUTE_FNS, CONSTRUCTORS, DTYPE, FLOAT, INT, OP, TENSOR, VEC, App, Const, Var, app,
 )
 from superopt.rewrites.rule import Rule
 

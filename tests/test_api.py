@@ -1,5 +1,4 @@
 """The public API: the callable, its report and term, specialization, errors, and the verification net."""
-import warnings
 
 import jax.numpy as jnp
 import numpy as np

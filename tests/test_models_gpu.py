@@ -1,9 +1,7 @@
 """GPU cost model: occupancy formula, penalties, the spill cliff, coalescing, and seed 001's first case."""
-import math
 
-import pytest
 
-from superopt.extract.models.gpu import GpuKernel, breakdown, kernel_time, occupancy, registers_per_thread
+from superopt.extract.models.gpu import GpuKernel, breakdown, kernel_time, occupancy
 from superopt.extract.target import load_target
 
 H100 = load_target("gpu-h100")

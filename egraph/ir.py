@@ -51,6 +51,18 @@ STRUCTURAL_OPS = frozenset({
 ALL_OPS = UNARY_OPS | BINARY_OPS | REDUCTIONS | ARG_REDUCTIONS | WINDOW_REDUCTIONS | STRUCTURAL_OPS
 
 
+# Leaves whose value is known when the program is built, and ops that are never evaluated ahead of time.
+CONST_LEAVES = frozenset({"const", "lit", "iota"})
+NEVER_HOISTED = frozenset({"arg", "opaque"})
+
+
+def hoistable(op: str, inputs_constant: list[bool]) -> bool:
+    """Whether an op whose inputs are (or are not) constant is itself computable when the program is
+    built: such sub-terms are evaluated once and cost nothing per call. Names coincide for IR ops and
+    egglog constructors."""
+    return op in CONST_LEAVES or (op not in NEVER_HOISTED and bool(inputs_constant) and all(inputs_constant))
+
+
 @dataclass(frozen=True)
 class Node:
     op: str
@@ -102,6 +114,15 @@ class Graph:
             if i in seen:
                 seen.update(self.nodes[i].inputs)
         return sorted(seen)
+
+    def constant_nodes(self) -> set[int]:
+        """Live nodes computable from constants alone (see `hoistable`)."""
+        constant: set[int] = set()
+        for i in self.live():
+            node = self.nodes[i]
+            if hoistable(node.op, [j in constant for j in node.inputs]):
+                constant.add(i)
+        return constant
 
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -12,12 +12,10 @@ from dataclasses import dataclass
 
 from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
-from superopt.egraph.ir import Graph, Node
+from superopt.egraph.ir import Graph, Node, hoistable
 from superopt.extract.cost import op_cost
 from superopt.extract.target import Target
 
-CONST_LEAVES = frozenset({"const", "lit", "iota"})
-NEVER_HOISTED = frozenset({"arg", "opaque"})
 _LISTS = frozenset({"tcons", "tnil"})
 _EPS = 1e-15
 
@@ -102,8 +100,7 @@ def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict) -> dict:
             costs.update(best[c].costs)
         if n.eclass in costs:
             continue  # choosing n would make its class depend on itself
-        const_only = n.fn in CONST_LEAVES or (
-            n.fn not in NEVER_HOISTED and bool(n.children) and all(best[c].const_only for c in n.children))
+        const_only = hoistable(n.fn, [best[c].const_only for c in n.children])
         costs[n.eclass] = 0.0 if const_only else own[n]
         total = sum(costs.values())
         old = best.get(n.eclass)
@@ -178,12 +175,10 @@ def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict) -> Graph:
 
 def program_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
     """Cost of a captured program under the same model (constant sub-terms hoisted), per live node."""
-    const_only: dict[int, bool] = {}
+    constant = graph.constant_nodes()
     costs = []
     for i in graph.live():
         node = graph.nodes[i]
-        const_only[i] = node.op in CONST_LEAVES or (
-            node.op not in NEVER_HOISTED and bool(node.inputs) and all(const_only[j] for j in node.inputs))
         ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
-        costs.append(0.0 if const_only[i] else op_cost(node.op, node.attrs, ins, (node.shape, node.dtype), target))
+        costs.append(0.0 if i in constant else op_cost(node.op, node.attrs, ins, (node.shape, node.dtype), target))
     return sum(costs), costs

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
-from superopt.extract.greedy import (
-    CONST_LEAVES, NEVER_HOISTED, Extraction, build_graph, extract as extract_greedy, node_costs, program_cost,
-)
+from superopt.egraph.ir import hoistable
+from superopt.extract.greedy import Extraction, build_graph, extract as extract_greedy, node_costs, program_cost
 from superopt.extract.target import Target
 
 
@@ -27,8 +26,7 @@ def _constant_classes(fz: FrozenEGraph, typed) -> set:
             if cls in constant:
                 continue
             for n in nodes:
-                if n in typed and (n.fn in CONST_LEAVES or (
-                        n.fn not in NEVER_HOISTED and n.children and all(c in constant for c in n.children))):
+                if n in typed and hoistable(n.fn, [c in constant for c in n.children]):
                     constant.add(cls)
                     changed = True
                     break
@@ -83,9 +81,7 @@ def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: flo
             h.addConstr(order[n.eclass] - order[child] >= 1 - big * (1 - x[n]))
 
     def cost(n):
-        hoisted = n.fn in CONST_LEAVES or (n.fn not in NEVER_HOISTED and n.children
-                                           and all(c in constant for c in n.children))
-        return 0.0 if hoisted else own[n]
+        return 0.0 if hoistable(n.fn, [c in constant for c in n.children]) else own[n]
 
     h.minimize(sum(cost(n) * x[n] for n in nodes))
     status = h.modelStatusToString(h.getModelStatus())

@@ -96,19 +96,9 @@ def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=N
     return env
 
 
-def _const_only(graph: Graph) -> set[int]:
-    hoisted: set[int] = set()
-    for i in graph.live():
-        node = graph.nodes[i]
-        if node.op in ("const", "lit", "iota") or (
-                node.op not in ("arg", "opaque") and node.inputs and all(j in hoisted for j in node.inputs)):
-            hoisted.add(i)
-    return hoisted
-
-
 def lower(graph: Graph) -> Callable:
     """A jitted callable of the flat arguments returning the flat outputs (a list)."""
-    const_ids = _const_only(graph)
+    const_ids = graph.constant_nodes()
     # Constant nodes that feed computed nodes (or are outputs) are materialised once, here.
     needed = sorted({j for i in graph.live() if i not in const_ids for j in graph.nodes[i].inputs if j in const_ids}
                     | {o for o in graph.outputs if o in const_ids})

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from superopt.egraph.encode import decode
 from superopt.rewrites.functions import ATTRIBUTES, PREDICATES
 from superopt.rewrites.infer import IllTyped, infer
-from superopt.rewrites.pattern import CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, TENSOR, App, Const, Var
+from superopt.rewrites.pattern import CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, TENSOR, App, Const, Var, variables
 from superopt.rewrites.reference import evaluate_node
 from superopt.verify import mismatch
 
@@ -139,7 +139,7 @@ class _Generator:
         self.dtype_hints: dict = {}
         ints = []
         for lhs, _ in rule.pairs:
-            for v in _vars(lhs):
+            for v in variables(lhs):
                 if v.sort == DTYPE:
                     self.env[v] = self.dtype
                 elif v.sort == FLOAT:
@@ -368,17 +368,6 @@ def _list_items(p) -> list:
         items.append(p.args[0])
         p = p.args[1]
     return items
-
-
-def _vars(p) -> list[Var]:
-    out, stack = [], [p]
-    while stack:
-        q = stack.pop()
-        if isinstance(q, Var):
-            out.append(q)
-        elif isinstance(q, App):
-            stack.extend(q.args)
-    return out
 
 
 def _arrays(shape, dtype: str, numerics: str):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 
-from egglog import String, Vec, eq, f64, i64, rule, union, var
+from egglog import String, Vec, eq, f64, i64, union, var
+from egglog import rule as egg_rule
 
 from superopt.egraph import terms as T
 from superopt.rewrites.functions import ATTRIBUTES, PREDICATES
@@ -114,11 +115,7 @@ def compile_rule(rule) -> list:
             rank_facts = [_rank_fact(ctx, k, r) for k, r in zip(keys, combo)]
             for chosen in itertools.product(*alternatives):
                 facts = [f for alt in chosen for f in alt]
-                out.append(rule_(query, ctx.facts, rank_facts, facts, actions))
+                out.append(egg_rule(*query, *ctx.facts, *rank_facts, *facts).then(*actions))
     if not out:
         raise ValueError(f"rule {rule.name!r} compiles to no egglog rule (its predicates never hold)")
     return out
-
-
-def rule_(query, bindings, rank_facts, facts, actions):
-    return rule(*query, *bindings, *rank_facts, *facts).then(*actions)

@@ -21,6 +21,7 @@ import ml_dtypes  # also makes np.dtype('bfloat16') resolve
 import numpy as np
 
 from superopt.egraph.ir import WINDOW_REDUCTIONS, Graph
+from superopt.verify import is_float
 
 try:  # scipy is optional; math and statistics give the same functions one element at a time
     from scipy import special as _special
@@ -286,11 +287,6 @@ def evaluate_node(op: str, attrs: tuple, inputs, shape: tuple, dtype) -> np.ndar
     return out
 
 
-def _is_float(dtype) -> bool:
-    dtype = np.dtype(dtype)
-    return dtype.kind == "f" or dtype in _WIDEN
-
-
 def evaluate(graph: Graph, args, precise: bool = False) -> list[np.ndarray]:
     """Evaluate the live nodes in order; returns the outputs as numpy arrays.
 
@@ -301,7 +297,7 @@ def evaluate(graph: Graph, args, precise: bool = False) -> list[np.ndarray]:
     opaque_results: dict[tuple, list] = {}
 
     def compute_dtype(dtype):
-        return np.dtype(np.float64) if precise and _is_float(dtype) else np.dtype(dtype)
+        return np.dtype(np.float64) if precise and is_float(dtype) else np.dtype(dtype)
 
     for i in graph.live():
         node = graph.nodes[i]

@@ -29,10 +29,14 @@ def _elementwise_rules():
     yield rule(eq(z).to(unary(op, x)), eq(s).to(shape(x))).then(set_(shape(z)).to(s))
     yield rule(eq(z).to(unary(op, x)), eq(d).to(dtype(x)), same_dtype_op(op)).then(set_(dtype(z)).to(d))
     yield rule(eq(z).to(unary(op, x)), bool_result_op(op)).then(set_(dtype(z)).to(String("bool")))
-    # A rank-0 operand broadcasts against the other one.
-    yield rule(eq(z).to(binary(op, x, y)), eq(s).to(shape(x)), s.length() > 0).then(set_(shape(z)).to(s))
+    # A rank-0 operand broadcasts against the other one; equal ranks broadcast size-1 axes (as lax does).
+    yield rule(eq(z).to(binary(op, x, y)), eq(s).to(shape(x)), s.length() > 0, eq(t).to(shape(y)),
+               eq(t.length()).to(i64(0))).then(set_(shape(z)).to(s))
     yield rule(eq(z).to(binary(op, x, y)), eq(s).to(shape(x)), eq(s.length()).to(i64(0)), eq(t).to(shape(y))).then(
         set_(shape(z)).to(t))
+    for r in range(1, MAX_RANK + 1):
+        yield rule(eq(z).to(binary(op, x, y)), eq(s).to(shape(x)), eq(s.length()).to(i64(r)), eq(t).to(shape(y)),
+                   eq(t.length()).to(i64(r))).then(set_(shape(z)).to(Vec[i64](*(s[i].max(t[i]) for i in range(r)))))
     yield rule(eq(z).to(binary(op, x, y)), eq(d).to(dtype(x)), same_dtype_op(op)).then(set_(dtype(z)).to(d))
     yield rule(eq(z).to(binary(op, x, y)), bool_result_op(op)).then(set_(dtype(z)).to(String("bool")))
     yield rule(eq(z).to(integer_pow(x, k)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(

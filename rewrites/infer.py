@@ -23,7 +23,11 @@ def _need(ok: bool, what: str) -> None:
 
 def _elementwise(op: str, ins: list[Type]) -> Type:
     shapes = [s for s, _ in ins if len(s)]
-    _need(all(s == shapes[0] for s in shapes), f"{op}: operand shapes {[s for s, _ in ins]} differ")
+    # Operands of equal rank broadcast axes of size 1 (lax accepts this in the pinned JAX); rank 0 broadcasts anywhere.
+    ok = all(len(s) == len(shapes[0]) and all(a == b or 1 in (a, b) for a, b in zip(s, shapes[0])) for s in shapes)
+    _need(ok and op != "select" or all(s == shapes[0] for s in shapes),
+          f"{op}: operand shapes {[s for s, _ in ins]} do not broadcast")
+    shapes = [tuple(max(dims) for dims in zip(*shapes))] if shapes else []
     dtypes = {d for _, d in ins}
     _need(len(dtypes) == 1 or op == "select", f"{op}: operand dtypes {sorted(dtypes)} differ")
     shape = shapes[0] if shapes else ()

@@ -97,3 +97,15 @@ def test_accuracy_check_refuses_a_program_that_is_wrong_by_a_few_percent():
     wrong = (truth * 1.05).astype(np.float32)                                   # 5% off everywhere
     assert as_accurate(original, close, truth) is None
     assert "exceeds" in as_accurate(original, wrong, truth)
+
+
+def test_size_one_axes_broadcast_in_binary_ops():
+    """lax broadcasts size-1 axes of equal-rank operands (x * x.mean(-1, keepdims=True)); the shape analysis
+    must agree with the captured shapes instead of failing the run with an illegal merge."""
+    def scaled(x):
+        return x.mean(-1, keepdims=True) * x + 1.0
+
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    fast = superopt(scaled)
+    np.testing.assert_allclose(fast(x), scaled(x), rtol=1e-5, atol=1e-6)
+    assert fast.report.run.error is None and fast.report.run.stop_reason is not StopReason.ERROR

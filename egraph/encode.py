@@ -115,6 +115,7 @@ def decode(fn: str, args: tuple, children: tuple, enc: Encoding) -> tuple[str, t
         "slice": lambda: ("slice", tuple(tuple(v) for v in args)),
         "pad": lambda: ("pad", tuple(tuple(v) for v in args)),
         "opaque": lambda: ("opaque", (args[0], args[1])),
+        "kernel": lambda: ("kernel", args),  # a concrete body chosen by extract/kernels.py
     }
     if fn not in table:
         raise NotImplementedError(f"superopt: no decoding for egglog function {fn!r}")

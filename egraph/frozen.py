@@ -10,7 +10,7 @@ from typing import Any, Hashable
 
 from egglog import EGraph
 
-TENSOR_SORTS = ("Tensor", "TList")
+TENSOR_SORTS = ("Tensor", "TList", "Scalar")  # sorts whose rows are e-nodes
 _ANALYSES = ("shape", "dtype")
 
 

@@ -47,6 +47,7 @@ STRUCTURAL_OPS = frozenset({
     "slice",        # (start, limit, strides)
     "pad",          # (low, high, interior) inputs (x, padding_value)
     "opaque",       # (opaque_index, output_index) into Graph.opaque
+    "kernel",       # (body,) one launch: body is a tuple of Nodes in topological order, `arg` k = input k
 })
 ALL_OPS = UNARY_OPS | BINARY_OPS | REDUCTIONS | ARG_REDUCTIONS | WINDOW_REDUCTIONS | STRUCTURAL_OPS
 
@@ -61,6 +62,32 @@ def hoistable(op: str, inputs_constant: list[bool]) -> bool:
     built: such sub-terms are evaluated once and cost nothing per call. Names coincide for IR ops and
     egglog constructors."""
     return op in CONST_LEAVES or (op not in NEVER_HOISTED and bool(inputs_constant) and all(inputs_constant))
+
+
+class CycleError(ValueError):
+    """A walk met a node on its own path."""
+
+
+def postorder(roots, children) -> list:
+    """Every node reachable from `roots`, children before parents (an explicit stack: any depth).
+    Raises CycleError if a node reaches itself."""
+    order, done, on_path = [], set(), set()
+    stack = [(r, False) for r in reversed(list(roots))]
+    while stack:
+        item, expanded = stack.pop()
+        if item in done:
+            continue
+        if expanded:
+            on_path.discard(item)
+            done.add(item)
+            order.append(item)
+            continue
+        if item in on_path:
+            raise CycleError(f"{item!r} reaches itself")
+        on_path.add(item)
+        stack.append((item, True))
+        stack.extend((c, False) for c in reversed(list(children(item))) if c not in done)
+    return order
 
 
 @dataclass(frozen=True)
@@ -153,6 +180,43 @@ def _attr_str(node: Node, graph: Graph) -> str:
     return ",".join(str(a) for a in node.attrs)
 
 
+_TRANSPARENT = frozenset({"broadcast", "reshape"})  # shown as their operand: broadcasting is implicit
+
+
+def body_str(body: tuple) -> str:
+    """A kernel body as one expression over its inputs `in0, in1, ...`; values used twice get a name."""
+    uses = [0] * len(body)
+    for node in body:
+        for j in node.inputs:
+            uses[j] += 1
+    text: dict[int, str] = {}
+    lets = []
+    for i, node in enumerate(body):
+        args = [text[j] for j in node.inputs]
+        if node.op == "arg":
+            text[i] = f"in{node.attrs[0]}"
+            continue
+        if node.op in _TRANSPARENT:
+            text[i] = args[0]
+            continue
+        if node.op in REDUCTIONS:
+            expr = f"row_{node.op[len('reduce_'):]}({args[0]})"
+        elif node.op == "transpose":
+            expr = f"transpose[{','.join(map(str, node.attrs[0]))}]({args[0]})"
+        elif node.op == "integer_pow":
+            expr = f"pow({args[0]}, {node.attrs[0]})"
+        elif node.op == "convert":
+            expr = f"convert[{type_str(node).split('[')[0]}]({args[0]})"
+        else:
+            expr = f"{node.op}({', '.join(args)})"
+        if uses[i] > 1 and i != len(body) - 1:
+            name = f"t{len(lets)}"
+            lets.append(f"{name} = {expr}")
+            expr = name
+        text[i] = expr
+    return "; ".join(lets + [text[len(body) - 1]])
+
+
 def pretty(graph: Graph) -> str:
     """Readable let-listing of the live nodes: `%3 = matmul(%1, %2) : f32[128,64]`."""
     lines = []
@@ -161,8 +225,11 @@ def pretty(graph: Graph) -> str:
         node = graph.nodes[i]
         names[i] = f"%{len(names)}"
         args = ", ".join(names[j] for j in node.inputs)
-        attrs = _attr_str(node, graph)
-        head = f"{node.op}[{attrs}]" if attrs else node.op
+        if node.op == "kernel":
+            head = f"kernel{{{body_str(node.attrs[0])}}}"
+        else:
+            attrs = _attr_str(node, graph)
+            head = f"{node.op}[{attrs}]" if attrs else node.op
         lines.append(f"{names[i]} = {head}({args}) : {type_str(node)}")
     lines.append("return " + ", ".join(names[o] for o in graph.outputs))
     return "\n".join(lines)

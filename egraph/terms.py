@@ -82,6 +82,46 @@ def opaque(index: i64Like, output: i64Like, args: TList) -> Tensor:
     """A primitive superopt does not model, by id into the encoding's table; lowered by binding it."""
 
 
+# ---- kernels: one launch each, with a per-element body in the Scalar language ----
+class Scalar(Expr):
+    """The value a kernel body computes, over a shape fixed by its leaves: a tensor that lives in
+    registers or on-chip buffers instead of global memory. Operands of one op always have equal shapes;
+    broadcasting happens only at `sarg` and `sbcast`."""
+
+
+@function(egg_fn="kernel")
+def kernel(body: Scalar) -> Tensor:
+    """One kernel launch computing `body`; everything outside a body lives in global memory."""
+@function(egg_fn="sarg")
+def sarg(x: Tensor, shape: Vec[i64]) -> Scalar:
+    """Load `x` from global memory, broadcast (rank 0, or size-1 axes) to `shape`."""
+@function(egg_fn="sunary")
+def sunary(op: StringLike, x: Scalar) -> Scalar: ...
+@function(egg_fn="sbinary")
+def sbinary(op: StringLike, x: Scalar, y: Scalar) -> Scalar: ...
+@function(egg_fn="sselect")
+def sselect(pred: Scalar, on_false: Scalar, on_true: Scalar) -> Scalar: ...
+@function(egg_fn="sconvert")
+def sconvert(x: Scalar, dtype: StringLike) -> Scalar: ...
+@function(egg_fn="spow")
+def spow(x: Scalar, y: i64Like) -> Scalar: ...
+@function(egg_fn="sbcast")
+def sbcast(x: Scalar, shape: Vec[i64]) -> Scalar:
+    """A value computed in the kernel (rank 0, or size-1 axes) broadcast to `shape`."""
+@function(egg_fn="srow")
+def srow(op: StringLike, x: Scalar) -> Scalar:
+    """Reduce over the last axis, keeping it with size 1: a row reduction done on chip."""
+@function(egg_fn="sperm")
+def sperm(x: Scalar, perm: Vec[i64]) -> Scalar:
+    """The body value with its axes permuted (a transposed access inside the kernel)."""
+@function(egg_fn="smm")
+def smm(a: Tensor, b: Tensor, dtype: StringLike) -> Scalar:
+    """matmul(a, b) computed inside the kernel (its operands streamed in tiles), accumulated in `dtype`."""
+@function(egg_fn="sconv")
+def sconv(lhs: Tensor, rhs: Tensor, params: i64Like) -> Scalar:
+    """conv(lhs, rhs, params) computed inside the kernel."""
+
+
 # ---- analyses: no merge, so a disagreement is an error ----
 @function(egg_fn="shape")
 def shape(x: Tensor) -> Vec[i64]: ...

@@ -12,10 +12,12 @@ from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
 from superopt.egraph.ir import pretty
 from superopt.extract.greedy import ExtractionError, Extraction, extract, node_costs
+from superopt.extract.kernels import expand
 from superopt.extract.target import Target
 
 
 def candidates(fz: FrozenEGraph, enc: Encoding, target: Target, limit: int = 8) -> list[Extraction]:
+    fz = expand(fz, enc.conv_params, target)  # once: kernels as concrete variants
     found: dict[str, Extraction] = {}
 
     def add(exclude) -> None:

@@ -6,10 +6,11 @@ are in seconds and monotonic: a term never costs less than any of its sub-terms.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS
+from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, Node
 from superopt.extract.target import Target
 
 Type = tuple[tuple[int, ...], str]  # (shape, dtype)
@@ -63,32 +64,139 @@ def compute_rate(op: str, ins: list[Type], target: Target) -> float:
     return target.peak_flops
 
 
-# An unfused op is one kernel. Vector kernels on an NPU stream tiles of this many bytes per operand.
+# Vector kernels on an NPU stream tiles of about this many bytes per buffer, whole rows at least.
 NPU_VECTOR_TILE = 16 * 1024
 NPU_CUBE_TILE = (128, 128, 64)
+GPU_MATMUL_REGISTERS = 96    # a 128x128 tile over 256 threads: 64 fp32 accumulators + operand fragments (estimate)
+GPU_MATMUL_TILE_N = 128      # a row reduction fused behind a matmul must see whole rows of the tile
+MOVEMENT = frozenset({"arg", "transpose", "broadcast", "reshape", "convert"})
+
+
+def one_op_body(op: str, attrs: tuple, ins: list[Type], out: Type) -> tuple:
+    """The body of the kernel that runs one op: load each operand, apply the op."""
+    body = tuple(Node("arg", (), (k,), shape, dtype) for k, (shape, dtype) in enumerate(ins))
+    return body + (Node(op, tuple(range(len(ins))), attrs, out[0], out[1]),)
+
+
+@dataclass
+class KernelShape:
+    """What a cost model needs to know about a kernel body (see `describe`)."""
+    flops: float = 0.0
+    matrix_flops: float = 0.0        # of which matmul / conv
+    bytes_in: float = 0.0
+    bytes_out: float = 0.0
+    live_values: int = 1             # peak values live at once, loads included (registers per element)
+    live_intermediates: int = 1      # peak computed values live at once (on-chip buffers)
+    inputs: int = 0                  # operands that are not rank 0
+    matmul_bytes: float = 0.0        # bytes of matmul/conv results that the body computes on
+    epilogue_ops: int = 0            # vector ops applied after a matmul/conv
+    reduce_after_matmul: bool = False
+    row_reduction: bool = False
+    row_elements: int = 1            # length of the longest reduced row
+    strided_bytes: float = 0.0       # bytes accessed with a permuted (transposed) pattern, where it costs
+    pure_movement: bool = False      # only loads, transposes, broadcasts, reshapes and casts
+    value_bytes: int = 4
+
+
+def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelShape:
+    """Walk a kernel body (IR nodes in topological order; `arg` k is operand k) once."""
+    k = KernelShape(bytes_out=nbytes(out), inputs=sum(1 for t in ins if t[0]))
+    k.bytes_in = sum(nbytes(t) for t in ins if t[0])    # rank-0 operands live in registers
+    after_matmul = [False] * len(body)
+    last_use = {}
+    for i, node in enumerate(body):
+        for j in node.inputs:
+            last_use[j] = i
+    live = live_ops = 0
+    buffered = [False] * len(body)
+    for i, node in enumerate(body):
+        node_ins = [(body[j].shape, body[j].dtype) for j in node.inputs]
+        work = flops(node.op, node.attrs, node_ins, (node.shape, node.dtype), target) if node.op != "arg" else 0.0
+        k.flops += work
+        feeds = any(after_matmul[j] for j in node.inputs)
+        if node.op in MATRIX_OPS:
+            k.matrix_flops += work
+            k.matmul_bytes += nbytes((node.shape, node.dtype))
+            after_matmul[i] = True
+        elif feeds:
+            after_matmul[i] = True
+            if node.op not in ("reshape",):
+                k.epilogue_ops += 1
+            if node.op in REDUCTIONS:
+                k.reduce_after_matmul = True
+        if node.op in REDUCTIONS:
+            k.row_reduction = True
+            k.row_elements = max(k.row_elements, node_ins[0][0][-1] if node_ins[0][0] else 1)
+        if node.op == "transpose":
+            k.strided_bytes += nbytes((node.shape, node.dtype))
+        # Loads, reshapes and broadcasts of a rank-0 value (a register operand) need no buffer of their own.
+        on_chip = node.op not in ("arg", "reshape") and not (node.op == "broadcast" and not body[node.inputs[0]].shape)
+        buffered[i] = on_chip
+        live += 1
+        live_ops += on_chip
+        k.live_values = max(k.live_values, live)
+        k.live_intermediates = max(k.live_intermediates, live_ops)
+        for j in set(node.inputs):
+            if last_use.get(j) == i:
+                live -= 1
+                live_ops -= buffered[j]
+    k.pure_movement = all(n.op in MOVEMENT for n in body)
+    k.value_bytes = max(1, max((nbytes(((1,), n.dtype)) for n in body), default=4))
+    return k
+
+
+def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target) -> dict:
+    """One kernel on `target`: FLOPs, bytes and time, plus the target model's own factors (GPU:
+    registers, occupancy, penalties; NPU: unit, UB bytes, whether the tiles fit, TransData)."""
+    if all(n.op in FREE for n in body):
+        return {"flops": 0.0, "bytes": 0, "time": 0.0}
+    k = describe(body, ins, out, target)
+    moved = k.bytes_in + k.bytes_out
+    other = k.flops - k.matrix_flops
+    matrix_rate = compute_rate("matmul", [ins[0]] if ins else [], target) if k.matrix_flops else 1.0
+    if target.kind == "gpu":
+        from superopt.extract.models.gpu import GpuKernel, breakdown
+        per_thread = math.ceil(k.row_elements / 256) if k.row_reduction else 1
+        regs_values = k.live_values * per_thread + (GPU_MATMUL_REGISTERS if k.matrix_flops else 0)
+        # A tiled transpose stages through shared memory and stays coalesced; inside a kernel that also
+        # computes, the permuted side is accessed with a stride.
+        strided = 0.0 if k.pure_movement or (k.matrix_flops and not k.epilogue_ops) else k.strided_bytes
+        parts = breakdown(GpuKernel(k.flops, moved, live_values=regs_values, value_bytes=k.value_bytes,
+                                    uncoalesced_bytes=min(strided, moved),
+                                    tensor_cores=bool(k.matrix_flops) and matrix_rate == target.matrix_flops,
+                                    smem_per_block=8192 if k.pure_movement and k.strided_bytes else 0), target)
+        if k.reduce_after_matmul and k.row_elements > GPU_MATMUL_TILE_N:
+            parts.update(time=math.inf, overflow=f"a row of {k.row_elements} does not fit one matmul tile")
+        return parts
+    if target.kind == "npu":
+        from superopt.extract.models.npu import NpuKernel, breakdown, matmul_tiles
+        row_bytes = (out[0][-1] if out[0] else 1) * k.value_bytes
+        if k.row_reduction:
+            row_bytes = max(row_bytes, k.row_elements * k.value_bytes)
+        tile = max(row_bytes, (NPU_VECTOR_TILE // row_bytes) * row_bytes)
+        buffers = k.inputs + max(1, k.live_intermediates)
+        if k.matrix_flops:
+            # A reduction behind the cube needs its fractal output in ND, and a permuted write is a
+            # format conversion too: both are TransData passes on the vector unit.
+            extra = dict(transdata_bytes=(k.matmul_bytes if k.reduce_after_matmul else 0.0) + k.strided_bytes,
+                         gm_exchange_bytes=k.matmul_bytes if k.epilogue_ops else 0.0)
+            kernel = NpuKernel("cube", k.matrix_flops, moved, vector_flops=other,
+                               ub_live_bytes=(buffers * tile if k.epilogue_ops else 0),
+                               **matmul_tiles(*NPU_CUBE_TILE), **extra)
+        else:
+            kernel = NpuKernel("vector", k.flops, moved, ub_live_bytes=buffers * tile,
+                               transdata_bytes=k.strided_bytes)
+        return breakdown(kernel, target)
+    compute = k.matrix_flops / matrix_rate + other / target.peak_flops
+    return {"flops": k.flops, "bytes": moved, "time": max(compute, moved / target.mem_bandwidth) + target.launch_overhead}
 
 
 def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> dict:
-    """The op as one kernel on `target`: FLOPs, bytes and time, plus the target model's own factors
-    (GPU: registers, occupancy, penalties; NPU: unit, UB bytes, whether the tiles fit)."""
+    """The op as one kernel on `target` (a `kernel` node carries its own body)."""
     if op in FREE:
         return {"flops": 0.0, "bytes": 0, "time": 0.0}
-    moved = nbytes(out) + sum(nbytes(t) for t in ins if t[0])  # rank-0 operands live in registers
-    work = flops(op, attrs, ins, out, target)
-    if target.kind == "gpu":
-        from superopt.extract.models.gpu import GpuKernel, breakdown
-        itemsize = max(1, nbytes(((1,), out[1])))
-        return breakdown(GpuKernel(work, moved, live_values=len(ins) + 2, value_bytes=itemsize,
-                                   tensor_cores=compute_rate(op, ins, target) == target.matrix_flops), target)
-    if target.kind == "npu":
-        from superopt.extract.models.npu import NpuKernel, breakdown, matmul_tiles
-        if op in MATRIX_OPS:
-            kernel = NpuKernel("cube", work, moved, **matmul_tiles(*NPU_CUBE_TILE))
-        else:
-            kernel = NpuKernel("vector", work, moved, ub_live_bytes=(len(ins) + 1) * min(NPU_VECTOR_TILE, nbytes(out)))
-        return breakdown(kernel, target)
-    compute = work / compute_rate(op, ins, target)
-    return {"flops": work, "bytes": moved, "time": max(compute, moved / target.mem_bandwidth) + target.launch_overhead}
+    body = attrs[0] if op == "kernel" else one_op_body(op, attrs, ins, out)
+    return kernel_breakdown(body, ins, out, target)
 
 
 def op_cost(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:

@@ -7,13 +7,15 @@ depend on constants only are computed once when the program is built, so they co
 """
 from __future__ import annotations
 
+import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
-from superopt.egraph.ir import Graph, Node, hoistable
+from superopt.egraph.ir import CycleError, Graph, Node, hoistable, postorder
 from superopt.extract.cost import op_cost
+from superopt.extract.kernels import expand
 from superopt.extract.target import Target
 
 _LISTS = frozenset({"tcons", "tnil"})
@@ -38,6 +40,7 @@ class Extraction:
     cost: float
     node_costs: list[float]  # per live node of `graph`, seconds per call (0 for hoisted constants)
     method: str = "greedy"   # which extractor produced it, and how it ended
+    declined: list = field(default_factory=list)  # larger fusions that were available and not chosen, and why
 
 
 def _node_types(fz: FrozenEGraph, node: ENode):
@@ -104,7 +107,7 @@ def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict) -> dict:
         costs[n.eclass] = 0.0 if const_only else own[n]
         total = sum(costs.values())
         old = best.get(n.eclass)
-        if old is None or total < old.total - _EPS * max(1.0, old.total):
+        if old is None or total < old.total - _EPS * max(1.0, old.total) or (math.isinf(old.total) and total < old.total):
             best[n.eclass] = _Best(total, n, costs, const_only)
             queue.extend(parents.get(n.eclass, ()))
     return best
@@ -113,6 +116,7 @@ def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict) -> dict:
 def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()) -> Extraction:
     """Outputs are extracted in order; what one output's program computes is free for the next ones.
     Nodes in `exclude` are never chosen (used to force alternatives)."""
+    fz = expand(fz, enc.conv_params, target)
     own = {n: c for n, c in node_costs(fz, enc, target).items() if n not in exclude}
     nodes = [n for cls in fz.classes.values() for n in cls]
     parents: dict = {}
@@ -128,9 +132,72 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
         for cls in best[root].costs:
             b = best[cls]
             fixed[cls] = _Best(0.0, b.node, {cls: 0.0}, b.const_only)
-    graph = build_graph(fz, enc, {cls: b.node for cls, b in fixed.items()})
+    choice = {cls: b.node for cls, b in fixed.items()}
+    graph = build_graph(fz, enc, choice)
     cost, per_node = program_cost(graph, target)
-    return Extraction(graph, cost, per_node)
+    return Extraction(graph, cost, per_node, declined=declined_fusions(fz, choice, own, target))
+
+
+def _ops(node: ENode) -> int:
+    """How many ops a chosen node computes: a kernel's body ops, or 1."""
+    if node.fn == "kernel":
+        return sum(1 for n in node.args[0] if n.op not in ("arg", "broadcast", "reshape"))
+    return 1
+
+
+def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, k: int = 5) -> list[str]:
+    """For chosen kernels that had a larger fusion available, the largest one and why it lost: its
+    overflow, or its time against the chosen kernels it would replace (with the penalties that made it
+    slower). Largest first, at most `k`."""
+    from superopt.egraph.ir import Node, body_str, type_str
+    from superopt.extract.cost import op_breakdown
+
+    def reach(roots) -> set:
+        seen, stack = set(), list(roots)
+        while stack:
+            cls = stack.pop()
+            if cls in seen or cls not in choice:
+                continue
+            seen.add(cls)
+            stack.extend(choice[cls].children)
+        return seen
+
+    found = []
+    for cls, chosen in choice.items():
+        if chosen.fn in _LISTS:
+            continue
+        # Variants that read only what the chosen program computes anyway and would replace more than
+        # the chosen kernel: the largest one, with the chosen kernels it covers.
+        larger = []
+        for n in fz.classes.get(cls, []):
+            if n.fn == "kernel" and n in own and n is not chosen and all(c in choice for c in n.children):
+                covered = reach([cls]) - reach(n.children)
+                if len(covered) > 1:
+                    larger.append((len(covered), _ops(n), -own[n], n, covered))
+        if not larger:
+            continue
+        _, _, _, fused, covered = max(larger, key=lambda t: t[:3])
+        ins = [(fz.shapes[c], fz.dtypes[c]) for c in fused.children]
+        parts = op_breakdown("kernel", fused.args, ins, (fz.shapes[cls], fz.dtypes[cls]), target)
+        replaced = sum(own.get(choice[c], 0.0) for c in covered)
+        penalties = "".join(f", {label(parts[key])}" for key, label in _PENALTIES
+                            if parts.get(key) and not (key == "occupancy_penalty" and parts[key] <= 1))
+        why = parts.get("overflow") or (f"{_seconds(parts['time'])} fused vs {_seconds(replaced)} for the "
+                                        f"{len(covered)} kernel(s) chosen{penalties}")
+        shape = type_str(Node("kernel", (), (), fz.shapes[cls], fz.dtypes[cls]))
+        found.append((_ops(fused), f"kernel{{{body_str(fused.args[0])}}} -> {shape}: {why}"))
+    return [text for _, text in sorted(found, key=lambda t: -t[0])[:k]]
+
+
+_PENALTIES = (("uncoalesced_extra_bytes", lambda v: f"uncoalesced access +{v:.3g} B"),
+              ("occupancy_penalty", lambda v: f"occupancy penalty x{v:.2f}"),
+              ("spill_bytes", lambda v: f"spills {v:.3g} B"),
+              ("transdata_seconds", lambda v: f"TransData {v * 1e6:.1f} us"),
+              ("gm_exchange_seconds", lambda v: f"cube->vector via GM {v * 1e6:.1f} us"))
+
+
+def _seconds(t: float) -> str:
+    return "inf" if t == float("inf") else f"{t * 1e6:.1f} us"
 
 
 def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict) -> Graph:
@@ -138,7 +205,6 @@ def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict) -> Graph:
     src = enc.graph
     graph = Graph(consts=src.consts, opaque=src.opaque, n_args=src.n_args)
     ids: dict = {}
-    on_path: set = set()
 
     def tensor_children(n: ENode) -> list:
         kids = []
@@ -151,24 +217,14 @@ def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict) -> Graph:
                 c = choice[c].children[1]
         return kids
 
-    for root in (fz.outputs[k] for k in sorted(fz.outputs)):
-        stack = [(root, False)]
-        while stack:
-            cls, expanded = stack.pop()
-            if cls in ids:
-                continue
-            n = choice[cls]
-            kids = tensor_children(n)
-            if not expanded:
-                if cls in on_path:
-                    raise ExtractionError("superopt: extraction chose a cyclic term")
-                on_path.add(cls)
-                stack.append((cls, True))
-                stack.extend((c, False) for c in reversed(kids) if c not in ids)
-                continue
-            on_path.discard(cls)
-            op, attrs = decode(n.fn, n.args, n.children, enc)
-            ids[cls] = graph.add(Node(op, tuple(ids[c] for c in kids), attrs, fz.shapes[cls], fz.dtypes[cls]))
+    try:
+        order = postorder([fz.outputs[k] for k in sorted(fz.outputs)], lambda cls: tensor_children(choice[cls]))
+    except CycleError as exc:
+        raise ExtractionError("superopt: extraction chose a cyclic term") from exc
+    for cls in order:
+        n = choice[cls]
+        op, attrs = decode(n.fn, n.args, n.children, enc)
+        ids[cls] = graph.add(Node(op, tuple(ids[c] for c in tensor_children(n)), attrs, fz.shapes[cls], fz.dtypes[cls]))
     graph.outputs = [ids[fz.outputs[k]] for k in sorted(fz.outputs)]
     return graph
 

@@ -9,10 +9,13 @@ the ILP is never worse than greedy; without a solution in the time limit it fall
 """
 from __future__ import annotations
 
+import math
+
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
 from superopt.egraph.ir import hoistable
-from superopt.extract.greedy import Extraction, build_graph, extract as extract_greedy, node_costs, program_cost
+from superopt.extract.kernels import expand
+from superopt.extract.greedy import Extraction, build_graph, declined_fusions, extract as extract_greedy, node_costs, program_cost
 from superopt.extract.target import Target
 
 
@@ -47,13 +50,14 @@ def _reachable(fz: FrozenEGraph, typed) -> set:
 
 
 def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: float = 10.0) -> Extraction:
+    fz = expand(fz, enc.conv_params, target)  # kernels as concrete variants, each with a fixed cost
     greedy = extract_greedy(fz, enc, target)
     try:
         import highspy
     except ImportError:  # pragma: no cover - highspy is a dependency
         greedy.method = "greedy (highspy is not installed)"
         return greedy
-    own = node_costs(fz, enc, target)
+    own = {n: c for n, c in node_costs(fz, enc, target).items() if math.isfinite(c)}  # infinite: cannot run
     classes = _reachable(fz, own)
     constant = _constant_classes(fz, own)
     nodes = [n for cls in classes for n in fz.classes.get(cls, []) if n in own]
@@ -93,6 +97,7 @@ def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: flo
     total, per_node = program_cost(graph, target)
     proof = "optimal" if status == "Optimal" else f"stopped: {status}"
     if total <= greedy.cost:
-        return Extraction(graph, total, per_node, method=f"ilp ({proof})")
+        return Extraction(graph, total, per_node, method=f"ilp ({proof})",
+                          declined=declined_fusions(fz, chosen, own, target))
     greedy.method = f"greedy (cheaper than the ILP's {proof} result)"
     return greedy

@@ -81,6 +81,9 @@ def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=N
             env[i] = graph.consts[node.attrs[0]]
         elif node.op == "lit":
             env[i] = np.asarray(node.attrs[0], dtype=np.dtype(node.dtype))
+        elif node.op == "kernel":  # one launch; in JAX its body is traced inline and XLA fuses it
+            body = node.attrs[0]
+            env[i] = evaluate(Graph(nodes=list(body), outputs=[len(body) - 1]), ins)[len(body) - 1]
         elif node.op == "opaque":
             key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
             if key not in opaque_results:

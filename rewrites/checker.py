@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from superopt.egraph.encode import decode
 from superopt.rewrites.functions import ATTRIBUTES, PREDICATES
 from superopt.rewrites.infer import IllTyped, infer
-from superopt.rewrites.pattern import CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, TENSOR, App, Const, Var, variables
+from superopt.rewrites.pattern import CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, SCALAR, TENSOR, App, Const, Var, variables
 from superopt.rewrites.reference import evaluate_node
 from superopt.verify import mismatch
 
@@ -110,6 +110,8 @@ def evaluate(p, env: dict):
         return []
     if p.fn == "tcons":
         return [evaluate(p.args[0], env)] + evaluate(p.args[1], env)
+    if p.fn == "kernel" or CONSTRUCTORS[p.fn][1] == SCALAR:
+        return _evaluate_scalar(p, [evaluate(a, env) for a in p.args])
     sorts = CONSTRUCTORS[p.fn][0]
     values = [evaluate(a, env) for a in p.args]
     prims = tuple(v for v, s in zip(values, sorts) if s not in (TENSOR, LIST))
@@ -124,6 +126,45 @@ def evaluate(p, env: dict):
     if p.fn == "lit":
         return np.asarray(prims[0], dtype=np.dtype(dtype))
     op, attrs = decode(p.fn, prims, (), CONV_TABLE)
+    return evaluate_node(op, attrs, tensors, shape, np.dtype(dtype))
+
+
+# Kernel bodies evaluate like tensors: a Scalar's value is the array it stands for on chip. Each Scalar
+# constructor is the tensor constructor it applies, with its primitive arguments.
+_SCALAR_SEMANTICS = {
+    "sunary": lambda a: ("unary", (a[0],)), "sbinary": lambda a: ("binary", (a[0],)),
+    "sselect": lambda a: ("select", ()), "sconvert": lambda a: ("convert", (a[1],)),
+    "spow": lambda a: ("integer_pow", (a[1],)), "sperm": lambda a: ("transpose", (a[1],)),
+    "smm": lambda a: ("matmul", (a[2],)), "sconv": lambda a: ("conv", (a[2],)),
+}
+
+
+def _broadcast_to(x, shape) -> np.ndarray:
+    x, shape = np.asarray(x), tuple(shape)
+    if not (x.ndim == 0 or (x.ndim == len(shape) and all(a in (1, b) for a, b in zip(x.shape, shape)))):
+        raise IllTyped(f"{x.shape} does not broadcast to {shape}")
+    return np.array(np.broadcast_to(x, shape))
+
+
+def _evaluate_scalar(p, values):
+    fn = p.fn
+    if fn == "kernel":
+        return np.asarray(values[0])
+    if fn in ("sarg", "sbcast"):
+        return _broadcast_to(values[0], values[1])
+    if fn == "srow":
+        x = np.asarray(values[1])
+        if x.ndim == 0:
+            raise IllTyped("a row reduction of a rank-0 value")
+        out = evaluate_node(values[0], ((x.ndim - 1,),), [x], x.shape[:-1], x.dtype)
+        return out.reshape(x.shape[:-1] + (1,))
+    ctor, prims = _SCALAR_SEMANTICS[fn](values)
+    tensors = [v for v, sort in zip(values, CONSTRUCTORS[fn][0]) if sort in (TENSOR, SCALAR)]
+    if fn == "sbinary" and np.shape(tensors[0]) != np.shape(tensors[1]):
+        raise IllTyped("operands of a body op have different shapes")
+    typed = (CONV_TABLE.conv_params[prims[0]],) if ctor == "conv" else prims
+    shape, dtype = infer(ctor, typed, [(tuple(np.shape(t)), str(np.asarray(t).dtype)) for t in tensors])
+    op, attrs = decode(ctor, prims, (), CONV_TABLE)
     return evaluate_node(op, attrs, tensors, shape, np.dtype(dtype))
 
 
@@ -204,6 +245,8 @@ class _Generator:
             return self.leaf(p, want)
         shape = want[0] if want else None
         a = p.args
+        if p.fn in _SCALAR_GEN:
+            return _SCALAR_GEN[p.fn](self, p.args, shape)
         if p.fn == "lit":
             if shape not in (None, ()):
                 raise Reject("a literal is rank 0")
@@ -356,6 +399,75 @@ class _Generator:
     def values(self, numerics: str) -> None:
         for k, (shape, dtype) in sorted(self.types.items(), key=lambda kv: str(kv[0])):
             self.env[k] = self.draw(_arrays(shape, dtype, numerics))
+
+
+def _inner_of(gen: _Generator, shape: tuple) -> tuple:
+    """A shape that broadcasts to `shape`: rank 0, or some axes reduced to 1."""
+    if gen.draw(st.integers(0, 4)) == 0:
+        return ()
+    return tuple(n if gen.draw(st.booleans()) else 1 for n in shape)
+
+
+def _gen_load(gen: _Generator, a, shape):
+    shape = tuple(gen.vec(a[1], lambda: shape if shape is not None else gen.shape()))
+    inner = _inner_of(gen, shape) if gen.draw(st.booleans()) else shape
+    return shape, gen.gen(a[0], (inner, gen.dtype))[1]
+
+
+def _gen_same(gen: _Generator, operands, shape, dtype=None):
+    shape = shape if shape is not None else gen.shape()
+    for o in operands:
+        gen.gen(o, (shape, gen.dtype))
+    return shape, dtype or gen.dtype
+
+
+def _gen_row(gen: _Generator, a, shape):
+    gen.op(a[0], REDUCE)
+    shape = shape if shape is not None else gen.shape(lo=1)
+    if not shape or shape[-1] != 1:
+        raise Reject("a row reduction keeps its last axis with size 1")
+    gen.gen(a[1], (shape[:-1] + (gen.draw(st.sampled_from(DIMS)),), gen.dtype))
+    return shape, gen.dtype
+
+
+def _gen_unary(gen: _Generator, a, shape):
+    op = gen.op(a[0], UNARY)
+    shape, _ = _gen_same(gen, [a[1]], shape)
+    return shape, ("bool" if op == "is_finite" else gen.dtype)
+
+
+def _gen_binary(gen: _Generator, a, shape):
+    op = gen.op(a[0], BINARY)
+    shape, _ = _gen_same(gen, a[1:], shape)
+    return shape, ("bool" if op in ("gt", "eq") else gen.dtype)
+
+
+def _gen_select(gen: _Generator, a, shape):
+    shape = shape if shape is not None else gen.shape()
+    gen.gen(a[0], (shape, "bool"))
+    return _gen_same(gen, a[1:], shape)
+
+
+def _gen_bcast(gen: _Generator, a, shape):
+    shape = tuple(gen.vec(a[1], lambda: shape if shape is not None else gen.shape()))
+    gen.gen(a[0], (_inner_of(gen, shape), gen.dtype))
+    return shape, gen.dtype
+
+
+def _gen_via(ctor: str, order):
+    """Generate a Scalar constructor as the tensor constructor it mirrors (arguments reordered)."""
+    def gen_fn(gen: _Generator, a, shape):
+        return gen.gen(App(ctor, tuple(a[i] for i in order)), (shape, gen.dtype) if shape is not None else None)
+    return gen_fn
+
+
+_SCALAR_GEN = {
+    "kernel": lambda gen, a, shape: gen.gen(a[0], (shape, gen.dtype) if shape is not None else None),
+    "sarg": _gen_load, "sbcast": _gen_bcast, "srow": _gen_row, "sunary": _gen_unary, "sbinary": _gen_binary,
+    "sselect": _gen_select,
+    "sconvert": _gen_via("convert", (0, 1)), "spow": _gen_via("integer_pow", (0, 1)),
+    "sperm": _gen_via("transpose", (0, 1)), "smm": _gen_via("matmul", (0, 1, 2)), "sconv": _gen_via("conv", (0, 1, 2)),
+}
 
 
 def _is_leaf(p) -> bool:

@@ -16,16 +16,19 @@ from egglog import rule as egg_rule
 from superopt.egraph import terms as T
 from superopt.rewrites.functions import ATTRIBUTES, PREDICATES
 from superopt.rewrites.pattern import (
-    CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, OP, TENSOR, VEC, App, Const, Pattern, Var,
+    CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, OP, SCALAR, TENSOR, VEC, App, Const, Pattern, Var,
 )
 
 MAX_RANK = 6
-_EGG_SORTS = {TENSOR: T.Tensor, LIST: T.TList, VEC: Vec[i64], DTYPE: String, OP: String, FLOAT: f64, INT: i64}
+_EGG_SORTS = {TENSOR: T.Tensor, SCALAR: T.Scalar, LIST: T.TList, VEC: Vec[i64], DTYPE: String, OP: String, FLOAT: f64, INT: i64}
 _CONSTRUCTOR_FNS = {"arg": T.arg, "const": T.const, "lit": T.lit, "iota": T.iota, "unary": T.unary,
                     "binary": T.binary, "integer_pow": T.integer_pow, "select": T.select, "convert": T.convert,
                     "matmul": T.matmul, "conv": T.conv, "reduce": T.reduce, "argreduce": T.argreduce,
                     "transpose": T.transpose, "reshape": T.reshape, "broadcast": T.broadcast, "concat": T.concat,
-                    "slice": T.slice_, "pad": T.pad, "pool": T.pool, "tnil": T.tnil, "tcons": T.tcons}
+                    "slice": T.slice_, "pad": T.pad, "pool": T.pool, "tnil": T.tnil, "tcons": T.tcons,
+                    "kernel": T.kernel, "sarg": T.sarg, "sunary": T.sunary, "sbinary": T.sbinary,
+                    "sselect": T.sselect, "sconvert": T.sconvert, "spow": T.spow, "sbcast": T.sbcast,
+                    "srow": T.srow, "sperm": T.sperm, "smm": T.smm, "sconv": T.sconv}
 assert set(_CONSTRUCTOR_FNS) == set(CONSTRUCTORS), "every constructor needs an egglog function"
 
 
@@ -49,6 +52,13 @@ class CompileContext:
         if v not in self._vars:
             self._vars[v] = var(v.name, _EGG_SORTS[v.sort])
         return self._vars[v]
+
+    def dtype(self, p: Pattern):
+        if ("dtype", p) not in self._shapes:
+            dv = var(f"dtype_{len(self._shapes)}", String)
+            self.facts.append(eq(dv).to(T.dtype(self.expr(p))))
+            self._shapes[("dtype", p)] = dv
+        return self._shapes[("dtype", p)]
 
     def shape(self, p: Pattern):
         if p not in self._shapes:
@@ -103,7 +113,7 @@ def _rank_fact(ctx: CompileContext, key: Pattern, r: int):
 def compile_rule(rule) -> list:
     """All egglog rules for `rule` (every direction, rank and predicate alternative)."""
     keys = _rank_keys(rule)
-    roots = [Var(f"root_{i}", TENSOR) for i in range(len(rule.pairs))]
+    roots = [Var(f"root_{i}", lhs.sort) for i, (lhs, _) in enumerate(rule.pairs)]
     directions = [rule.pairs] + ([[(rhs, lhs) for lhs, rhs in rule.pairs]] if rule.two_way else [])
     out = []
     for pairs in directions:

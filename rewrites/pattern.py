@@ -11,7 +11,8 @@ from typing import Any
 
 # Sorts of pattern variables and constants.
 TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT = "tensor", "list", "vec", "dtype", "op", "float", "int"
-SORTS = (TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT)
+SCALAR = "scalar"  # a kernel body's value (egraph/terms.py `Scalar`)
+SORTS = (TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT, SCALAR)
 
 # Term constructors: name -> (argument sorts, result sort). `vec` is Vec[i64]: shapes, perms, axes.
 CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -27,12 +28,20 @@ CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "concat": ((LIST, INT), TENSOR), "slice": ((TENSOR, VEC, VEC, VEC), TENSOR),
     "pad": ((TENSOR, TENSOR, VEC, VEC, VEC), TENSOR),
     "tnil": ((), LIST), "tcons": ((TENSOR, LIST), LIST),
+    # kernels and the Scalar body language
+    "kernel": ((SCALAR,), TENSOR), "sarg": ((TENSOR, VEC), SCALAR),
+    "sunary": ((OP, SCALAR), SCALAR), "sbinary": ((OP, SCALAR, SCALAR), SCALAR),
+    "sselect": ((SCALAR, SCALAR, SCALAR), SCALAR), "sconvert": ((SCALAR, DTYPE), SCALAR),
+    "spow": ((SCALAR, INT), SCALAR), "sbcast": ((SCALAR, VEC), SCALAR), "srow": ((OP, SCALAR), SCALAR),
+    "sperm": ((SCALAR, VEC), SCALAR), "smm": ((TENSOR, TENSOR, DTYPE), SCALAR),
+    "sconv": ((TENSOR, TENSOR, INT), SCALAR),
 }
 
 # Attribute functions: computed attributes in a rule's right-hand side, name -> (argument sorts, result).
 ATTRIBUTE_FNS: dict[str, tuple[tuple[str, ...], str]] = {
     "compose": ((VEC, VEC), VEC),          # compose(p, q)[i] = p[q[i]]
     "shape_of": ((TENSOR,), VEC),          # the shape of a bound tensor
+    "dtype_of": ((TENSOR,), DTYPE),        # the dtype of a bound tensor
     "dim": ((TENSOR, INT), INT),           # dim(t, i) = shape_of(t)[i]
     "zeros_like": ((TENSOR,), VEC),        # (0,) * rank(t)
     "ones_like": ((TENSOR,), VEC),         # (1,) * rank(t)
@@ -157,6 +166,10 @@ def ints(names: str) -> list[Var]:
     return [Var(n, INT) for n in names.split()]
 
 
+def scalars(names: str) -> list[Var]:
+    return [Var(n, SCALAR) for n in names.split()]
+
+
 # ---- constructor builders (same names and argument order as egraph/terms.py) ----
 
 def arg(i): return app("arg", i)
@@ -184,6 +197,21 @@ def concat(items, dimension) -> App:
     return app("concat", lst, dimension)
 
 
+def kernel(body): return app("kernel", body)
+def sarg(x, shape): return app("sarg", x, shape)
+def sunary(op, x): return app("sunary", op, x)
+def sbinary(op, x, y): return app("sbinary", op, x, y)
+def sselect(p, on_false, on_true): return app("sselect", p, on_false, on_true)
+def sconvert(x, dtype): return app("sconvert", x, dtype)
+def spow(x, n): return app("spow", x, n)
+def sbcast(x, shape): return app("sbcast", x, shape)
+def srow(op, x): return app("srow", op, x)
+def sperm(x, perm): return app("sperm", x, perm)
+def smm(a, b, dtype): return app("smm", a, b, dtype)
+def sconv(lhs, rhs, params): return app("sconv", lhs, rhs, params)
+def conv(lhs, rhs, params): return app("conv", lhs, rhs, params)
+
+
 def exp(x): return unary("exp", x)
 def log(x): return unary("log", x)
 def neg(x): return unary("neg", x)
@@ -197,6 +225,7 @@ def div(x, y): return binary("div", x, y)
 
 def compose(p, q): return app("compose", p, q)
 def shape_of(t): return app("shape_of", t)
+def dtype_of(t): return app("dtype_of", t)
 def dim(t, i): return app("dim", t, i)
 def zeros_like(t): return app("zeros_like", t)
 def ones_like(t): return app("ones_like", t)

@@ -309,6 +309,9 @@ def evaluate(graph: Graph, args, precise: bool = False) -> list[np.ndarray]:
             env[i] = np.asarray(graph.consts[node.attrs[0]]).astype(compute_dtype(node.dtype), copy=False)
         elif node.op == "lit":
             env[i] = np.asarray(node.attrs[0], dtype=compute_dtype(node.dtype))
+        elif node.op == "kernel":  # one launch: its body is a small program over the kernel's inputs
+            body = node.attrs[0]
+            env[i] = evaluate(Graph(nodes=list(body), outputs=[len(body) - 1]), ins, precise)[0]
         elif node.op == "opaque":
             key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
             if key not in opaque_results:

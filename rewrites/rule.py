@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from superopt.rewrites.functions import PREDICATES, when
-from superopt.rewrites.pattern import TENSOR, Pattern, variables
+from superopt.rewrites.pattern import SCALAR, TENSOR, Pattern, variables
 
 NUMERICS = ("exact", "reals")
 _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
@@ -50,8 +50,8 @@ class Rule:
         if self.two_way and len(self.pairs) > 1:
             raise ValueError(f"rule {self.name!r}: a multi-pattern rule cannot be two-way")
         for lhs, rhs in self.pairs:
-            if lhs.sort != TENSOR or rhs.sort != TENSOR:
-                raise TypeError(f"rule {self.name!r}: both sides must be tensors")
+            if lhs.sort not in (TENSOR, SCALAR) or rhs.sort != lhs.sort:
+                raise TypeError(f"rule {self.name!r}: both sides must be tensors, or both kernel-body scalars")
             bound = set(variables(lhs)) | {v for l, _ in self.pairs for v in variables(l)}
             free = [v for v in variables(rhs) if v not in bound]
             if free:

@@ -170,7 +170,9 @@ class _Reader:
     def pair(self, items: list) -> tuple:
         if len(items) != 3 or items[1] not in ("=>", "<=>"):
             raise ParseError(f"expected LHS => RHS or LHS <=> RHS, got {items!r}")
-        return self.atom(items[0], TENSOR), self.atom(items[2], TENSOR), items[1] == "<=>"
+        head = items[0][0] if isinstance(items[0], list) and items[0] else None
+        sort = CONSTRUCTORS[head][1] if head in CONSTRUCTORS else TENSOR  # kernel-body rules are Scalar-rooted
+        return self.atom(items[0], sort), self.atom(items[2], sort), items[1] == "<=>"
 
     def rule(self, node: list) -> Rule:
         if len(node) < 2 or node[0] != "rule":

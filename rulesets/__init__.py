@@ -1,9 +1,10 @@
 """Rule sets, one table per concern. `RULESETS` names every registered set; the default schedule runs
 `DEFAULT`."""
 from superopt.rulesets.algebra import ALGEBRA
+from superopt.rulesets.fusion import FUSION
 
-RULESETS = {rs.name: rs for rs in (ALGEBRA,)}
-DEFAULT = ("algebra",)
+RULESETS = {rs.name: rs for rs in (ALGEBRA, FUSION)}
+DEFAULT = ("algebra", "fusion")
 
 
 def resolve(rulesets) -> list:

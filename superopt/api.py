@@ -51,7 +51,7 @@ class _Stages:
 
 def _describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tuple[float, str]]:
     """The k costliest kernels with the cost model's breakdown of each."""
-    from superopt.egraph.ir import type_str
+    from superopt.egraph.ir import body_str, type_str
     from superopt.extract.cost import op_breakdown
     live = graph.live()
     out = []
@@ -61,8 +61,13 @@ def _describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tupl
         node = graph.nodes[i]
         ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
         parts = op_breakdown(node.op, node.attrs, ins, (node.shape, node.dtype), target)
-        out.append((c, f"{node.op} -> {type_str(node)}  [{_factors(parts)}]"))
+        what = f"kernel{{{_short(body_str(node.attrs[0]))}}}" if node.op == "kernel" else node.op
+        out.append((c, f"{what} -> {type_str(node)}  [{_factors(parts)}]"))
     return out
+
+
+def _short(text: str, width: int = 72) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _factors(parts: dict) -> str:
@@ -73,10 +78,16 @@ def _factors(parts: dict) -> str:
             shown.append(f"occupancy penalty x{parts['occupancy_penalty']:.2f}")
         if parts["spilled_registers"]:
             shown.append(f"{parts['spilled_registers']} regs spilled")
+        if parts["uncoalesced_extra_bytes"]:
+            shown.append(f"uncoalesced +{parts['uncoalesced_extra_bytes']:.3g} B")
     if "unit" in parts:
         shown += [parts["unit"], f"UB {parts['ub_bytes']} B"]
         if not parts["fits"]:
             shown.append(f"does not fit: {parts['overflow']}")
+        if parts["transdata_seconds"]:
+            shown.append(f"TransData {parts['transdata_seconds'] * 1e6:.3g} us")
+        if parts["gm_exchange_seconds"]:
+            shown.append(f"cube->vector via GM {parts['gm_exchange_seconds'] * 1e6:.3g} us")
     return ", ".join(shown)
 
 
@@ -123,6 +134,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
         return keep_original(str(exc))
     report.cost_after = chosen.cost
     report.extraction = chosen.method
+    report.declined = chosen.declined
     report.ops_after = chosen.graph.op_counts()
     report.top_costs = _describe(chosen.graph, chosen.node_costs, tgt)
     if not chosen.cost < cost_before * (1 - 1e-9):

@@ -26,6 +26,7 @@ class Report:
     ops_after: dict = field(default_factory=dict)
     stage_seconds: dict = field(default_factory=dict)
     top_costs: list = field(default_factory=list)  # (cost, description) of the chosen program's costliest ops
+    declined: list = field(default_factory=list)   # larger fusions that were available, and why they lost
 
     @property
     def optimized(self) -> bool:
@@ -60,6 +61,9 @@ class Report:
         diffs = [f"{op} {self.ops_before.get(op, 0)}->{self.ops_after.get(op, 0)}" for op in changed
                  if self.ops_before.get(op, 0) != self.ops_after.get(op, 0)]
         lines.append("  ops changed  : " + (", ".join(diffs) if diffs else "none"))
+        if self.declined:
+            lines.append("  fusion declined (the largest fusion available where a smaller one was chosen):")
+            lines += [f"    {text}" for text in self.declined]
         if self.top_costs:
             lines.append("  costliest ops of the chosen program:")
             for cost, what in self.top_costs:

@@ -65,7 +65,7 @@ def test_unsound_user_rule_is_caught_and_named():
 
 
 def test_kept_original_when_nothing_is_cheaper():
-    fast = superopt(lambda a: jnp.tanh(a) + 1.0)
+    fast = superopt(lambda a: jnp.tanh(a))  # one op: nothing to fuse, nothing to rewrite
     fast(A)
     assert fast.report.outcome == "kept original: no cheaper program found"
 
@@ -74,7 +74,7 @@ def test_limits_reach_the_report():
     fast = superopt(chain, limits=Limits(iterations=1))
     fast(A, A, V)
     assert fast.report.run.stop_reason in (StopReason.ITERATION_LIMIT, StopReason.SATURATED)
-    assert fast.report.run.iterations == 1
+    assert [ph.iterations for ph in fast.report.run.phases] == [1, 1]  # the iteration limit is per phase
 
 
 def test_a_rounding_difference_amplified_by_tanh_is_judged_against_the_float64_value():

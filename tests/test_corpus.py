@@ -1,9 +1,9 @@
 """Whole-program equivalence: for every corpus program, superopt(fn) equals fn on random inputs.
 
-Three programs are checked per corpus entry: the optimized callable superopt returns, the extracted
+Several programs are checked per corpus entry: the optimized callable superopt returns, the extracted
 term lowered even when superopt would keep the original (so the rewrite-and-lower path is tested on
-every program, not only where it pays), and the captured program lowered unchanged (capture + lowering
-round trip).
+every program, not only where it pays), the captured program lowered unchanged (capture + lowering
+round trip), and the kernels extracted after fusion for a CPU, a GPU and an NPU target.
 """
 import jax
 import numpy as np
@@ -35,8 +35,15 @@ def _programs(prog):
         enc = encode(captured.graph)
         saturate(enc.egraph, [Phase("algebra", list(RULESETS["algebra"]))], Limits())
         forced = extract(freeze(enc.egraph), enc, load_target("cpu"))
-        _built[prog.name] = (optimized, lower(forced.graph), lower(captured.graph))
+        # With fusion too, extracted for each kind of target: kernels differ, meaning must not.
+        saturate(enc.egraph, [Phase("fusion", list(RULESETS["fusion"]))], Limits())
+        frozen = freeze(enc.egraph)
+        kernels = [lower(extract(frozen, enc, load_target(t)).graph) for t in FUSION_TARGETS]
+        _built[prog.name] = (optimized, lower(forced.graph), lower(captured.graph), kernels)
     return _built[prog.name]
+
+
+FUSION_TARGETS = ("cpu", "gpu-h100", "npu-910b")
 
 
 def _flat(tree):
@@ -48,11 +55,13 @@ def _flat(tree):
 def test_superopt_equals_original(prog, seed):
     args = make_args(prog, seed)
     expected = _flat(prog.fn(*args))
-    optimized, forced, roundtrip = _programs(prog)
+    optimized, forced, roundtrip, kernels = _programs(prog)
     flat_args = jax.tree_util.tree_leaves(args)
     assert compare_outputs(expected, _flat(optimized(*args))) is None
     assert compare_outputs(expected, _flat(forced(*flat_args))) is None
     assert compare_outputs(expected, _flat(roundtrip(*flat_args))) is None
+    for target, fused in zip(FUSION_TARGETS, kernels):
+        assert compare_outputs(expected, _flat(fused(*flat_args))) is None, f"fused for {target}"
 
 
 def test_corpus_is_large_and_varied():

@@ -2,9 +2,10 @@
 
 Registers per thread are estimated from the kernel body's peak number of live values; the occupancy
 formula is the CUDA one (reference/hardware-and-jax-facts.md); below `HIDING_OCCUPANCY` a kernel cannot
-keep enough memory requests in flight and slows down in proportion; past 255 registers the compiler
-spills to local memory, which costs global traffic (a cliff, not a slope); a transposed access touches
-a 32-byte sector per 4-byte element.
+keep enough memory requests in flight and its memory time grows in proportion (compute-bound kernels
+such as GEMMs rely on instruction-level parallelism, so their compute time is not scaled); past 255
+registers the compiler spills to local memory, which costs global traffic (a cliff, not a slope); a
+transposed access touches a 32-byte sector per 4-byte element.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def breakdown(k: GpuKernel, target: Target) -> dict:
     return {"flops": k.flops, "bytes": moved, "registers": regs, "blocks_per_sm": blocks, "occupancy": occ,
             "occupancy_penalty": penalty, "spilled_registers": spilled, "spill_bytes": spill_bytes,
             "uncoalesced_extra_bytes": wasted,
-            "time": max(compute, memory) * penalty + target.launch_overhead}
+            "time": max(compute, memory * penalty) + target.launch_overhead}
 
 
 def kernel_time(k: GpuKernel, target: Target) -> float:

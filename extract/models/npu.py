@@ -33,6 +33,7 @@ class NpuKernel:
     l1_bytes: int = 0
     transdata_bytes: float = 0.0      # bytes converted between fractal and ND inside the kernel
     gm_exchange_bytes: float = 0.0    # bytes passed from cube to vector cores through global memory (910B)
+    vector_flops: float = 0.0         # cube kernels: the epilogue's work on the vector unit
 
 
 def _aligned(n: int) -> int:
@@ -55,12 +56,12 @@ def breakdown(k: NpuKernel, target: Target) -> dict:
     npu = target.npu
     ok, why = fits(k, target)
     rate = npu.cube_flops if k.unit == "cube" else npu.vector_flops
-    compute = k.flops / rate
+    compute = max(k.flops / rate, k.vector_flops / npu.vector_flops)
     transdata = 2 * k.transdata_bytes / (target.mem_bandwidth * TRANSDATA_EFFICIENCY)
     exchange = 2 * k.gm_exchange_bytes / target.mem_bandwidth if npu.separated else 0.0
     memory = k.bytes / target.mem_bandwidth + transdata + exchange
     time = max(compute, memory) + target.launch_overhead if ok else math.inf
-    return {"unit": k.unit, "flops": k.flops, "bytes": k.bytes, "ub_bytes": _aligned(k.ub_live_bytes)
+    return {"unit": k.unit, "flops": k.flops + k.vector_flops, "bytes": k.bytes, "ub_bytes": _aligned(k.ub_live_bytes)
             * (2 if k.double_buffer else 1), "fits": ok, "overflow": why, "transdata_seconds": transdata,
             "gm_exchange_seconds": exchange, "time": time}
 

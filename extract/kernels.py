@@ -1,0 +1,278 @@
+"""Kernel variants: from `kernel(body)` e-nodes to concrete kernels the extractors can cost.
+
+After fusion saturates, a kernel's body is an e-class of the Scalar language in which every load of an
+intermediate (`sarg`) sits next to that intermediate's own body (inlined). Which of them a kernel
+recomputes on chip and which it reads from global memory decides how much it fuses, and the cost of
+that depends on the whole body (registers, buffer capacity), not on a sum over nodes. So before
+extraction each `kernel` e-node is replaced by a short list of concrete variants, grown from the root:
+the first computes only the kernel's own op and loads every operand; each next one also inlines the
+nearest still-loaded producer (breadth first), until nothing is left to inline, the target's limits
+are exceeded, or `MAX_VARIANTS` is reached. A variant is an ordinary e-node whose children are the
+tensors it loads and whose one argument is its body (IR nodes), so greedy and ILP extraction, DAG-aware
+cost sets and cycle checks apply unchanged, and a producer that several kernels inline is computed in
+each of them while one that they load is computed once: the cost decides.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from superopt.egraph.encode import decode
+from superopt.egraph.frozen import ENode, FrozenEGraph
+from superopt.egraph.ir import CycleError, Node, postorder
+from superopt.extract.cost import op_cost
+from superopt.extract.target import Target
+from superopt.rewrites.infer import IllTyped, infer
+
+MAX_VARIANTS = 12                           # per growth; past it only the largest body is kept
+PRODUCERS = frozenset({"smm", "sconv"})     # compute-heavy: recomputing one in two kernels doubles it
+LEAVES = frozenset({"sarg"}) | PRODUCERS     # Scalar nodes whose children are tensors, not body values
+LOOKAHEAD = 8                               # inlining candidates compared at each growth step
+SCALAR_FNS = frozenset({"sarg", "sunary", "sbinary", "sselect", "sconvert", "spow", "sbcast", "srow", "sperm",
+                        "smm", "sconv"})
+# Scalar constructors as the Tensor constructor they apply to on-chip values: fn -> (constructor, prims).
+_AS_TENSOR_OP = {
+    "sunary": lambda a: ("unary", (a[0],)),
+    "sbinary": lambda a: ("binary", (a[0],)),
+    "sselect": lambda a: ("select", ()),
+    "sconvert": lambda a: ("convert", (a[0],)),
+    "spow": lambda a: ("integer_pow", (a[0],)),
+    "sperm": lambda a: ("transpose", (a[0],)),
+}
+
+
+class BodyError(ValueError):
+    """A choice of loads that does not make a well-typed, acyclic body."""
+
+
+def _broadcast_dims(src: tuple, dst: tuple) -> tuple:
+    if len(src) == 0:
+        return ()
+    if len(src) != len(dst) or any(a not in (1, b) for a, b in zip(src, dst)):
+        raise BodyError(f"{src} does not broadcast to {dst}")
+    return tuple(range(len(dst)))
+
+
+class _Builder:
+    """Builds one body: IR nodes in topological order, with the loaded tensor classes as inputs."""
+
+    def __init__(self, fz: FrozenEGraph, conv_params):
+        self.fz, self.conv_params = fz, conv_params
+        self.nodes: list[Node] = []
+        self.inputs: list = []          # tensor e-classes, in order of first load
+        self._memo: dict = {}
+
+    def _add(self, node: Node) -> int:
+        key = (node.op, node.inputs, node.attrs)
+        if key not in self._memo:
+            self.nodes.append(node)
+            self._memo[key] = len(self.nodes) - 1
+        return self._memo[key]
+
+    def load(self, cls) -> int:
+        if cls not in self.inputs:
+            self.inputs.append(cls)
+        k = self.inputs.index(cls)
+        return self._add(Node("arg", (), (k,), self.fz.shapes[cls], self.fz.dtypes[cls]))
+
+    def apply(self, fn: str, prims: tuple, operands: list[int]) -> int:
+        ins = [(self.nodes[i].shape, self.nodes[i].dtype) for i in operands]
+        typed = (self.conv_params[prims[0]],) if fn == "conv" else prims
+        try:
+            shape, dtype = infer(fn, typed, ins)
+        except IllTyped as exc:
+            raise BodyError(str(exc)) from exc
+        op, attrs = decode(fn, prims, (), _Params(self.conv_params))
+        return self._add(Node(op, tuple(operands), attrs, shape, dtype))
+
+    def broadcast(self, i: int, shape: tuple) -> int:
+        src = self.nodes[i].shape
+        if tuple(src) == tuple(shape):
+            return i
+        return self.apply("broadcast", (tuple(shape), _broadcast_dims(src, tuple(shape))), [i])
+
+
+class _Params:
+    def __init__(self, conv_params):
+        self.conv_params = conv_params
+
+
+def build_body(fz: FrozenEGraph, conv_params, root, inline: dict) -> tuple[tuple, list]:
+    """(body nodes, loaded tensor classes) for a kernel whose Scalar classes in `inline` are computed by
+    the chosen node and every other one is loaded with its `sarg` node."""
+    b = _Builder(fz, conv_params)
+    def chosen(cls) -> ENode:
+        node = inline.get(cls) or _load_node(fz, cls)
+        if node is None:
+            raise BodyError(f"Scalar class {cls} has nothing to load")
+        return node
+
+    def scalar_kids(cls) -> list:
+        node = chosen(cls)
+        return [] if node.fn in LEAVES else list(node.children)
+
+    try:
+        order = postorder([root], scalar_kids)
+    except CycleError as exc:
+        raise BodyError("the inlined body is cyclic") from exc
+    value: dict = {}
+    for cls in order:
+        value[cls] = _emit(b, chosen(cls), [value[c] for c in scalar_kids(cls)])
+    return tuple(b.nodes), b.inputs
+
+
+def _emit(b: _Builder, node: ENode, kids: list[int]) -> int:
+    fn, a = node.fn, node.args
+    if fn == "sarg":
+        return b.broadcast(b.load(node.children[0]), a[0])
+    if fn == "smm":
+        return b.apply("matmul", (a[0],), [b.load(c) for c in node.children])
+    if fn == "sconv":
+        return b.apply("conv", (a[0],), [b.load(c) for c in node.children])
+    if fn == "sbcast":
+        return b.broadcast(kids[0], a[0])
+    if fn == "srow":
+        x = b.nodes[kids[0]]
+        if not x.shape:
+            raise BodyError("a row reduction of a rank-0 value")
+        reduced = b.apply("reduce", (a[0], (len(x.shape) - 1,)), kids)
+        return b.apply("reshape", (x.shape[:-1] + (1,),), [reduced])
+    ctor, prims = _AS_TENSOR_OP[fn](a)
+    if ctor == "binary" and b.nodes[kids[0]].shape != b.nodes[kids[1]].shape:
+        raise BodyError("operands of a body op have different shapes")
+    return b.apply(ctor, prims, kids)
+
+
+def _load_node(fz: FrozenEGraph, cls):
+    return next((n for n in fz.classes.get(cls, []) if n.fn == "sarg"), None)
+
+
+def _inline_options(fz: FrozenEGraph, cls) -> list[ENode]:
+    """Nodes that compute the class in place, cheapest-looking first (fewest operands, then by name)."""
+    nodes = [n for n in fz.classes.get(cls, []) if n.fn != "sarg"]
+    return sorted(nodes, key=lambda n: (len(n.children), n.fn, repr(n.args)))
+
+
+def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_types) -> list[ENode]:
+    """Concrete kernels for `kernel(root)` in tensor class `own`, growing from the root (module doc).
+    Three growths: one never takes in a matmul or convolution (elementwise and row fusion only); one may,
+    from the root (a matmul with a short epilogue); and one may, from the largest body of the first
+    (a matmul with everything after it that fits)."""
+    out: list[ENode] = []
+    seen: set = set()
+
+    def grow(inline: dict, producers: bool) -> dict:
+        """Append the bodies of one growth to `out`; returns the largest inline set within the limits."""
+        kept, largest, fits = 0, None, inline
+        while inline is not None:
+            try:
+                body, loaded = build_body(fz, conv_params, root, inline)
+            except BodyError:
+                break
+            if own in loaded:
+                break   # the kernel would read its own result
+            if (body, tuple(loaded)) not in seen:
+                seen.add((body, tuple(loaded)))
+                cost = op_cost("kernel", (body,), [tensor_types[c] for c in loaded], tensor_types[own], target)
+                node = ENode("kernel", (body,), tuple(loaded), own)
+                if math.isinf(cost) and (out or largest):
+                    out.append(node)   # never chosen; kept so the report can say why fusion stopped
+                    break              # past the target's limits: growing further only adds to the body
+                if kept < MAX_VARIANTS:
+                    out.append(node)
+                    kept += 1
+                else:
+                    largest = node     # past the cap, only the largest body is kept
+            fits = inline
+            inline = _next_to_inline(fz, conv_params, root, inline, producers)
+        if largest is not None:
+            out.append(largest)
+        return fits
+
+    for first in _inline_options(fz, root)[:2]:  # the root's own op (and one other form of it, if any)
+        start = _close(fz, root, {root: first})
+        widest = grow(start, producers=False)
+        grow(start, producers=True)
+        if widest is not start:
+            grow(widest, producers=True)
+    return out
+
+
+def _frontier(root, inline: dict):
+    """The Scalar classes the body loads (not inlined), nearest the root first."""
+    queue, seen = deque([root]), {root}
+    while queue:
+        cls = queue.popleft()
+        node = inline.get(cls)
+        if node is None:
+            yield cls
+        elif node.fn not in LEAVES:
+            for c in node.children:
+                if c not in seen:
+                    seen.add(c)
+                    queue.append(c)
+
+
+def _close(fz: FrozenEGraph, root, inline: dict) -> dict:
+    """`inline`, plus every class the body reaches that cannot be loaded (it must be computed in place)."""
+    inline = dict(inline)
+    while True:
+        forced = next((c for c in _frontier(root, inline) if _load_node(fz, c) is None and _inline_options(fz, c)),
+                      None)
+        if forced is None:
+            return inline
+        inline[forced] = _inline_options(fz, forced)[0]
+
+
+def _next_to_inline(fz: FrozenEGraph, conv_params, root, inline: dict, producers: bool):
+    """Among the loaded Scalar classes nearest the root (breadth first, `LOOKAHEAD` of them) that can be
+    computed in place, the one whose inlining leaves the kernel reading the fewest bytes: a mean or a
+    variance over rows the kernel already reads comes before a producer that brings new operands.
+    Matmuls and convolutions only when `producers`."""
+    found = []
+    for cls in _frontier(root, inline):
+        options = [n for n in _inline_options(fz, cls) if producers or n.fn not in PRODUCERS]
+        if options:
+            found.append((cls, options[0]))
+            if len(found) == LOOKAHEAD:
+                break
+    best, best_bytes = None, math.inf
+    for cls, node in found:
+        grown = _close(fz, root, {**inline, cls: node})
+        try:
+            _, loaded = build_body(fz, conv_params, root, grown)
+        except BodyError:
+            continue
+        read = sum(_nbytes(fz, c) for c in loaded)
+        if read < best_bytes:
+            best, best_bytes = grown, read
+    return best
+
+
+def _nbytes(fz: FrozenEGraph, cls) -> int:
+    return math.prod(fz.shapes[cls]) * (1 if fz.dtypes[cls] == "bool" else np.dtype(fz.dtypes[cls]).itemsize)
+
+
+def expand(fz: FrozenEGraph, conv_params, target: Target) -> FrozenEGraph:
+    """A view of `fz` where every `kernel` e-node is replaced by its concrete variants and the Scalar
+    classes are gone (the variants carry their bodies). Views without kernels are returned as they are."""
+    scalar = {cls for cls, nodes in fz.classes.items() if nodes and nodes[0].fn in SCALAR_FNS}
+    if not scalar:
+        return fz
+    types = {cls: (fz.shapes[cls], fz.dtypes[cls]) for cls in fz.classes if cls in fz.shapes and cls in fz.dtypes}
+    view = FrozenEGraph(shapes=fz.shapes, dtypes=fz.dtypes, outputs=fz.outputs)
+    for cls, nodes in fz.classes.items():
+        if cls in scalar:
+            continue
+        kept = []
+        for n in nodes:
+            if n.fn == "kernel" and not n.args:
+                if cls in types:
+                    kept.extend(v for v in variants(fz, conv_params, cls, n.children[0], target, types)
+                                if v not in kept)
+            else:
+                kept.append(n)
+        view.classes[cls] = kept
+    return view

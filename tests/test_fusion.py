@@ -216,3 +216,38 @@ def test_seed_001_add_mul_relu_fuses_on_910b_while_the_ub_fits(row, one_kernel):
         assert not any(len(ops_in(k)) > 1 for k in kernels(graph))
         assert any("UB needs" in line for line in fast.report.declined)
     np.testing.assert_allclose(fast(*args), add_mul_relu(*args), rtol=1e-6)
+
+
+def test_one_program_extracts_to_a_different_term_on_each_target():
+    """(a @ b)^T next to relu((c + d) * e) with rows of 8192 f32:
+    - cpu: no coalescing penalty and no on-chip capacity limit in the roofline, so both fuse completely;
+    - gpu-h100: a transposed epilogue makes the matmul's stores strided, so the transpose stays out of the
+      matmul kernel, while the elementwise chain is one kernel (few registers);
+    - npu-910b: the chain does not fit the Unified Buffer fused (4 x 32 KB rows x 2 > 192 KB), so it is
+      split, and a permuted write from the cube would be a TransData pass, so the matmul is not fused either."""
+    def program(a, b, c, d, e):
+        return (a @ b).T, jax.nn.relu((c + d) * e)
+
+    args = (normal(2048, 64), normal(64, 2048), *(normal(64, 8192) for _ in range(3)))
+    terms, graphs, reports = {}, {}, {}
+    for target in ("cpu", "gpu-h100", "npu-910b"):
+        fast = superopt(program, target=target)
+        graphs[target] = fast.compile(*args).term
+        terms[target], reports[target] = fast.term, fast.report
+        for got, want in zip(fast(*args), program(*args)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    assert len(set(terms.values())) == 3, terms
+
+    def fused_ops(graph):
+        return [set(ops_in(k)) for k in kernels(graph)]
+
+    assert {"matmul", "transpose"} in [s & {"matmul", "transpose"} for s in fused_ops(graphs["cpu"])]
+    assert {"add", "mul", "max"} in [s & {"add", "mul", "max"} for s in fused_ops(graphs["cpu"])]
+
+    assert not any({"matmul", "transpose"} <= s for s in fused_ops(graphs["gpu-h100"]))
+    assert any({"add", "mul", "max"} <= s for s in fused_ops(graphs["gpu-h100"]))
+    assert any("uncoalesced" in line for line in reports["gpu-h100"].declined)
+
+    assert not any(len(s) > 1 for s in fused_ops(graphs["npu-910b"]))
+    declined = "\n".join(reports["npu-910b"].declined)
+    assert "UB needs" in declined and "TransData" in declined

@@ -72,5 +72,10 @@ def render(rankings: list[Ranking], repeats: int) -> list[str]:
                      + ", ".join(f"{p * 1e6:.0f}" for p in r.predicted) + " | "
                      + ", ".join(f"{m * 1e6:.0f}" for m in r.measured) + " |")
     mean = sum(r.rho for r in rankings) / len(rankings)
-    lines += ["", f"Mean rho over the chains: {mean:.2f}.", ""]
+    lines += ["", f"Mean rho over the chains: {mean:.2f}.", "",
+              "What limits it: the CPU roofline sees only FLOPs and bytes, so programs with equal counts "
+              "tie in prediction while BLAS runs them at different speeds (skinny products, transposed "
+              "operands), and a product whose intermediate stays in cache is charged as if it went to "
+              "memory. Orders of magnitude come out right; candidates within about 30% of each other "
+              "are where the ranking can swap.", ""]
     return lines

@@ -59,3 +59,19 @@ def test_rules_without_bindings_are_not_called_sound():
                       doc="its predicates contradict each other")
     result = check_rule(impossible, examples=20)
     assert not result.sound and result.cases == 0
+
+
+def test_a_reals_rule_that_cancels_differently_is_judged_against_the_float64_value():
+    """x@y + x@z and x@(y+z) round differently in float16 where the products cancel; the rewritten side
+    is as close to the float64 value as the original, so the rule is sound over the reals. A rule that is
+    wrong over the reals is still caught."""
+    from superopt.rewrites.pattern import add, dtypes, matmul, mul, tensors
+    from superopt.rewrites.rule import rule
+    x, y, z = tensors("x y z")
+    d, = dtypes("d")
+    distribute = rule("distribute", add(matmul(x, y, d), matmul(x, z, d)), matmul(x, add(y, z), d),
+                      when("same_shape", y, z), when("has_dtype", y, d), numerics="reals", doc="x@y + x@z -> x@(y+z)")
+    assert check_rule(distribute, examples=300).sound
+    drop = rule("drop-a-term", add(matmul(x, y, d), matmul(x, z, d)), matmul(x, y, d),
+                when("same_shape", y, z), when("has_dtype", y, d), numerics="reals", doc="wrong on purpose")
+    assert not check_rule(drop, examples=100).sound

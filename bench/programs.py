@@ -225,6 +225,38 @@ def transformer_block() -> Workload:
 
 
 # --------------------------------------------------------------------------
+# 6. ResNet-50 bottleneck block, inference, batch-norm with fixed statistics
+# --------------------------------------------------------------------------
+
+
+def resnet_bottleneck(batch: int = 1, size: int = 56, channels: int = 256, width: int = 64) -> Workload:
+    """conv1x1 (C -> W) BN ReLU, conv3x3 (W -> W) BN ReLU, conv1x1 (W -> C) BN, + x, ReLU; NHWC, f32.
+    Weights and BN statistics are closed-over constants (inference), eps 1e-5."""
+    keys = jax.random.split(jax.random.PRNGKey(7), 16)
+    shapes = [(1, 1, channels, width), (3, 3, width, width), (1, 1, width, channels)]
+    weights = [_normal(k, s, 1.0 / math.sqrt(math.prod(s[:3]))) for k, s in zip(keys[:3], shapes)]
+    bns = []
+    for i, (_, _, _, out) in enumerate(shapes):
+        k1, k2, k3, k4 = keys[3 + 4 * i: 7 + 4 * i]
+        bns.append((1.0 + 0.1 * _normal(k1, (out,)), 0.1 * _normal(k2, (out,)), 0.1 * _normal(k3, (out,)),
+                    1.0 + jnp.abs(_normal(k4, (out,)))))
+
+    def conv_bn(x, w, bn, padding):
+        gamma, beta, mean, var = bn
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return (y - mean) * (gamma / jnp.sqrt(var + 1e-5)) + beta
+
+    def fn(x):
+        h = jax.nn.relu(conv_bn(x, weights[0], bns[0], "VALID"))
+        h = jax.nn.relu(conv_bn(h, weights[1], bns[1], "SAME"))
+        return jax.nn.relu(conv_bn(h, weights[2], bns[2], "VALID") + x)
+
+    x = _normal(keys[15], (batch, size, size, channels))
+    desc = f"ResNet-50 bottleneck, {size}x{size}x{channels}, width {width}, batch {batch}, BN inference (f32)"
+    return Workload("resnet-bottleneck", desc, fn, (x,))
+
+
+# --------------------------------------------------------------------------
 # Registry
 # --------------------------------------------------------------------------
 
@@ -235,4 +267,5 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "bert-encoder-128": lambda: bert_encoder_layer(128),
     "bert-encoder-512": lambda: bert_encoder_layer(512),
     "transformer-block": transformer_block,
+    "resnet-bottleneck": resnet_bottleneck,
 }

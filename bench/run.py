@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file to write")
     ap.add_argument("--no-ranking", action="store_true", help="skip the cost-model ranking of chain candidates")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the table of kernels chosen per target")
     ns = ap.parse_args(argv)
 
     names = [n for n in WORKLOADS if re.search(ns.filter, n)] if ns.filter else DEFAULT_WORKLOADS
@@ -164,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(r)
 
     extra: list[str] = []
+    if not ns.no_kernels:
+        from bench.kernels import main as kernels_by_target
+        extra += kernels_by_target()
     if not ns.no_ranking:
         from bench.ranking import CHAINS, rank_chain, render as render_ranking
         rankings = []
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             r = rank_chain(name, repeats=ns.repeats)
             print(f"    {len(r.predicted)} candidates, rho {r.rho:.2f}", file=sys.stderr, flush=True)
             rankings.append(r)
-        extra = render_ranking(rankings, ns.repeats)
+        extra += render_ranking(rankings, ns.repeats)
 
     command = "python -m bench.run" + "".join(
         f" {flag} {shlex.quote(str(val))}" for flag, val, default in [("--filter", ns.filter, None), ("--repeats", ns.repeats, 9),

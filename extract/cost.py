@@ -87,7 +87,7 @@ class KernelShape:
     bytes_out: float = 0.0
     live_values: int = 1             # peak values live at once, loads included (registers per element)
     live_intermediates: int = 1      # peak computed values live at once (on-chip buffers)
-    inputs: int = 0                  # operands that are not rank 0
+    staged_bytes: tuple = ()         # bytes of each rank>0 operand an on-chip vector op reads (not a matmul's)
     matmul_bytes: float = 0.0        # bytes of matmul/conv results that the body computes on
     epilogue_ops: int = 0            # vector ops applied after a matmul/conv
     reduce_after_matmul: bool = False
@@ -100,7 +100,7 @@ class KernelShape:
 
 def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelShape:
     """Walk a kernel body (IR nodes in topological order; `arg` k is operand k) once."""
-    k = KernelShape(bytes_out=nbytes(out), inputs=sum(1 for t in ins if t[0]))
+    k = KernelShape(bytes_out=nbytes(out))
     k.bytes_in = sum(nbytes(t) for t in ins if t[0])    # rank-0 operands live in registers
     after_matmul = [False] * len(body)
     last_use = {}
@@ -141,6 +141,12 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
                 live -= 1
                 live_ops -= buffered[j]
     k.pure_movement = all(n.op in MOVEMENT for n in body)
+    users: dict = {}
+    for node in body:
+        for j in node.inputs:
+            users.setdefault(j, set()).add(node.op)
+    k.staged_bytes = tuple(nbytes((n.shape, n.dtype)) for i, n in enumerate(body)
+                           if n.op == "arg" and n.shape and not users.get(i, set()) <= MATRIX_OPS)
     k.value_bytes = max(1, max((nbytes(((1,), n.dtype)) for n in body), default=4))
     return k
 
@@ -174,17 +180,19 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target) ->
         if k.row_reduction:
             row_bytes = max(row_bytes, k.row_elements * k.value_bytes)
         tile = max(row_bytes, (NPU_VECTOR_TILE // row_bytes) * row_bytes)
-        buffers = k.inputs + max(1, k.live_intermediates)
+        # A tile per computed value and per operand the vector unit reads; an operand smaller than a
+        # tile (a per-channel scale) needs only its own bytes. Matmul operands live in L1/L0, not the UB.
+        ub = max(1, k.live_intermediates) * tile + sum(min(tile, b) for b in k.staged_bytes)
         if k.matrix_flops:
             # A reduction behind the cube needs its fractal output in ND, and a permuted write is a
             # format conversion too: both are TransData passes on the vector unit.
             extra = dict(transdata_bytes=(k.matmul_bytes if k.reduce_after_matmul else 0.0) + k.strided_bytes,
                          gm_exchange_bytes=k.matmul_bytes if k.epilogue_ops else 0.0)
             kernel = NpuKernel("cube", k.matrix_flops, moved, vector_flops=other,
-                               ub_live_bytes=(buffers * tile if k.epilogue_ops else 0),
+                               ub_live_bytes=(ub if k.epilogue_ops else 0),
                                **matmul_tiles(*NPU_CUBE_TILE), **extra)
         else:
-            kernel = NpuKernel("vector", k.flops, moved, ub_live_bytes=buffers * tile,
+            kernel = NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
                                transdata_bytes=k.strided_bytes)
         return breakdown(kernel, target)
     compute = k.matrix_flops / matrix_rate + other / target.peak_flops

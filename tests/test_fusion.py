@@ -251,3 +251,18 @@ def test_one_program_extracts_to_a_different_term_on_each_target():
     assert not any(len(s) > 1 for s in fused_ops(graphs["npu-910b"]))
     declined = "\n".join(reports["npu-910b"].declined)
     assert "UB needs" in declined and "TransData" in declined
+
+
+def test_benchmark_census_counts_launches_by_kind():
+    """bench/kernels.py reads a kernel's kind off its body; hoisted constant work is not a launch."""
+    from bench.kernels import census
+
+    def block(a, w, bias, g):
+        h = jax.nn.relu(a @ w + bias)
+        return layer_norm(h) * (g * 2.0)
+
+    args = (normal(32, 64), normal(64, 128), normal(128), normal(128))
+    chosen, _ = fused(block, args)
+    counts = census(chosen.graph)
+    assert counts.get("matmul+epilogue", 0) + counts.get("row kernel", 0) >= 1
+    assert sum(counts.values()) <= 2, counts

@@ -27,7 +27,7 @@ from superopt import superopt
 from superopt.timing import interleaved_medians
 
 DEFAULT_WORKLOADS = ["reassoc-chain", "qkv-projection", "gemm-chain-g1", "gemm-chain-g4",
-                     "gemm-chain-g10", "bert-encoder-128"]
+                     "gemm-chain-g10", "bert-encoder-128", "resnet-bottleneck"]
 MAX_RULES_SHOWN = 6
 
 

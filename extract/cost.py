@@ -103,10 +103,11 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
     k = KernelShape(bytes_out=nbytes(out))
     k.bytes_in = sum(nbytes(t) for t in ins if t[0])    # rank-0 operands live in registers
     after_matmul = [False] * len(body)
-    last_use = {}
+    last_use, users = {}, {}
     for i, node in enumerate(body):
         for j in node.inputs:
             last_use[j] = i
+            users.setdefault(j, set()).add(node.op)
     live = live_ops = 0
     buffered = [False] * len(body)
     for i, node in enumerate(body):
@@ -141,14 +142,28 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
                 live -= 1
                 live_ops -= buffered[j]
     k.pure_movement = all(n.op in MOVEMENT for n in body)
-    users: dict = {}
-    for node in body:
-        for j in node.inputs:
-            users.setdefault(j, set()).add(node.op)
     k.staged_bytes = tuple(nbytes((n.shape, n.dtype)) for i, n in enumerate(body)
                            if n.op == "arg" and n.shape and not users.get(i, set()) <= MATRIX_OPS)
     k.value_bytes = max(1, max((nbytes(((1,), n.dtype)) for n in body), default=4))
     return k
+
+
+def penalty_notes(parts: dict) -> list[str]:
+    """The factors of a breakdown that made a kernel slower than its roofline, or impossible."""
+    notes = []
+    if parts.get("occupancy_penalty", 1) > 1:
+        notes.append(f"occupancy penalty x{parts['occupancy_penalty']:.2f}")
+    if parts.get("spilled_registers"):
+        notes.append(f"{parts['spilled_registers']} regs spilled")
+    if parts.get("uncoalesced_extra_bytes"):
+        notes.append(f"uncoalesced access +{parts['uncoalesced_extra_bytes']:.3g} B")
+    if parts.get("overflow"):
+        notes.append(f"does not fit: {parts['overflow']}")
+    if parts.get("transdata_seconds"):
+        notes.append(f"TransData {parts['transdata_seconds'] * 1e6:.1f} us")
+    if parts.get("gm_exchange_seconds"):
+        notes.append(f"cube->vector via GM {parts['gm_exchange_seconds'] * 1e6:.1f} us")
+    return notes
 
 
 def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target) -> dict:

@@ -150,7 +150,7 @@ def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, 
     overflow, or its time against the chosen kernels it would replace (with the penalties that made it
     slower). Largest first, at most `k`."""
     from superopt.egraph.ir import Node, body_str, type_str
-    from superopt.extract.cost import op_breakdown
+    from superopt.extract.cost import op_breakdown, penalty_notes
 
     def reach(roots) -> set:
         seen, stack = set(), list(roots)
@@ -168,10 +168,10 @@ def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, 
             continue
         # Variants that read only what the chosen program computes anyway and would replace more than
         # the chosen kernel: the largest one, with the chosen kernels it covers.
-        larger = []
+        larger, below = [], reach([cls])
         for n in fz.classes.get(cls, []):
             if n.fn == "kernel" and n in own and n is not chosen and all(c in choice for c in n.children):
-                covered = reach([cls]) - reach(n.children)
+                covered = below - reach(n.children)
                 if len(covered) > 1:
                     larger.append((len(covered), _ops(n), -own[n], n, covered))
         if not larger:
@@ -180,20 +180,12 @@ def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, 
         ins = [(fz.shapes[c], fz.dtypes[c]) for c in fused.children]
         parts = op_breakdown("kernel", fused.args, ins, (fz.shapes[cls], fz.dtypes[cls]), target)
         replaced = sum(own.get(choice[c], 0.0) for c in covered)
-        penalties = "".join(f", {label(parts[key])}" for key, label in _PENALTIES
-                            if parts.get(key) and not (key == "occupancy_penalty" and parts[key] <= 1))
+        penalties = "".join(f", {note}" for note in penalty_notes(parts))  # none when it overflows
         why = parts.get("overflow") or (f"{_seconds(parts['time'])} fused vs {_seconds(replaced)} for the "
                                         f"{len(covered)} kernel(s) chosen{penalties}")
         shape = type_str(Node("kernel", (), (), fz.shapes[cls], fz.dtypes[cls]))
         found.append((_ops(fused), f"kernel{{{body_str(fused.args[0])}}} -> {shape}: {why}"))
     return [text for _, text in sorted(found, key=lambda t: -t[0])[:k]]
-
-
-_PENALTIES = (("uncoalesced_extra_bytes", lambda v: f"uncoalesced access +{v:.3g} B"),
-              ("occupancy_penalty", lambda v: f"occupancy penalty x{v:.2f}"),
-              ("spill_bytes", lambda v: f"spills {v:.3g} B"),
-              ("transdata_seconds", lambda v: f"TransData {v * 1e6:.1f} us"),
-              ("gm_exchange_seconds", lambda v: f"cube->vector via GM {v * 1e6:.1f} us"))
 
 
 def _seconds(t: float) -> str:

@@ -16,31 +16,20 @@ from __future__ import annotations
 
 import math
 from collections import deque
-
-import numpy as np
+from types import SimpleNamespace
 
 from superopt.egraph.encode import decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
 from superopt.egraph.ir import CycleError, Node, postorder
-from superopt.extract.cost import op_cost
+from superopt.extract.cost import nbytes, op_cost
 from superopt.extract.target import Target
 from superopt.rewrites.infer import IllTyped, infer
+from superopt.rewrites.pattern import SCALAR_AS_TENSOR, SCALAR_FNS
 
 MAX_VARIANTS = 12                           # per growth; past it only the largest body is kept
 PRODUCERS = frozenset({"smm", "sconv"})     # compute-heavy: recomputing one in two kernels doubles it
 LEAVES = frozenset({"sarg"}) | PRODUCERS     # Scalar nodes whose children are tensors, not body values
 LOOKAHEAD = 8                               # inlining candidates compared at each growth step
-SCALAR_FNS = frozenset({"sarg", "sunary", "sbinary", "sselect", "sconvert", "spow", "sbcast", "srow", "sperm",
-                        "smm", "sconv"})
-# Scalar constructors as the Tensor constructor they apply to on-chip values: fn -> (constructor, prims).
-_AS_TENSOR_OP = {
-    "sunary": lambda a: ("unary", (a[0],)),
-    "sbinary": lambda a: ("binary", (a[0],)),
-    "sselect": lambda a: ("select", ()),
-    "sconvert": lambda a: ("convert", (a[0],)),
-    "spow": lambda a: ("integer_pow", (a[0],)),
-    "sperm": lambda a: ("transpose", (a[0],)),
-}
 
 
 class BodyError(ValueError):
@@ -60,6 +49,7 @@ class _Builder:
 
     def __init__(self, fz: FrozenEGraph, conv_params):
         self.fz, self.conv_params = fz, conv_params
+        self._tables = SimpleNamespace(conv_params=conv_params)  # what `decode` reads of an encoding
         self.nodes: list[Node] = []
         self.inputs: list = []          # tensor e-classes, in order of first load
         self._memo: dict = {}
@@ -84,7 +74,7 @@ class _Builder:
             shape, dtype = infer(fn, typed, ins)
         except IllTyped as exc:
             raise BodyError(str(exc)) from exc
-        op, attrs = decode(fn, prims, (), _Params(self.conv_params))
+        op, attrs = decode(fn, prims, (), self._tables)
         return self._add(Node(op, tuple(operands), attrs, shape, dtype))
 
     def broadcast(self, i: int, shape: tuple) -> int:
@@ -92,11 +82,6 @@ class _Builder:
         if tuple(src) == tuple(shape):
             return i
         return self.apply("broadcast", (tuple(shape), _broadcast_dims(src, tuple(shape))), [i])
-
-
-class _Params:
-    def __init__(self, conv_params):
-        self.conv_params = conv_params
 
 
 def build_body(fz: FrozenEGraph, conv_params, root, inline: dict) -> tuple[tuple, list]:
@@ -127,10 +112,8 @@ def _emit(b: _Builder, node: ENode, kids: list[int]) -> int:
     fn, a = node.fn, node.args
     if fn == "sarg":
         return b.broadcast(b.load(node.children[0]), a[0])
-    if fn == "smm":
-        return b.apply("matmul", (a[0],), [b.load(c) for c in node.children])
-    if fn == "sconv":
-        return b.apply("conv", (a[0],), [b.load(c) for c in node.children])
+    if fn in PRODUCERS:
+        return b.apply(SCALAR_AS_TENSOR[fn], a, [b.load(c) for c in node.children])
     if fn == "sbcast":
         return b.broadcast(kids[0], a[0])
     if fn == "srow":
@@ -139,7 +122,7 @@ def _emit(b: _Builder, node: ENode, kids: list[int]) -> int:
             raise BodyError("a row reduction of a rank-0 value")
         reduced = b.apply("reduce", (a[0], (len(x.shape) - 1,)), kids)
         return b.apply("reshape", (x.shape[:-1] + (1,),), [reduced])
-    ctor, prims = _AS_TENSOR_OP[fn](a)
+    ctor, prims = SCALAR_AS_TENSOR[fn], a
     if ctor == "binary" and b.nodes[kids[0]].shape != b.nodes[kids[1]].shape:
         raise BodyError("operands of a body op have different shapes")
     return b.apply(ctor, prims, kids)
@@ -162,15 +145,25 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
     (a matmul with everything after it that fits)."""
     out: list[ENode] = []
     seen: set = set()
+    built: dict = {}
+
+    def build(inline: dict):
+        """(body, loaded classes) for an inline set, or None if it makes no valid body; each set once."""
+        key = frozenset(inline.items())
+        if key not in built:
+            try:
+                built[key] = build_body(fz, conv_params, root, inline)
+            except BodyError:
+                built[key] = None
+        return built[key]
 
     def grow(inline: dict, producers: bool) -> dict:
         """Append the bodies of one growth to `out`; returns the largest inline set within the limits."""
         kept, largest, fits = 0, None, inline
         while inline is not None:
-            try:
-                body, loaded = build_body(fz, conv_params, root, inline)
-            except BodyError:
+            if build(inline) is None:
                 break
+            body, loaded = build(inline)
             if own in loaded:
                 break   # the kernel would read its own result
             if (body, tuple(loaded)) not in seen:
@@ -186,7 +179,7 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
                 else:
                     largest = node     # past the cap, only the largest body is kept
             fits = inline
-            inline = _next_to_inline(fz, conv_params, root, inline, producers)
+            inline = _next_to_inline(fz, build, root, inline, producers)
         if largest is not None:
             out.append(largest)
         return fits
@@ -226,7 +219,7 @@ def _close(fz: FrozenEGraph, root, inline: dict) -> dict:
         inline[forced] = _inline_options(fz, forced)[0]
 
 
-def _next_to_inline(fz: FrozenEGraph, conv_params, root, inline: dict, producers: bool):
+def _next_to_inline(fz: FrozenEGraph, build, root, inline: dict, producers: bool):
     """Among the loaded Scalar classes nearest the root (breadth first, `LOOKAHEAD` of them) that can be
     computed in place, the one whose inlining leaves the kernel reading the fewest bytes: a mean or a
     variance over rows the kernel already reads comes before a producer that brings new operands.
@@ -241,18 +234,13 @@ def _next_to_inline(fz: FrozenEGraph, conv_params, root, inline: dict, producers
     best, best_bytes = None, math.inf
     for cls, node in found:
         grown = _close(fz, root, {**inline, cls: node})
-        try:
-            _, loaded = build_body(fz, conv_params, root, grown)
-        except BodyError:
+        if build(grown) is None:
             continue
-        read = sum(_nbytes(fz, c) for c in loaded)
+        _, loaded = build(grown)
+        read = sum(nbytes((fz.shapes[c], fz.dtypes[c])) for c in loaded)
         if read < best_bytes:
             best, best_bytes = grown, read
     return best
-
-
-def _nbytes(fz: FrozenEGraph, cls) -> int:
-    return math.prod(fz.shapes[cls]) * (1 if fz.dtypes[cls] == "bool" else np.dtype(fz.dtypes[cls]).itemsize)
 
 
 def expand(fz: FrozenEGraph, conv_params, target: Target) -> FrozenEGraph:

@@ -19,7 +19,9 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from superopt.egraph.encode import decode
 from superopt.rewrites.functions import ATTRIBUTES, FLOAT_DTYPES, PREDICATES
 from superopt.rewrites.infer import IllTyped, infer
-from superopt.rewrites.pattern import CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, SCALAR, TENSOR, App, Const, Var, variables
+from superopt.rewrites.pattern import (
+    CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, SCALAR, SCALAR_AS_TENSOR, TENSOR, App, Const, Var, variables,
+)
 from superopt.rewrites.reference import evaluate_node
 from superopt.verify import as_accurate, is_float, mismatch
 
@@ -129,14 +131,8 @@ def evaluate(p, env: dict):
     return evaluate_node(op, attrs, tensors, shape, np.dtype(dtype))
 
 
-# Kernel bodies evaluate like tensors: a Scalar's value is the array it stands for on chip. Each Scalar
-# constructor is the tensor constructor it applies, with its primitive arguments.
-_SCALAR_SEMANTICS = {
-    "sunary": lambda a: ("unary", (a[0],)), "sbinary": lambda a: ("binary", (a[0],)),
-    "sselect": lambda a: ("select", ()), "sconvert": lambda a: ("convert", (a[1],)),
-    "spow": lambda a: ("integer_pow", (a[1],)), "sperm": lambda a: ("transpose", (a[1],)),
-    "smm": lambda a: ("matmul", (a[2],)), "sconv": lambda a: ("conv", (a[2],)),
-}
+# Kernel bodies evaluate like tensors: a Scalar's value is the array it stands for on chip, and each
+# Scalar constructor is the tensor constructor it applies (pattern.SCALAR_AS_TENSOR).
 
 
 def _broadcast_to(x, shape) -> np.ndarray:
@@ -158,7 +154,8 @@ def _evaluate_scalar(p, values):
             raise IllTyped("a row reduction of a rank-0 value")
         out = evaluate_node(values[0], ((x.ndim - 1,),), [x], x.shape[:-1], x.dtype)
         return out.reshape(x.shape[:-1] + (1,))
-    ctor, prims = _SCALAR_SEMANTICS[fn](values)
+    ctor = SCALAR_AS_TENSOR[fn]
+    prims = tuple(v for v, sort in zip(values, CONSTRUCTORS[fn][0]) if sort not in (TENSOR, SCALAR))
     tensors = [v for v, sort in zip(values, CONSTRUCTORS[fn][0]) if sort in (TENSOR, SCALAR)]
     if fn == "sbinary" and np.shape(tensors[0]) != np.shape(tensors[1]):
         raise IllTyped("operands of a body op have different shapes")

@@ -36,6 +36,11 @@ CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "sperm": ((SCALAR, VEC), SCALAR), "smm": ((TENSOR, TENSOR, DTYPE), SCALAR),
     "sconv": ((TENSOR, TENSOR, INT), SCALAR),
 }
+# The tensor constructor each Scalar constructor applies on chip, with the same primitive arguments in
+# the same order (sarg, sbcast and srow load, broadcast and reduce-keeping-the-axis instead).
+SCALAR_AS_TENSOR = {"sunary": "unary", "sbinary": "binary", "sselect": "select", "sconvert": "convert",
+                    "spow": "integer_pow", "sperm": "transpose", "smm": "matmul", "sconv": "conv"}
+SCALAR_FNS = frozenset(fn for fn, (_, sort) in CONSTRUCTORS.items() if sort == SCALAR)
 
 # Attribute functions: computed attributes in a rule's right-hand side, name -> (argument sorts, result).
 ATTRIBUTE_FNS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -142,32 +147,15 @@ def variables(pattern: Pattern) -> list[Var]:
 
 # ---- typed variables ----
 
-def tensors(names: str) -> list[Var]:
-    return [Var(n, TENSOR) for n in names.split()]
+def _declare(sort: str):
+    def declare(names: str) -> list[Var]:
+        return [Var(n, sort) for n in names.split()]
+    declare.__doc__ = f"Pattern variables of sort {sort!r}, one per space-separated name."
+    return declare
 
 
-def vecs(names: str) -> list[Var]:
-    return [Var(n, VEC) for n in names.split()]
-
-
-def dtypes(names: str) -> list[Var]:
-    return [Var(n, DTYPE) for n in names.split()]
-
-
-def ops(names: str) -> list[Var]:
-    return [Var(n, OP) for n in names.split()]
-
-
-def floats(names: str) -> list[Var]:
-    return [Var(n, FLOAT) for n in names.split()]
-
-
-def ints(names: str) -> list[Var]:
-    return [Var(n, INT) for n in names.split()]
-
-
-def scalars(names: str) -> list[Var]:
-    return [Var(n, SCALAR) for n in names.split()]
+tensors, vecs, dtypes, ops = _declare(TENSOR), _declare(VEC), _declare(DTYPE), _declare(OP)
+floats, ints, scalars = _declare(FLOAT), _declare(INT), _declare(SCALAR)
 
 
 # ---- constructor builders (same names and argument order as egraph/terms.py) ----

@@ -71,24 +71,13 @@ def _short(text: str, width: int = 72) -> str:
 
 
 def _factors(parts: dict) -> str:
+    from superopt.extract.cost import penalty_notes
     shown = [f"{parts['flops']:.3g} flop", f"{parts['bytes']:.3g} B"]
     if "occupancy" in parts:
         shown += [f"{parts['registers']} regs", f"occupancy {parts['occupancy']:.2f}"]
-        if parts["occupancy_penalty"] > 1:
-            shown.append(f"occupancy penalty x{parts['occupancy_penalty']:.2f}")
-        if parts["spilled_registers"]:
-            shown.append(f"{parts['spilled_registers']} regs spilled")
-        if parts["uncoalesced_extra_bytes"]:
-            shown.append(f"uncoalesced +{parts['uncoalesced_extra_bytes']:.3g} B")
     if "unit" in parts:
         shown += [parts["unit"], f"UB {parts['ub_bytes']} B"]
-        if not parts["fits"]:
-            shown.append(f"does not fit: {parts['overflow']}")
-        if parts["transdata_seconds"]:
-            shown.append(f"TransData {parts['transdata_seconds'] * 1e6:.3g} us")
-        if parts["gm_exchange_seconds"]:
-            shown.append(f"cube->vector via GM {parts['gm_exchange_seconds'] * 1e6:.3g} us")
-    return ", ".join(shown)
+    return ", ".join(shown + penalty_notes(parts))
 
 
 EXTRACTORS = ("greedy", "ilp")

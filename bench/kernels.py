@@ -20,6 +20,10 @@ def kind(node) -> str:
     if node.op != "kernel":
         return node.op
     ops = {n.op for n in node.attrs[0]}
+    if sum(n.op == "matmul" for n in node.attrs[0]) == 2:
+        if len(node.attrs) > 1 and node.attrs[1].online:
+            return "flash attention"
+        return "attention" if ops & {"reduce_max", "reduce_sum"} else "GEMM chain"
     if ops & {"matmul", "conv"}:
         producer = "matmul" if "matmul" in ops else "conv"
         return f"{producer}+epilogue" if len(ops - {"arg", "broadcast", "reshape", producer}) else producer

@@ -120,6 +120,10 @@ def smm(a: Tensor, b: Tensor, dtype: StringLike) -> Scalar:
 @function(egg_fn="sconv")
 def sconv(lhs: Tensor, rhs: Tensor, params: i64Like) -> Scalar:
     """conv(lhs, rhs, params) computed inside the kernel."""
+@function(egg_fn="schain")
+def schain(a: Scalar, b: Tensor, dtype: StringLike) -> Scalar:
+    """matmul(a, b) whose left operand `a` is computed in the same kernel: with `smm` as `a`, a GEMM chain
+    (C = A@B, E = C@D) whose intermediate never leaves the chip; with a softmax between, attention."""
 
 
 # ---- analyses: no merge, so a disagreement is an error ----

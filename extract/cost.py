@@ -12,6 +12,7 @@ import numpy as np
 
 from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, Node
 from superopt.extract.target import Target
+from superopt.extract.tiling import Tiling, Untileable, nest_of, tilings
 
 Type = tuple[tuple[int, ...], str]  # (shape, dtype)
 
@@ -68,7 +69,6 @@ def compute_rate(op: str, ins: list[Type], target: Target) -> float:
 NPU_VECTOR_TILE = 16 * 1024
 NPU_CUBE_TILE = (128, 128, 64)
 GPU_MATMUL_REGISTERS = 96    # a 128x128 tile over 256 threads: 64 fp32 accumulators + operand fragments (estimate)
-GPU_MATMUL_TILE_N = 128      # a row reduction fused behind a matmul must see whole rows of the tile
 MOVEMENT = frozenset({"arg", "transpose", "broadcast", "reshape", "convert"})
 
 
@@ -166,13 +166,45 @@ def penalty_notes(parts: dict) -> list[str]:
     return notes
 
 
-def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target) -> dict:
+def best_tiling(body: tuple, ins: list[Type], out: Type, target: Target):
+    """(the tiling that moves the fewest bytes, None) for a body with matrix ops; (None, why) when it has
+    none that fits, or its matrix ops cannot share one loop nest; (None, "") without matrix ops."""
+    try:
+        nest = nest_of(body, tuple(ins), out)
+    except Untileable as exc:
+        return None, str(exc)
+    if nest is None or not target.tile_bytes:
+        return None, ""       # no matrix op, or a target that declares no tile memory: priced untiled
+    options = tilings(nest, target.tile_bytes, target.tile_granule)
+    if not options:
+        return None, f"no tiling of the {nest.kind} fits {target.tile_bytes} bytes on chip"
+    return options[0], ""
+
+
+def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, tiling: Tiling | None = None) -> dict:
     """One kernel on `target`: FLOPs, bytes and time, plus the target model's own factors (GPU:
-    registers, occupancy, penalties; NPU: unit, UB bytes, whether the tiles fit, TransData)."""
+    registers, occupancy, penalties; NPU: unit, UB bytes, whether the tiles fit, TransData). A kernel
+    with matrix ops moves what its `tiling` moves (the best one when not given; `extract/tiling.py`)."""
     if all(n.op in FREE for n in body):
         return {"flops": 0.0, "bytes": 0, "time": 0.0}
     k = describe(body, ins, out, target)
     moved = k.bytes_in + k.bytes_out
+    l2_moved = 0.0
+    if k.matrix_flops:
+        if tiling is None:
+            tiling, why = best_tiling(body, ins, out, target)
+            if why:
+                return {"flops": k.flops, "bytes": moved, "time": math.inf, "overflow": why}
+    if tiling is not None:
+        k.flops += tiling.extra_flops
+        if target.kind == "gpu":
+            # Shared-memory tiles are refilled from L2; global memory sees the re-reads that L2 (tiled
+            # the same way, at its own capacity) cannot hold.
+            l2_moved = tiling.moved_bytes
+            outer = tilings(nest_of(body, tuple(ins), out), target.gpu.l2_bytes, target.tile_granule)
+            moved = outer[0].moved_bytes if outer else tiling.moved_bytes
+        else:
+            moved = tiling.moved_bytes
     other = k.flops - k.matrix_flops
     matrix_rate = compute_rate("matmul", [ins[0]] if ins else [], target) if k.matrix_flops else 1.0
     if target.kind == "gpu":
@@ -185,9 +217,8 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target) ->
         parts = breakdown(GpuKernel(k.flops, moved, live_values=regs_values, value_bytes=k.value_bytes,
                                     uncoalesced_bytes=min(strided, moved),
                                     tensor_cores=bool(k.matrix_flops) and matrix_rate == target.matrix_flops,
-                                    smem_per_block=8192 if k.pure_movement and k.strided_bytes else 0), target)
-        if k.reduce_after_matmul and k.row_elements > GPU_MATMUL_TILE_N:
-            parts.update(time=math.inf, overflow=f"a row of {k.row_elements} does not fit one matmul tile")
+                                    smem_per_block=8192 if k.pure_movement and k.strided_bytes else 0,
+                                    l2_bytes=l2_moved), target)
         return parts
     if target.kind == "npu":
         from superopt.extract.models.npu import NpuKernel, breakdown, matmul_tiles
@@ -205,7 +236,8 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target) ->
                          gm_exchange_bytes=k.matmul_bytes if k.epilogue_ops else 0.0)
             kernel = NpuKernel("cube", k.matrix_flops, moved, vector_flops=other,
                                ub_live_bytes=(ub if k.epilogue_ops else 0),
-                               **matmul_tiles(*NPU_CUBE_TILE), **extra)
+                               **{**matmul_tiles(*NPU_CUBE_TILE),
+                                  **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra)
         else:
             kernel = NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
                                transdata_bytes=k.strided_bytes)
@@ -218,8 +250,9 @@ def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Targ
     """The op as one kernel on `target` (a `kernel` node carries its own body)."""
     if op in FREE:
         return {"flops": 0.0, "bytes": 0, "time": 0.0}
-    body = attrs[0] if op == "kernel" else one_op_body(op, attrs, ins, out)
-    return kernel_breakdown(body, ins, out, target)
+    if op == "kernel":
+        return kernel_breakdown(attrs[0], ins, out, target, attrs[1] if len(attrs) > 1 else None)
+    return kernel_breakdown(one_op_body(op, attrs, ins, out), ins, out, target)
 
 
 def op_cost(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:

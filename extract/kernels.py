@@ -23,12 +23,13 @@ from superopt.egraph.frozen import ENode, FrozenEGraph
 from superopt.egraph.ir import CycleError, Node, postorder
 from superopt.extract.cost import nbytes, op_cost
 from superopt.extract.target import Target
+from superopt.extract.tiling import Untileable, nest_of, tilings
 from superopt.rewrites.infer import IllTyped, infer
 from superopt.rewrites.pattern import SCALAR_AS_TENSOR, SCALAR_FNS
 
 MAX_VARIANTS = 12                           # per growth; past it only the largest body is kept
-PRODUCERS = frozenset({"smm", "sconv"})     # compute-heavy: recomputing one in two kernels doubles it
-LEAVES = frozenset({"sarg"}) | PRODUCERS     # Scalar nodes whose children are tensors, not body values
+PRODUCERS = frozenset({"smm", "sconv", "schain"})  # compute-heavy: recomputing one in two kernels doubles it
+TENSOR_OPERANDS = {"sarg": (0,), "smm": (0, 1), "sconv": (0, 1), "schain": (1,)}  # children loaded, not computed
 LOOKAHEAD = 8                               # inlining candidates compared at each growth step
 
 
@@ -95,8 +96,7 @@ def build_body(fz: FrozenEGraph, conv_params, root, inline: dict) -> tuple[tuple
         return node
 
     def scalar_kids(cls) -> list:
-        node = chosen(cls)
-        return [] if node.fn in LEAVES else list(node.children)
+        return _scalar_children(chosen(cls))
 
     try:
         order = postorder([root], scalar_kids)
@@ -108,10 +108,18 @@ def build_body(fz: FrozenEGraph, conv_params, root, inline: dict) -> tuple[tuple
     return tuple(b.nodes), b.inputs
 
 
+def _scalar_children(node: ENode) -> list:
+    """The children of a Scalar node that are body values (the others are tensors it loads)."""
+    loaded = TENSOR_OPERANDS.get(node.fn, ())
+    return [c for i, c in enumerate(node.children) if i not in loaded]
+
+
 def _emit(b: _Builder, node: ENode, kids: list[int]) -> int:
     fn, a = node.fn, node.args
     if fn == "sarg":
         return b.broadcast(b.load(node.children[0]), a[0])
+    if fn == "schain":
+        return b.apply("matmul", a, [kids[0], b.load(node.children[1])])
     if fn in PRODUCERS:
         return b.apply(SCALAR_AS_TENSOR[fn], a, [b.load(c) for c in node.children])
     if fn == "sbcast":
@@ -157,6 +165,18 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
                 built[key] = None
         return built[key]
 
+    def tiled(body: tuple, loaded: list) -> list[ENode]:
+        """The kernel as e-nodes: one per tiling offered when the body has matrix ops (`extract/tiling.py`)."""
+        children = tuple(loaded)
+        try:
+            nest = nest_of(body, tuple(tensor_types[c] for c in loaded), tensor_types[own])
+        except Untileable:
+            nest = None
+        options = tilings(nest, target.tile_bytes, target.tile_granule) if nest else ()
+        if not options:
+            return [ENode("kernel", (body,), children, own)]
+        return [ENode("kernel", (body, t), children, own) for t in options]
+
     def grow(inline: dict, producers: bool) -> dict:
         """Append the bodies of one growth to `out`; returns the largest inline set within the limits."""
         kept, largest, fits = 0, None, inline
@@ -168,20 +188,21 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
                 break   # the kernel would read its own result
             if (body, tuple(loaded)) not in seen:
                 seen.add((body, tuple(loaded)))
-                cost = op_cost("kernel", (body,), [tensor_types[c] for c in loaded], tensor_types[own], target)
-                node = ENode("kernel", (body,), tuple(loaded), own)
+                nodes = tiled(body, loaded)
+                cost = min(op_cost("kernel", n.args, [tensor_types[c] for c in loaded], tensor_types[own], target)
+                           for n in nodes)
                 if math.isinf(cost) and (out or largest):
-                    out.append(node)   # never chosen; kept so the report can say why fusion stopped
-                    break              # past the target's limits: growing further only adds to the body
+                    out.append(nodes[0])   # never chosen; kept so the report can say why fusion stopped
+                    break                  # past the target's limits: growing further only adds to the body
                 if kept < MAX_VARIANTS:
-                    out.append(node)
+                    out.extend(nodes)
                     kept += 1
                 else:
-                    largest = node     # past the cap, only the largest body is kept
+                    largest = nodes        # past the cap, only the largest body is kept
             fits = inline
             inline = _next_to_inline(fz, build, root, inline, producers)
         if largest is not None:
-            out.append(largest)
+            out.extend(largest)
         return fits
 
     for first in _inline_options(fz, root)[:2]:  # the root's own op (and one other form of it, if any)
@@ -201,8 +222,8 @@ def _frontier(root, inline: dict):
         node = inline.get(cls)
         if node is None:
             yield cls
-        elif node.fn not in LEAVES:
-            for c in node.children:
+        else:
+            for c in _scalar_children(node):
                 if c not in seen:
                     seen.add(c)
                     queue.append(c)

@@ -21,6 +21,7 @@ class GpuSpec:
     max_blocks_per_sm: int
     smem_per_sm: int
     l2_bytes: int
+    l2_bandwidth: float       # bytes/s from L2 to the SMs: where a tiled kernel's re-reads come from
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,23 @@ class Target:
     gpu: GpuSpec | None = None
     npu: NpuSpec | None = None
     calibrated: bool = False
+    cache_bytes: int = 0       # cpu: the cache a tiled matmul keeps its tiles in
+
+    @property
+    def tile_bytes(self) -> int:
+        """On-chip bytes that hold the tiles of a matrix kernel (and a GEMM chain's intermediate tile):
+        shared memory of one SM on a GPU, L1 on an NPU, a core's cache on a CPU."""
+        if self.gpu:
+            return self.gpu.smem_per_sm
+        if self.npu:
+            return self.npu.l1_bytes
+        return self.cache_bytes
+
+    @property
+    def tile_granule(self) -> int:
+        """The micro-kernel's edge `a` of the Chimera optimum: a 16x16 fractal on tensor cores and the
+        cube, one element on a CPU (thesis ch. 3)."""
+        return 1 if self.kind == "cpu" else 16
 
 
 def available_targets() -> list[str]:

@@ -28,7 +28,8 @@ _CONSTRUCTOR_FNS = {"arg": T.arg, "const": T.const, "lit": T.lit, "iota": T.iota
                     "slice": T.slice_, "pad": T.pad, "pool": T.pool, "tnil": T.tnil, "tcons": T.tcons,
                     "kernel": T.kernel, "sarg": T.sarg, "sunary": T.sunary, "sbinary": T.sbinary,
                     "sselect": T.sselect, "sconvert": T.sconvert, "spow": T.spow, "sbcast": T.sbcast,
-                    "srow": T.srow, "sperm": T.sperm, "smm": T.smm, "sconv": T.sconv}
+                    "srow": T.srow, "sperm": T.sperm, "smm": T.smm, "sconv": T.sconv,
+                    "schain": T.schain}
 assert set(_CONSTRUCTOR_FNS) == set(CONSTRUCTORS), "every constructor needs an egglog function"
 
 

@@ -34,12 +34,13 @@ CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "sselect": ((SCALAR, SCALAR, SCALAR), SCALAR), "sconvert": ((SCALAR, DTYPE), SCALAR),
     "spow": ((SCALAR, INT), SCALAR), "sbcast": ((SCALAR, VEC), SCALAR), "srow": ((OP, SCALAR), SCALAR),
     "sperm": ((SCALAR, VEC), SCALAR), "smm": ((TENSOR, TENSOR, DTYPE), SCALAR),
-    "sconv": ((TENSOR, TENSOR, INT), SCALAR),
+    "sconv": ((TENSOR, TENSOR, INT), SCALAR), "schain": ((SCALAR, TENSOR, DTYPE), SCALAR),
 }
 # The tensor constructor each Scalar constructor applies on chip, with the same primitive arguments in
 # the same order (sarg, sbcast and srow load, broadcast and reduce-keeping-the-axis instead).
 SCALAR_AS_TENSOR = {"sunary": "unary", "sbinary": "binary", "sselect": "select", "sconvert": "convert",
-                    "spow": "integer_pow", "sperm": "transpose", "smm": "matmul", "sconv": "conv"}
+                    "spow": "integer_pow", "sperm": "transpose", "smm": "matmul", "sconv": "conv",
+                    "schain": "matmul"}
 SCALAR_FNS = frozenset(fn for fn, (_, sort) in CONSTRUCTORS.items() if sort == SCALAR)
 
 # Attribute functions: computed attributes in a rule's right-hand side, name -> (argument sorts, result).
@@ -197,6 +198,7 @@ def srow(op, x): return app("srow", op, x)
 def sperm(x, perm): return app("sperm", x, perm)
 def smm(a, b, dtype): return app("smm", a, b, dtype)
 def sconv(lhs, rhs, params): return app("sconv", lhs, rhs, params)
+def schain(a, b, dtype): return app("schain", a, b, dtype)
 def conv(lhs, rhs, params): return app("conv", lhs, rhs, params)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from superopt.rewrites.pattern import (
     binary, broadcast, conv, convert, integer_pow, reshape, kernel, matmul, ops, reduce, sarg, sbcast, sbinary, scalars,
-    sconv, sconvert, select, set_last, shape_of, smm, sperm, spow, srow, sselect, sunary, tensors, transpose, unary, vecs,
+    schain, sconv, sconvert, select, set_last, shape_of, smm, sperm, spow, srow, sselect, sunary, tensors, transpose, unary, vecs,
     dtypes, ints,
 )
 from superopt.rewrites.rule import RuleSet, rule, when
@@ -61,6 +61,11 @@ FUSION = RuleSet("fusion", {
         rule("lift-row-reduction-reshape", reshape(reduce(op, x, p), s), kernel(srow(op, _load(x, x))),
              when("last_axis", p, x), when("shape_is", reshape(reduce(op, x, p), s), set_last(shape_of(x), 1)),
              doc="the same row reduction, kept by a reshape"),
+    ],
+    "chain": [
+        rule("chain-left", smm(x, y, d), schain(_load(x, x), y, d),
+             doc="a matmul may take its left operand from the kernel's body: inlining a producing matmul "
+                 "there makes a GEMM chain, and a softmax between the two makes attention"),
     ],
     "inline": [
         rule("inline-load", sarg(kernel(b), s), b, when("shape_is", kernel(b), s),

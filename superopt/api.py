@@ -62,7 +62,8 @@ def _describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tupl
         ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
         parts = op_breakdown(node.op, node.attrs, ins, (node.shape, node.dtype), target)
         what = f"kernel{{{_short(body_str(node.attrs[0]))}}}" if node.op == "kernel" else node.op
-        out.append((c, f"{what} -> {type_str(node)}  [{_factors(parts)}]"))
+        tiled = f"\n         tiles: {node.attrs[1]}" if node.op == "kernel" and len(node.attrs) > 1 else ""
+        out.append((c, f"{what} -> {type_str(node)}  [{_factors(parts)}]{tiled}"))
     return out
 
 

@@ -22,13 +22,14 @@ def footprint(index_loops, tiles: dict) -> int:
     return math.prod(tiles[l] for l in index_loops)
 
 
-def data_movement(ops: list[Op], io_tensors: set, perm: list[str], extents: dict, tiles: dict) -> tuple[int, int]:
-    """(DV, MU) in elements, by Algorithm 1."""
+def data_movement(ops: list[Op], io_tensors: set, perm: list[str], extents: dict, tiles: dict,
+                  weights: dict | None = None) -> tuple[int, int]:
+    """(DV, MU) in elements by Algorithm 1; in bytes when `weights` gives each tensor's bytes per element."""
     dv, mu, order = 0, 0, list(perm)
     for op in ops:
         total_df = 0
         for tensor, index in op.tensors.items():
-            df = footprint(index, tiles)
+            df = footprint(index, tiles) * (weights[tensor] if weights else 1)
             total_df += df
             if tensor not in io_tensors:
                 continue                       # an intermediate stays on chip
@@ -54,6 +55,12 @@ def gemm_chain(m: int, n: int, k: int, l: int) -> tuple[list[Op], set, dict]:
     return ops, {"A", "B", "D", "E"}, {"m": m, "n": n, "k": k, "l": l}
 
 
+def gemm(m: int, n: int, k: int) -> tuple[list[Op], set, dict]:
+    """C[m,n] = A[m,k] B[k,n]: one matmul (or a convolution as an implicit GEMM)."""
+    ops = [Op("gemm", ("m", "n", "k"), {"A": ("m", "k"), "B": ("k", "n"), "C": ("m", "n")})]
+    return ops, {"A", "B", "C"}, {"m": m, "n": n, "k": k}
+
+
 def gemm_chain_mlkn(m, n, k, l, tm, tn, tk, tl) -> tuple[int, int]:
     """Table 3.4's closed forms for the mlkn order."""
     c = math.ceil
@@ -72,3 +79,33 @@ def optimal_tiles_mlkn(m, n, k, l, capacity: int, a: int = 1) -> dict:
 def optimal_dv_mlkn(m, n, k, l, capacity: int, a: int = 1) -> float:
     """DV* = 2ML(K+N)/TM* at the real-valued optimum."""
     return 2 * m * l * (k + n) / (-a + math.sqrt(a * a + capacity))
+
+
+def optimal_dv_clamped(m, n, k, l, capacity: int, a: int = 1, steps: int = 4096) -> float:
+    """The real-valued optimum of the mlkn volume MK*L/TL + (K+N)L*M/TM + MN*L/TL (no rounding) with
+    TK = TN = a, MU <= capacity and tiles no larger than their extents. Equals `optimal_dv_mlkn` when the
+    optimum lies inside the extents; below it when a whole extent fits (each tensor then moves once)."""
+    best = math.inf
+    for i in range(1, steps + 1):
+        tm = a + (m - a) * i / steps
+        # MU = TM*a + a*TL + TM*TL (the first GEMM's footprint dominates at TK = TN = a); the largest TL that fits
+        tl = min(l, (capacity - tm * a) / (a + tm))
+        if tl < a:
+            break
+        best = min(best, m * k * l / tl + (k + n) * l * m / tm + m * n * l / tl)
+    return best
+
+
+def optimal_dv_tiles(m, n, k, l, capacity: int, a: int = 1) -> tuple[int, int, int]:
+    """(DV, TM, TL): the exact minimum of the mlkn volume (with its ceilings) over integer tiles, TM and
+    TL multiples of `a` or whole extents, TK = TN = a, MU <= capacity. For each TM the largest TL that
+    fits is best (DV never grows with TL), so one pass over TM suffices. Unlike the real-valued optimum
+    this one is attainable: a tile count is an integer."""
+    best = (math.inf, 0, 0)
+    tk, tn = min(a, k), min(a, n)
+    for tm in sorted({*range(a, m + 1, a), m}):
+        fit = [tl for tl in sorted({*range(a, l + 1, a), l}, reverse=True)
+               if gemm_chain_mlkn(m, n, k, l, tm, tn, tk, tl)[1] <= capacity]
+        if fit:
+            best = min(best, (gemm_chain_mlkn(m, n, k, l, tm, tn, tk, fit[0])[0], tm, fit[0]))
+    return best

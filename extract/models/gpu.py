@@ -5,7 +5,9 @@ formula is the CUDA one (reference/hardware-and-jax-facts.md); below `HIDING_OCC
 keep enough memory requests in flight and its memory time grows in proportion (compute-bound kernels
 such as GEMMs rely on instruction-level parallelism, so their compute time is not scaled); past 255
 registers the compiler spills to local memory, which costs global traffic (a cliff, not a slope); a
-transposed access touches a 32-byte sector per 4-byte element.
+transposed access touches a 32-byte sector per 4-byte element. A tiled matrix kernel refills its
+shared-memory tiles from L2 (its re-reads, at L2 bandwidth) while DRAM sees what L2 cannot keep: its
+memory time is the larger of the two.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class GpuKernel:
     uncoalesced_bytes: float = 0.0    # of `bytes`, the part accessed with a transposed (strided) pattern
     tensor_cores: bool = False
     work_items: int = 0               # threads launched in all (for spill traffic); 0: bytes / value_bytes
+    l2_bytes: float = 0.0             # tiled kernels: bytes read from L2 into shared memory (re-reads included)
 
 
 def registers_per_thread(live_values: int, value_bytes: int = 4) -> int:
@@ -66,7 +69,7 @@ def breakdown(k: GpuKernel, target: Target) -> dict:
     wasted = k.uncoalesced_bytes * (SECTOR_BYTES / k.value_bytes - 1)
     moved = k.bytes + wasted + spill_bytes
     peak = target.matrix_flops if k.tensor_cores and target.matrix_flops else target.peak_flops
-    compute, memory = k.flops / peak, moved / target.mem_bandwidth
+    compute, memory = k.flops / peak, max(moved / target.mem_bandwidth, k.l2_bytes / gpu.l2_bandwidth)
     penalty = occupancy_penalty(occ)
     return {"flops": k.flops, "bytes": moved, "registers": regs, "blocks_per_sm": blocks, "occupancy": occ,
             "occupancy_penalty": penalty, "spilled_registers": spilled, "spill_bytes": spill_bytes,

@@ -1,0 +1,261 @@
+"""Tiling of matrix kernels: the loop nest of a kernel body, tile-size and loop-order alternatives per
+target, and the data each alternative moves (the Chimera model, `models/chimera.py`).
+
+A kernel whose body computes a matmul, a convolution (an implicit GEMM) or a GEMM chain runs as a loop
+nest over tiles held on chip (shared memory on a GPU, L1 on an NPU, a core's cache on a CPU). Its
+global-memory traffic is not its inputs plus its output: an operand is read again for every tile of a
+loop that does not index it, unless an inner loop already forced the reload. A GEMM chain's
+intermediate never leaves the chip. So the traffic depends on the tile sizes and the loop order, and
+`tilings` offers alternatives generated from the analytic optimum (TM = TL = -a + sqrt(a^2 + MC),
+TK = TN = a, thesis ch. 3), the neighbouring powers of two that fit the capacity and equal splits of
+each extent, in every legal loop order; the extractor picks among them with the same data-movement model.
+
+A row reduction behind a matmul needs whole rows of the loop it reduces (its tile is the extent),
+except the softmax between the two GEMMs of attention, which can run over tiles of its row with running
+maximum and sum (online softmax, the flash-attention schedule) at the price of rescaling the
+accumulator once per tile.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import permutations, product
+
+import numpy as np
+
+from superopt.egraph.ir import REDUCTIONS, Node
+from superopt.extract.models.chimera import data_movement, gemm, gemm_chain
+
+MATRIX = frozenset({"matmul", "conv"})
+KEEP = 4                      # alternatives offered per kernel: the best tiles of the best loop orders
+SPLITS = 6                    # tile candidates that split a loop into this many equal parts or fewer
+
+
+class Untileable(ValueError):
+    """A body whose matrix ops do not form one matmul, one convolution or one two-GEMM chain."""
+
+
+@dataclass(frozen=True)
+class Nest:
+    """What the data-movement model needs to know about a matrix kernel body."""
+    kind: str                     # "gemm", "conv" or "chain"
+    extents: tuple                # ((loop, extent), ...) per batch entry
+    batch: int                    # independent repetitions of the nest (batched matmuls)
+    weights: tuple                # ((tensor, bytes per element), ...) for A, B, C (chain: A, B, C, D, E)
+    extra_bytes: float            # operands outside the matrix operands (bias, residual, mask): read once
+    whole: frozenset              # loops a row reduction needs whole
+    online: str = ""              # a loop of `whole` that online softmax may split anyway
+
+    def ops(self):
+        ext = dict(self.extents)
+        if self.kind == "chain":
+            return gemm_chain(ext["m"], ext["n"], ext["k"], ext["l"])[:2]
+        return gemm(ext["m"], ext["n"], ext["k"])[:2]
+
+    @property
+    def big_loops(self) -> tuple:
+        """The loops the analytic optimum makes large (the others stay at the granule)."""
+        return ("m", "l") if self.kind == "chain" else ("m", "n")
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """One tile-size and loop-order choice for a matrix kernel (an attribute of its e-node)."""
+    order: tuple                  # loops, outermost first
+    tiles: tuple                  # ((loop, tile), ...) in the nest's loop order
+    online: bool                  # softmax over tiles of its row (flash attention)
+    moved_bytes: float            # global-memory traffic under these tiles
+    tile_bytes: int               # MU: on-chip bytes of one step's tiles
+    extra_flops: float = 0.0      # online softmax: rescaling the accumulator per tile
+
+    def __str__(self) -> str:
+        tiles = " ".join(f"T{loop.upper()}={t}" for loop, t in self.tiles)
+        return f"order {''.join(self.order)}, {tiles}" + (", online softmax" if self.online else "")
+
+
+def _itemsize(node: Node) -> int:
+    return 1 if node.dtype == "bool" else np.dtype(node.dtype).itemsize
+
+
+def _gemm_dims(a: Node, b: Node, out: Node) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of a numpy matmul: a rank-2 right operand folds the left's leading axes into M."""
+    if len(b.shape) == 2:
+        return 1, math.prod(a.shape[:-1]), out.shape[-1], a.shape[-1]
+    return math.prod(out.shape[:-2]), a.shape[-2], out.shape[-1], a.shape[-1]
+
+
+def _cone(body: tuple, start: int) -> set:
+    """Nodes `start` is computed from, not looking past a matrix op."""
+    seen, stack = set(), [start]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if body[i].op not in MATRIX:
+            stack.extend(body[i].inputs)
+    return seen
+
+
+@lru_cache(maxsize=65536)
+def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
+    """The loop nest of a kernel body, None when it has no matrix op (raises Untileable when its matrix
+    ops are not one matmul, one convolution or a chain of two matmuls)."""
+    mats = [i for i, n in enumerate(body) if n.op in MATRIX]
+    if not mats:
+        return None
+    after = []                        # for each node, the matrix ops it is computed from
+    for i, n in enumerate(body):
+        deps = set()
+        for j in n.inputs:
+            deps |= after[j] | ({j} if body[j].op in MATRIX else set())
+        after.append(frozenset(deps))
+    out_shape, out_dtype = out
+    out_bytes = math.prod(out_shape) * (1 if out_dtype == "bool" else np.dtype(out_dtype).itemsize)
+    first = body[mats[0]]
+    if len(mats) == 1 and first.op == "conv":
+        lhs, rhs = body[first.inputs[0]], body[first.inputs[1]]
+        spec = dict(first.attrs[0])["dimension_numbers"]
+        n = rhs.shape[spec.rhs_spec[0]]
+        m, k = math.prod(first.shape) // n, math.prod(rhs.shape) // n
+        kind, batch, ext = "conv", 1, {"m": m, "n": n, "k": k}
+        # the input is read once per output-channel tile, not its img2col expansion
+        weights = {"A": _itemsize(lhs) * math.prod(lhs.shape) / (m * k), "B": _itemsize(rhs)}
+        operands = {"A": first.inputs[0], "B": first.inputs[1]}
+        last = mats[0]
+    elif len(mats) == 1:
+        a, b = body[first.inputs[0]], body[first.inputs[1]]
+        batch, m, n, k = _gemm_dims(a, b, first)
+        kind, ext = "gemm", {"m": m, "n": n, "k": k}
+        weights = {"A": _itemsize(a), "B": _itemsize(b)}
+        operands = {"A": first.inputs[0], "B": first.inputs[1]}
+        last = mats[0]
+    elif len(mats) == 2 and body[mats[1]].op == "matmul" and first.op == "matmul" \
+            and mats[0] in (after[body[mats[1]].inputs[0]] | {body[mats[1]].inputs[0]}):
+        second = body[mats[1]]
+        a, b, d = body[first.inputs[0]], body[first.inputs[1]], body[second.inputs[1]]
+        batch1, m, l, k = _gemm_dims(a, b, first)
+        batch, _, n, _ = _gemm_dims(body[second.inputs[0]], d, second)
+        if batch1 != batch:
+            raise Untileable("the two GEMMs of the chain have different batch shapes")
+        kind, ext = "chain", {"m": m, "n": n, "k": k, "l": l}
+        weights = {"A": _itemsize(a), "B": _itemsize(b), "C": _itemsize(first), "D": _itemsize(d)}
+        operands = {"A": first.inputs[0], "B": first.inputs[1], "D": second.inputs[1]}
+        last = mats[1]
+    else:
+        raise Untileable(f"{len(mats)} matrix ops that are not one chain of two matmuls")
+    result = "E" if kind == "chain" else "C"
+    rows = batch * ext["m"] * ext["n"]
+    weights[result] = out_bytes / rows
+    # Operands that reach the matrix ops through prologue ops are tiled with them; the rest is read once.
+    tiled_loads = {body[i].attrs[0] for start in operands.values() for i in _cone(body, start)
+                   if body[i].op == "arg"}
+    extra = sum(math.prod(s) * (1 if d == "bool" else np.dtype(d).itemsize)
+                for k_, (s, d) in enumerate(ins) if k_ not in tiled_loads and s)
+    whole, online = set(), ""
+    for i, node in enumerate(body):
+        if node.op not in REDUCTIONS:
+            continue
+        x = node.inputs[0]
+        made_of = after[x] | ({x} if body[x].op in MATRIX else set())
+        if kind == "chain" and mats[1] not in made_of and mats[0] in made_of:
+            whole.add("l")
+            if _online_softmax(body, mats[1]):
+                online = "l"
+        elif made_of or not any(i in _cone(body, s) for s in operands.values()):
+            whole.add("n")                                   # a row of the result
+        elif i in _cone(body, operands["A"]):
+            whole.add("k")                                   # a normalisation of the left operand's rows
+        else:
+            whole.add("l" if kind == "chain" else "n")
+    del last
+    return Nest(kind, tuple(sorted(ext.items())), batch, tuple(sorted(weights.items())), float(extra),
+                frozenset(whole), online)
+
+
+def _strip(body: tuple, i: int, ops=("convert", "stop_gradient", "broadcast", "reshape")) -> int:
+    while body[i].op in ops and body[i].inputs:
+        i = body[i].inputs[0]
+    return i
+
+
+def _online_softmax(body: tuple, second: int) -> bool:
+    """Whether the left operand of the chain's second matmul is softmax(S) over the row loop: exp(S -
+    max(S)) divided by its row sum (or by a per-row value it loads), with S free of reductions. Then (P / sum) @ V = (P @ V) / sum per row,
+    and exp(S - m) rescales by exp(m_old - m_new) when the running maximum m grows: the flash-attention
+    schedule computes the same values over tiles of the row."""
+    p = body[_strip(body, body[second].inputs[0], ("convert", "reshape"))]
+    if p.op != "div":
+        return False
+    num, den = _strip(body, p.inputs[0], ("convert",)), _strip(body, p.inputs[1])
+    row_sum = body[den].op == "reduce_sum" and _strip(body, body[den].inputs[0], ("convert",)) == num
+    loaded_per_row = body[den].op == "arg" and body[den].shape[-1:] == (1,)
+    if not (row_sum or loaded_per_row):
+        return False
+    e = body[num]
+    if e.op != "exp" or body[e.inputs[0]].op != "sub":
+        return False
+    s, m = body[e.inputs[0]].inputs
+    maxes = [j for j in _cone(body, m) if body[j].op in REDUCTIONS]
+    return (all(body[j].op == "reduce_max" and body[j].inputs[0] == s for j in maxes) and len(maxes) == 1
+            and not any(body[j].op in REDUCTIONS for j in _cone(body, s)))
+
+
+def legal_orders(kind: str, loops: list) -> list[tuple]:
+    """Loop orders a kernel may run in. A single matmul or convolution: any (a reduction loop outside
+    an output loop writes and re-reads partial sums, which the model counts). A chain: only the loops
+    shared by both GEMMs, m and the second GEMM's reduction l, may enclose both; the first GEMM's
+    reduction k and the second's private n stay inside, so each C tile is complete when the second GEMM
+    takes it and is never recomputed (thesis ch. 3). Orders that differ only below the shared loops
+    move the same data."""
+    orders = list(permutations(loops))
+    if kind == "chain":
+        orders = [o for o in orders if set(o[:2]) == {"m", "l"}]
+    return orders
+
+
+def tilings(nest: Nest, capacity: int, granule: int) -> tuple[Tiling, ...]:
+    """The best `KEEP` tilings of `nest` that fit `capacity` bytes, fewest bytes moved first; () if none fits."""
+    return _tilings(nest, capacity, granule)
+
+
+@lru_cache(maxsize=4096)
+def _tilings(nest: Nest, capacity: int, granule: int) -> tuple[Tiling, ...]:
+    ext, weights = dict(nest.extents), dict(nest.weights)
+    ops, io = nest.ops()
+    loops = [loop for loop in "mnkl" if loop in ext]
+    t = -granule + math.sqrt(granule * granule + capacity / weights["B"])    # in elements of the operands
+    p = 2 ** max(0, math.floor(math.log2(max(t, 1))))         # the power of two at or below the optimum
+    choices = {}
+    for loop in loops:
+        if loop in nest.whole and loop != nest.online:
+            choices[loop] = {ext[loop]}
+            continue
+        if loop in nest.big_loops:
+            # the optimum rounded to the granule, the powers of two up to it and past it (smaller ones
+            # fit beside a loop that must stay whole), and the whole extent
+            ladder = [2 ** i for i in range(max(0, granule.bit_length() - 1), p.bit_length() + 1)]
+            # and the extent split into 1..SPLITS equal tiles (rounded up to the granule): the tile
+            # counts are integers, so 768 in four tiles of 192 can beat any power of two
+            splits = [-(-math.ceil(ext[loop] / c) // granule) * granule for c in range(1, SPLITS + 1)]
+            around = (max(granule, int(t) // granule * granule), *ladder, *splits, ext[loop])
+        else:
+            around = (granule, 2 * granule)
+        choices[loop] = {min(max(1, v), ext[loop]) for v in around}
+    best: dict = {}
+    for order in legal_orders(nest.kind, loops):
+        for sizes in product(*(sorted(choices[loop]) for loop in loops)):
+            tiles = dict(zip(loops, sizes))
+            dv, mu = data_movement(ops, io, list(order), ext, tiles, weights)
+            if mu > capacity:
+                continue
+            online = bool(nest.online) and tiles[nest.online] < ext[nest.online]
+            steps = math.ceil(ext["l"] / tiles["l"]) if online else 0
+            extra_flops = 2.0 * nest.batch * ext["m"] * ext["n"] * steps
+            key = (dv, mu, order)
+            if order not in best or key < best[order][0]:
+                best[order] = (key, Tiling(order, tuple(sorted(tiles.items(), key=lambda kv: loops.index(kv[0]))),
+                                           online, nest.batch * dv + nest.extra_bytes, int(mu), extra_flops))
+    ranked = sorted(best.values(), key=lambda kv: kv[0])
+    return tuple(tiling for _, tiling in ranked[:KEEP])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from egglog import EGraph, String, set_
+from egglog import EGraph, String, i64, set_
 
 from superopt.egraph import terms as T
 from superopt.egraph.analysis import facts
@@ -25,7 +25,15 @@ class Encoding:
     def intern_conv(self, params) -> int:
         if params not in self.conv_params:
             self.conv_params.append(params)
+            if channels_last(params):
+                self.egraph.register(T.conv_channels_last(i64(len(self.conv_params) - 1)))
         return self.conv_params.index(params)
+
+
+def channels_last(params) -> bool:
+    """Whether a conv's output feature axis and its kernel's output feature axis are both the last one."""
+    spec = dict(params)["dimension_numbers"]
+    return spec.out_spec[1] == len(spec.out_spec) - 1 and spec.rhs_spec[0] == len(spec.rhs_spec) - 1
 
 
 def _to_expr(enc: Encoding, node: Node, ins: list):

@@ -141,6 +141,9 @@ output = relation("output", i64, Tensor, egg_fn="output")
 bool_result_op = relation("bool_result_op", String, egg_fn="bool_result_op")
 float_dtype = relation("float_dtype", String, egg_fn="float_dtype")
 same_dtype_op = relation("same_dtype_op", String, egg_fn="same_dtype_op")
+# Conv params (an id into the encoding's table) whose output features and kernel output features are
+# both the last axis (NHWC / HWIO): a per-channel vector broadcast on the last axis scales both alike.
+conv_channels_last = relation("conv_channels_last", i64, egg_fn="conv_channels_last")
 
 
 # ---- helpers for writing rules readably ----

@@ -258,7 +258,7 @@ class _Generator:
         if p.fn == "binary":
             op = self.op(a[0], BINARY)
             if shape is None:
-                shape = () if all(self.scalarish(o) for o in a[1:]) else self.shape()
+                shape = () if all(self.scalarish(o) for o in a[1:]) else self.shape(_fixed_rank(p))
             for operand in a[1:]:
                 self.gen(operand, ((), self.dtype) if self.scalarish(operand) else (shape, self.dtype))
             return shape, ("bool" if op in ("gt", "eq") else self.dtype)
@@ -466,6 +466,16 @@ _SCALAR_GEN = {
     "sperm": _gen_via("transpose", (0, 1)), "smm": _gen_via("matmul", (0, 1, 2)), "sconv": _gen_via("conv", (0, 1, 2)),
     "schain": _gen_via("matmul", (0, 1, 2)),
 }
+
+
+def _fixed_rank(p) -> int | None:
+    """The rank an elementwise pattern must have because a convolution (the checker's are NHWC) is
+    among its operands; None when any rank will do."""
+    if isinstance(p, App) and p.fn == "conv":
+        return 4
+    if isinstance(p, App) and p.fn in ("binary", "unary", "select"):
+        return next((r for r in map(_fixed_rank, p.args) if r is not None), None)
+    return None
 
 
 def _is_leaf(p) -> bool:

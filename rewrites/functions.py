@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from egglog import Vec, eq, f64, i64, ne
 
-from superopt.egraph.terms import dtype as dtype_of, float_dtype
+from superopt.egraph.terms import conv_channels_last, dtype as dtype_of, float_dtype
 from superopt.rewrites.pattern import DTYPE, FLOAT, INT, TENSOR, VEC, Var
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -95,9 +95,17 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
               lambda p, t: np.ndim(t) > 0 and tuple(p) == (np.ndim(t) - 1,), lambda p, t: _keyed(t)),
     Predicate("less", (INT, INT), "a < b (orders leaves so a group is matched once)",
               lambda c, a, b: [[c.expr(a) < c.expr(b)]], lambda a, b: a < b),
+    Predicate("conv_channels_last", (INT,), "conv params whose output and kernel features are the last axis",
+              lambda c, n: [[conv_channels_last(c.expr(n))]], lambda n: _conv_channels_last_py(n)),
     Predicate("nonzero", (FLOAT,), "a nonzero constant",
               lambda c, v: [[ne(c.expr(v)).to(f64(0.0))]], lambda v: v != 0.0),
 ]}
+
+
+def _conv_channels_last_py(n: int) -> bool:
+    from superopt.egraph.encode import channels_last
+    from superopt.rewrites.checker import CONV_TABLE
+    return channels_last(CONV_TABLE.conv_params[n])
 
 
 def _center(s, ref, r: int, low: bool):

@@ -201,6 +201,8 @@ def _convert(x, dt: np.dtype):
 def _accumulator(dt: np.dtype) -> np.dtype:
     # Float products are summed in float64 and rounded once, so the reference is as close to the
     # real-number result as the output dtype allows; integers wrap in the result dtype, like XLA.
+    if dt.name == "bfloat16":          # an ml_dtypes float; numpy does not call it kind "f"
+        return np.dtype(np.float64)
     return np.promote_types(dt, np.float64) if dt.kind in "fc" else dt
 
 

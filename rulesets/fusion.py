@@ -23,7 +23,7 @@ from superopt.rewrites.pattern import (
 )
 from superopt.rewrites.rule import RuleSet, rule, when
 
-x, y, z = tensors("x y z")
+x, y, z, w = tensors("x y z w")
 (b,) = scalars("b")
 p, q, s = vecs("p q s")
 (d,) = dtypes("d")
@@ -61,6 +61,16 @@ FUSION = RuleSet("fusion", {
         rule("lift-row-reduction-reshape", reshape(reduce(op, x, p), s), kernel(srow(op, _load(x, x))),
              when("last_axis", p, x), when("shape_is", reshape(reduce(op, x, p), s), set_last(shape_of(x), 1)),
              doc="the same row reduction, kept by a reshape"),
+    ],
+    "batch-norm": [
+        rule("bn-scale-into-weights", binary("mul", conv(x, y, n), broadcast(z, s, p)),
+             conv(x, binary("mul", y, broadcast(z, shape_of(y), p)), n),
+             when("conv_channels_last", n), when("last_axis", p, y), numerics="reals",
+             doc="a per-channel scale after a convolution scales its weights instead (constant weights: "
+                 "folded once when the program is built)"),
+        rule("bn-shift-before-scale", binary("mul", binary("sub", conv(x, y, n), z), w),
+             binary("sub", binary("mul", conv(x, y, n), w), binary("mul", z, w)), numerics="reals",
+             doc="(conv - mean) * scale = conv * scale - mean * scale, so the scale can reach the weights"),
     ],
     "chain": [
         rule("chain-left", smm(x, y, d), schain(_load(x, x), y, d),

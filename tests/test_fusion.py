@@ -73,6 +73,12 @@ FIRES = {  # rule -> (program, arguments)
     "lift-transpose": (lambda x: x.T * 2.0, (normal(4, 8),)),
     "lift-matmul": (lambda a, b: jax.nn.relu(a @ b), (normal(4, 8), normal(8, 3))),
     "chain-left": (lambda a, b, d: (a @ b) @ d, (normal(4, 8), normal(8, 6), normal(6, 3))),
+    "bn-scale-into-weights": (lambda x, w, g: lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) * g,
+        (normal(1, 6, 6, 3), normal(3, 3, 3, 4), normal(4))),
+    "bn-shift-before-scale": (lambda x, w, m, g: (lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) - m) * g,
+        (normal(1, 6, 6, 3), normal(3, 3, 3, 4), normal(4), normal(4))),
     "lift-conv": (lambda x, w: jax.nn.relu(lax.conv_general_dilated(x, w, (1, 1), "SAME",
                                                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))),
                   (normal(1, 6, 6, 3), normal(3, 3, 3, 4))),
@@ -275,3 +281,15 @@ def test_benchmark_census_counts_launches_by_kind():
     counts = census(chosen.graph)
     assert counts.get("matmul+epilogue", 0) + counts.get("row kernel", 0) >= 1
     assert sum(counts.values()) <= 2, counts
+
+
+def test_the_checker_catches_a_scale_folded_along_the_wrong_axis():
+    """Folding a per-channel scale into the weights is right only along the output-feature axis."""
+    from superopt.rewrites.pattern import binary, broadcast, conv, ints
+    x, y, z = tensors("x y z")
+    (s,) = vecs("s")
+    (n,) = ints("n")
+    wrong = rule("bn-scale-wrong-axis", binary("mul", conv(x, y, n), broadcast(z, s, (1,))),
+                 conv(x, binary("mul", y, broadcast(z, shape_of(y), (1,))), n), numerics="reals",
+                 doc="wrong: axis 1 is a spatial axis of the output, an input-row axis of the weights")
+    assert check_rule(wrong).counterexample is not None

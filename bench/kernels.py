@@ -9,6 +9,8 @@ import sys
 
 from bench.programs import WORKLOADS
 from superopt import superopt
+from superopt.egraph.ir import REDUCTIONS
+from superopt.extract.tiling import cone
 
 TARGETS = ("cpu", "gpu-h100", "npu-910b")
 WORKLOADS_SHOWN = ("bert-encoder-128", "resnet-bottleneck")
@@ -20,10 +22,14 @@ def kind(node) -> str:
     if node.op != "kernel":
         return node.op
     ops = {n.op for n in node.attrs[0]}
-    if sum(n.op == "matmul" for n in node.attrs[0]) == 2:
+    body = node.attrs[0]
+    matmuls = [i for i, n in enumerate(body) if n.op == "matmul"]
+    if len(matmuls) == 2:
         if len(node.attrs) > 1 and node.attrs[1].online:
             return "flash attention"
-        return "attention" if ops & {"reduce_max", "reduce_sum"} else "GEMM chain"
+        # a row reduction between the two GEMMs (on the intermediate) is a softmax: attention
+        between = {i for i in cone(body, body[matmuls[1]].inputs[0]) if matmuls[0] in cone(body, i) and i != matmuls[0]}
+        return "attention" if any(body[i].op in REDUCTIONS for i in between) else "GEMM chain"
     if ops & {"matmul", "conv"}:
         producer = "matmul" if "matmul" in ops else "conv"
         return f"{producer}+epilogue" if len(ops - {"arg", "broadcast", "reshape", producer}) else producer

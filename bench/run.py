@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file to write")
     ap.add_argument("--no-ranking", action="store_true", help="skip the cost-model ranking of chain candidates")
-    ap.add_argument("--no-kernels", action="store_true", help="skip the table of kernels chosen per target")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the tables of kernels and tiles chosen per target")
     ns = ap.parse_args(argv)
 
     names = [n for n in WORKLOADS if re.search(ns.filter, n)] if ns.filter else DEFAULT_WORKLOADS
@@ -168,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.no_kernels:
         from bench.kernels import main as kernels_by_target
         extra += kernels_by_target()
+    if not ns.no_kernels:
+        from bench.tiling import main as chain_tiles
+        extra += chain_tiles()
     if not ns.no_ranking:
         from bench.ranking import CHAINS, rank_chain, render as render_ranking
         rankings = []

@@ -85,7 +85,7 @@ def _gemm_dims(a: Node, b: Node, out: Node) -> tuple[int, int, int, int]:
     return math.prod(out.shape[:-2]), a.shape[-2], out.shape[-1], a.shape[-1]
 
 
-def _cone(body: tuple, start: int) -> set:
+def cone(body: tuple, start: int) -> set:
     """Nodes `start` is computed from, not looking past a matrix op."""
     seen, stack = set(), [start]
     while stack:
@@ -149,7 +149,7 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
     rows = batch * ext["m"] * ext["n"]
     weights[result] = out_bytes / rows
     # Operands that reach the matrix ops through prologue ops are tiled with them; the rest is read once.
-    tiled_loads = {body[i].attrs[0] for start in operands.values() for i in _cone(body, start)
+    tiled_loads = {body[i].attrs[0] for start in operands.values() for i in cone(body, start)
                    if body[i].op == "arg"}
     extra = sum(math.prod(s) * (1 if d == "bool" else np.dtype(d).itemsize)
                 for k_, (s, d) in enumerate(ins) if k_ not in tiled_loads and s)
@@ -163,9 +163,9 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
             whole.add("l")
             if _online_softmax(body, mats[1]):
                 online = "l"
-        elif made_of or not any(i in _cone(body, s) for s in operands.values()):
+        elif made_of or not any(i in cone(body, s) for s in operands.values()):
             whole.add("n")                                   # a row of the result
-        elif i in _cone(body, operands["A"]):
+        elif i in cone(body, operands["A"]):
             whole.add("k")                                   # a normalisation of the left operand's rows
         else:
             whole.add("l" if kind == "chain" else "n")
@@ -197,9 +197,9 @@ def _online_softmax(body: tuple, second: int) -> bool:
     if e.op != "exp" or body[e.inputs[0]].op != "sub":
         return False
     s, m = body[e.inputs[0]].inputs
-    maxes = [j for j in _cone(body, m) if body[j].op in REDUCTIONS]
+    maxes = [j for j in cone(body, m) if body[j].op in REDUCTIONS]
     return (all(body[j].op == "reduce_max" and body[j].inputs[0] == s for j in maxes) and len(maxes) == 1
-            and not any(body[j].op in REDUCTIONS for j in _cone(body, s)))
+            and not any(body[j].op in REDUCTIONS for j in cone(body, s)))
 
 
 def legal_orders(kind: str, loops: list) -> list[tuple]:

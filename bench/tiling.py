@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from bench.programs import GEMM_CHAIN_SHAPES, gemm_chain
 from superopt import superopt
-from superopt.extract.cost import best_tiling, one_op_body
+from superopt.extract.cost import one_op_body, tiling_options
 from superopt.extract.models.chimera import optimal_dv_clamped, optimal_dv_mlkn, optimal_dv_tiles
 from superopt.extract.target import load_target
 
@@ -47,8 +47,8 @@ def unfused_dv(b, m, n, k, l, target) -> float:
     total = 0.0
     for shape_a, shape_b, shape_out in (((b, m, k), (b, k, l), (b, m, l)), ((b, m, l), (b, l, n), (b, m, n))):
         ins = [(shape_a, f16), (shape_b, f16)]
-        tiling, _ = best_tiling(one_op_body("matmul", (f16,), ins, (shape_out, f16)), ins, (shape_out, f16), target)
-        total += tiling.moved_bytes / ITEMSIZE
+        options, _ = tiling_options(one_op_body("matmul", (f16,), ins, (shape_out, f16)), ins, (shape_out, f16), target)
+        total += options[0].moved_bytes / ITEMSIZE
     return total
 
 

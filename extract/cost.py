@@ -166,19 +166,18 @@ def penalty_notes(parts: dict) -> list[str]:
     return notes
 
 
-def best_tiling(body: tuple, ins: list[Type], out: Type, target: Target):
-    """(the tiling that moves the fewest bytes, None) for a body with matrix ops; (None, why) when it has
-    none that fits, or its matrix ops cannot share one loop nest; (None, "") without matrix ops."""
+def tiling_options(body: tuple, ins: list[Type], out: Type, target: Target) -> tuple[tuple, str]:
+    """(the tilings offered for a body with matrix ops, fewest bytes moved first; why there are none).
+    No matrix op, or a target that declares no tile memory: ((), "") and the kernel is priced untiled;
+    matrix ops that cannot share one loop nest, or no tiling that fits: ((), the reason)."""
     try:
         nest = nest_of(body, tuple(ins), out)
     except Untileable as exc:
-        return None, str(exc)
+        return (), str(exc)
     if nest is None or not target.tile_bytes:
-        return None, ""       # no matrix op, or a target that declares no tile memory: priced untiled
+        return (), ""
     options = tilings(nest, target.tile_bytes, target.tile_granule)
-    if not options:
-        return None, f"no tiling of the {nest.kind} fits {target.tile_bytes} bytes on chip"
-    return options[0], ""
+    return options, "" if options else f"no tiling of the {nest.kind} fits {target.tile_bytes} bytes on chip"
 
 
 def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, tiling: Tiling | None = None) -> dict:
@@ -192,9 +191,10 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
     l2_moved = 0.0
     if k.matrix_flops:
         if tiling is None:
-            tiling, why = best_tiling(body, ins, out, target)
+            options, why = tiling_options(body, ins, out, target)
             if why:
                 return {"flops": k.flops, "bytes": moved, "time": math.inf, "overflow": why}
+            tiling = options[0] if options else None
     if tiling is not None:
         k.flops += tiling.extra_flops
         if target.kind == "gpu":

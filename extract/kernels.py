@@ -21,9 +21,8 @@ from types import SimpleNamespace
 from superopt.egraph.encode import decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
 from superopt.egraph.ir import CycleError, Node, postorder
-from superopt.extract.cost import nbytes, op_cost
+from superopt.extract.cost import nbytes, op_cost, tiling_options
 from superopt.extract.target import Target
-from superopt.extract.tiling import Untileable, nest_of, tilings
 from superopt.rewrites.infer import IllTyped, infer
 from superopt.rewrites.pattern import SCALAR_AS_TENSOR, SCALAR_FNS
 
@@ -168,11 +167,7 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
     def tiled(body: tuple, loaded: list) -> list[ENode]:
         """The kernel as e-nodes: one per tiling offered when the body has matrix ops (`extract/tiling.py`)."""
         children = tuple(loaded)
-        try:
-            nest = nest_of(body, tuple(tensor_types[c] for c in loaded), tensor_types[own])
-        except Untileable:
-            nest = None
-        options = tilings(nest, target.tile_bytes, target.tile_granule) if nest else ()
+        options, _ = tiling_options(body, [tensor_types[c] for c in loaded], tensor_types[own], target)
         if not options:
             return [ENode("kernel", (body,), children, own)]
         return [ENode("kernel", (body, t), children, own) for t in options]

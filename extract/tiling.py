@@ -74,8 +74,12 @@ class Tiling:
         return f"order {''.join(self.order)}, {tiles}" + (", online softmax" if self.online else "")
 
 
+def _bytes(shape: tuple, dtype: str) -> int:
+    return math.prod(shape) * (1 if dtype == "bool" else np.dtype(dtype).itemsize)
+
+
 def _itemsize(node: Node) -> int:
-    return 1 if node.dtype == "bool" else np.dtype(node.dtype).itemsize
+    return _bytes((), node.dtype)
 
 
 def _gemm_dims(a: Node, b: Node, out: Node) -> tuple[int, int, int, int]:
@@ -111,8 +115,7 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         for j in n.inputs:
             deps |= after[j] | ({j} if body[j].op in MATRIX else set())
         after.append(frozenset(deps))
-    out_shape, out_dtype = out
-    out_bytes = math.prod(out_shape) * (1 if out_dtype == "bool" else np.dtype(out_dtype).itemsize)
+    out_bytes = _bytes(*out)
     first = body[mats[0]]
     if len(mats) == 1 and first.op == "conv":
         lhs, rhs = body[first.inputs[0]], body[first.inputs[1]]
@@ -123,14 +126,12 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         # the input is read once per output-channel tile, not its img2col expansion
         weights = {"A": _itemsize(lhs) * math.prod(lhs.shape) / (m * k), "B": _itemsize(rhs)}
         operands = {"A": first.inputs[0], "B": first.inputs[1]}
-        last = mats[0]
     elif len(mats) == 1:
         a, b = body[first.inputs[0]], body[first.inputs[1]]
         batch, m, n, k = _gemm_dims(a, b, first)
         kind, ext = "gemm", {"m": m, "n": n, "k": k}
         weights = {"A": _itemsize(a), "B": _itemsize(b)}
         operands = {"A": first.inputs[0], "B": first.inputs[1]}
-        last = mats[0]
     elif len(mats) == 2 and body[mats[1]].op == "matmul" and first.op == "matmul" \
             and mats[0] in (after[body[mats[1]].inputs[0]] | {body[mats[1]].inputs[0]}):
         second = body[mats[1]]
@@ -142,7 +143,6 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         kind, ext = "chain", {"m": m, "n": n, "k": k, "l": l}
         weights = {"A": _itemsize(a), "B": _itemsize(b), "C": _itemsize(first), "D": _itemsize(d)}
         operands = {"A": first.inputs[0], "B": first.inputs[1], "D": second.inputs[1]}
-        last = mats[1]
     else:
         raise Untileable(f"{len(mats)} matrix ops that are not one chain of two matmuls")
     result = "E" if kind == "chain" else "C"
@@ -151,8 +151,7 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
     # Operands that reach the matrix ops through prologue ops are tiled with them; the rest is read once.
     tiled_loads = {body[i].attrs[0] for start in operands.values() for i in cone(body, start)
                    if body[i].op == "arg"}
-    extra = sum(math.prod(s) * (1 if d == "bool" else np.dtype(d).itemsize)
-                for k_, (s, d) in enumerate(ins) if k_ not in tiled_loads and s)
+    extra = sum(_bytes(*t) for k_, t in enumerate(ins) if k_ not in tiled_loads and t[0])
     whole, online = set(), ""
     for i, node in enumerate(body):
         if node.op not in REDUCTIONS:
@@ -169,7 +168,6 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
             whole.add("k")                                   # a normalisation of the left operand's rows
         else:
             whole.add("l" if kind == "chain" else "n")
-    del last
     return Nest(kind, tuple(sorted(ext.items())), batch, tuple(sorted(weights.items())), float(extra),
                 frozenset(whole), online)
 
@@ -182,9 +180,9 @@ def _strip(body: tuple, i: int, ops=("convert", "stop_gradient", "broadcast", "r
 
 def _online_softmax(body: tuple, second: int) -> bool:
     """Whether the left operand of the chain's second matmul is softmax(S) over the row loop: exp(S -
-    max(S)) divided by its row sum (or by a per-row value it loads), with S free of reductions. Then (P / sum) @ V = (P @ V) / sum per row,
-    and exp(S - m) rescales by exp(m_old - m_new) when the running maximum m grows: the flash-attention
-    schedule computes the same values over tiles of the row."""
+    max(S)) divided by its row sum (or by a per-row value it loads), with S free of reductions. Then
+    (P / sum) @ V = (P @ V) / sum per row, and exp(S - m) rescales by exp(m_old - m_new) when the running
+    maximum m grows: the flash-attention schedule computes the same values over tiles of the row."""
     p = body[_strip(body, body[second].inputs[0], ("convert", "reshape"))]
     if p.op != "div":
         return False

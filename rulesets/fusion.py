@@ -17,9 +17,9 @@ format conversions on an NPU.
 from __future__ import annotations
 
 from superopt.rewrites.pattern import (
-    binary, broadcast, conv, convert, integer_pow, reshape, kernel, matmul, ops, reduce, sarg, sbcast, sbinary, scalars,
-    schain, sconv, sconvert, select, set_last, shape_of, smm, sperm, spow, srow, sselect, sunary, tensors, transpose, unary, vecs,
-    dtypes, ints,
+    binary, broadcast, conv, convert, dtypes, integer_pow, ints, kernel, matmul, mul, ops, reduce, reshape, sarg,
+    sbcast, sbinary, scalars, schain, sconv, sconvert, select, set_last, shape_of, smm, sperm, spow, srow, sselect, sub,
+    sunary, tensors, transpose, unary, vecs,
 )
 from superopt.rewrites.rule import RuleSet, rule, when
 
@@ -63,13 +63,13 @@ FUSION = RuleSet("fusion", {
              doc="the same row reduction, kept by a reshape"),
     ],
     "batch-norm": [
-        rule("bn-scale-into-weights", binary("mul", conv(x, y, n), broadcast(z, s, p)),
-             conv(x, binary("mul", y, broadcast(z, shape_of(y), p)), n),
+        rule("bn-scale-into-weights", mul(conv(x, y, n), broadcast(z, s, p)),
+             conv(x, mul(y, broadcast(z, shape_of(y), p)), n),
              when("conv_channels_last", n), when("last_axis", p, y), numerics="reals",
              doc="a per-channel scale after a convolution scales its weights instead (constant weights: "
                  "folded once when the program is built)"),
-        rule("bn-shift-before-scale", binary("mul", binary("sub", conv(x, y, n), z), w),
-             binary("sub", binary("mul", conv(x, y, n), w), binary("mul", z, w)), numerics="reals",
+        rule("bn-shift-before-scale", mul(sub(conv(x, y, n), z), w),
+             sub(mul(conv(x, y, n), w), mul(z, w)), numerics="reals",
              doc="(conv - mean) * scale = conv * scale - mean * scale, so the scale can reach the weights"),
     ],
     "chain": [

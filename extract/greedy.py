@@ -135,7 +135,8 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
     choice = {cls: b.node for cls, b in fixed.items()}
     graph = build_graph(fz, enc, choice)
     cost, per_node = program_cost(graph, target)
-    return Extraction(graph, cost, per_node, declined=declined_fusions(fz, choice, own, target))
+    hoisted = {cls for cls, b in fixed.items() if b.const_only}
+    return Extraction(graph, cost, per_node, declined=declined_fusions(fz, choice, own, target, hoisted))
 
 
 def _ops(node: ENode) -> int:
@@ -145,10 +146,12 @@ def _ops(node: ENode) -> int:
     return 1
 
 
-def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, k: int = 5) -> list[str]:
+def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, hoisted=frozenset(),
+                     k: int = 5) -> list[str]:
     """For chosen kernels that had a larger fusion available, the largest one and why it lost: its
     overflow, or its time against the chosen kernels it would replace (with the penalties that made it
-    slower). Largest first, at most `k`."""
+    slower). Classes in `hoisted` are constants computed once; they are not kernels a fusion replaces.
+    Largest first, at most `k`."""
     from superopt.egraph.ir import Node, body_str, type_str
     from superopt.extract.cost import op_breakdown, penalty_notes
 
@@ -168,7 +171,7 @@ def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, 
             continue
         # Variants that read only what the chosen program computes anyway and would replace more than
         # the chosen kernel: the largest one, with the chosen kernels it covers.
-        larger, below = [], reach([cls])
+        larger, below = [], reach([cls]) - hoisted
         for n in fz.classes.get(cls, []):
             if n.fn == "kernel" and n in own and n is not chosen and all(c in choice for c in n.children):
                 covered = below - reach(n.children)

@@ -97,7 +97,8 @@ def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: flo
     total, per_node = program_cost(graph, target)
     proof = "optimal" if status == "Optimal" else f"stopped: {status}"
     if total <= greedy.cost:
+        hoisted = {cls for cls, n in chosen.items() if hoistable(n.fn, [c in constant for c in n.children])}
         return Extraction(graph, total, per_node, method=f"ilp ({proof})",
-                          declined=declined_fusions(fz, chosen, own, target))
+                          declined=declined_fusions(fz, chosen, own, target, hoisted))
     greedy.method = f"greedy (cheaper than the ILP's {proof} result)"
     return greedy

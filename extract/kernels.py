@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 from superopt.egraph.encode import decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
-from superopt.egraph.ir import CycleError, Node, postorder
+from superopt.egraph.ir import CycleError, Node, hoistable, postorder
 from superopt.extract.cost import nbytes, op_cost, tiling_options
 from superopt.extract.target import Target
 from superopt.rewrites.infer import IllTyped, infer
@@ -139,13 +139,86 @@ def _load_node(fz: FrozenEGraph, cls):
     return next((n for n in fz.classes.get(cls, []) if n.fn == "sarg"), None)
 
 
-def _inline_options(fz: FrozenEGraph, cls) -> list[ENode]:
-    """Nodes that compute the class in place, cheapest-looking first (fewest operands, then by name)."""
-    nodes = [n for n in fz.classes.get(cls, []) if n.fn != "sarg"]
-    return sorted(nodes, key=lambda n: (len(n.children), n.fn, repr(n.args)))
+def inline_order(fz: FrozenEGraph, tensor_types) -> dict:
+    """For every Scalar class, the nodes that compute it in place, best first: by what the body would
+    read if everything below the node were computed in place too (bytes of the tensors it loads), then
+    by body ops, then by fewest operands and by name. A constant (computed once when the program is
+    built) is counted as loaded where that reads less, and then it is never inlined at all. So of two
+    equal forms the one that reads less comes first: (conv - mean) * scale as conv(x, w * scale) minus
+    the constant mean * scale once the scale is folded into the weights. The volumes are a fixpoint over
+    the (possibly cyclic) e-graph; a class reached only through cycles costs its load."""
+    scalar = {cls: nodes for cls, nodes in fz.classes.items() if nodes and nodes[0].fn in SCALAR_FNS}
+
+    def loaded(n: ENode) -> int:
+        kids = n.children if n.fn == "sarg" else [n.children[i] for i in TENSOR_OPERANDS.get(n.fn, ())]
+        return sum(nbytes(tensor_types[c]) if c in tensor_types else math.inf for c in kids)
+
+    def node_cost(n: ENode, best: dict):
+        kids = [best.get(c) for c in _scalar_children(n)]
+        if any(k is None for k in kids):
+            return None
+        if n.fn == "schain":  # a matmul that may take its left operand from the body: never worse than loading it
+            load = _load_node(fz, n.children[0])
+            kids = [min(kids[0], (loaded(load), 0))] if load is not None else kids
+        return (loaded(n) + sum(k[0] for k in kids), 1 + sum(k[1] for k in kids))
+
+    parents: dict = {}
+    for nodes in scalar.values():
+        for n in nodes:
+            if n.fn != "sarg":
+                for c in _scalar_children(n):
+                    parents.setdefault(c, []).append(n)
+    best: dict = {}   # class -> (bytes, ops) of its cheapest fully inlined form
+
+    def settle(seeds: dict) -> None:
+        best.update(seeds)
+        queue = deque(n for c in seeds for n in parents.get(c, ()))
+        while queue:
+            n = queue.popleft()
+            c = node_cost(n, best)
+            if c is not None and (n.eclass not in best or c < best[n.eclass]):
+                best[n.eclass] = c
+                queue.extend(parents.get(n.eclass, ()))
+
+    # Leaves first (classes that can only be loaded, and constants), then classes left out by cycles
+    # fall back to a load.
+    constant = _constant_classes(fz)
+    leaves = {cls: (loaded(load), 0) for cls, nodes in scalar.items()
+              if (load := _load_node(fz, cls)) is not None
+              and (all(n.fn == "sarg" for n in nodes) or load.children[0] in constant)}
+    settle(leaves)
+    settle({n.eclass: node_cost(n, best) for nodes in scalar.values() for n in nodes
+            if n.fn != "sarg" and not _scalar_children(n)})
+    settle({cls: (loaded(load), 0) for cls in scalar
+            if cls not in best and (load := _load_node(fz, cls)) is not None})
+    order = {}
+    for cls, nodes in scalar.items():
+        hoisted = cls in leaves and best[cls] == leaves[cls]  # a constant that is cheapest loaded
+        inline = [] if hoisted else [n for n in nodes if n.fn != "sarg"]
+        order[cls] = sorted(inline, key=lambda n: (node_cost(n, best) or (math.inf, math.inf), len(n.children),
+                                                  n.fn, repr(n.args)))
+    return order
 
 
-def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_types) -> list[ENode]:
+def _constant_classes(fz: FrozenEGraph) -> set:
+    """Tensor classes with a term over constants only (hoisted: computed when the program is built)."""
+    parents: dict = {}
+    for nodes in fz.classes.values():
+        for n in nodes:
+            for c in n.children:
+                parents.setdefault(c, []).append(n)
+    constant: set = set()
+    queue = deque(n for nodes in fz.classes.values() for n in nodes if not n.children)
+    while queue:
+        n = queue.popleft()
+        if n.eclass not in constant and n.fn not in SCALAR_FNS and n.fn != "kernel" \
+                and hoistable(n.fn, [c in constant for c in n.children]):
+            constant.add(n.eclass)
+            queue.extend(parents.get(n.eclass, ()))
+    return constant
+
+
+def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_types, order: dict) -> list[ENode]:
     """Concrete kernels for `kernel(root)` in tensor class `own`, growing from the root (module doc).
     Three growths: one never takes in a matmul or convolution (elementwise and row fusion only); one may,
     from the root (a matmul with a short epilogue); and one may, from the largest body of the first
@@ -195,13 +268,13 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
                 else:
                     largest = nodes        # past the cap, only the largest body is kept
             fits = inline
-            inline = _next_to_inline(fz, build, root, inline, producers)
+            inline = _next_to_inline(fz, order, build, root, inline, producers)
         if largest is not None:
             out.extend(largest)
         return fits
 
-    for first in _inline_options(fz, root)[:2]:  # the root's own op (and one other form of it, if any)
-        start = _close(fz, root, {root: first})
+    for first in order.get(root, [])[:2]:  # the root's own op (and one other form of it, if any)
+        start = _close(fz, order, root, {root: first})
         widest = grow(start, producers=False)
         grow(start, producers=True)
         if widest is not start:
@@ -224,32 +297,31 @@ def _frontier(root, inline: dict):
                     queue.append(c)
 
 
-def _close(fz: FrozenEGraph, root, inline: dict) -> dict:
+def _close(fz: FrozenEGraph, order: dict, root, inline: dict) -> dict:
     """`inline`, plus every class the body reaches that cannot be loaded (it must be computed in place)."""
     inline = dict(inline)
     while True:
-        forced = next((c for c in _frontier(root, inline) if _load_node(fz, c) is None and _inline_options(fz, c)),
-                      None)
+        forced = next((c for c in _frontier(root, inline) if _load_node(fz, c) is None and order.get(c)), None)
         if forced is None:
             return inline
-        inline[forced] = _inline_options(fz, forced)[0]
+        inline[forced] = order[forced][0]
 
 
-def _next_to_inline(fz: FrozenEGraph, build, root, inline: dict, producers: bool):
+def _next_to_inline(fz: FrozenEGraph, order: dict, build, root, inline: dict, producers: bool):
     """Among the loaded Scalar classes nearest the root (breadth first, `LOOKAHEAD` of them) that can be
     computed in place, the one whose inlining leaves the kernel reading the fewest bytes: a mean or a
     variance over rows the kernel already reads comes before a producer that brings new operands.
     Matmuls and convolutions only when `producers`."""
     found = []
     for cls in _frontier(root, inline):
-        options = [n for n in _inline_options(fz, cls) if producers or n.fn not in PRODUCERS]
+        options = [n for n in order.get(cls, []) if producers or n.fn not in PRODUCERS]
         if options:
             found.append((cls, options[0]))
             if len(found) == LOOKAHEAD:
                 break
     best, best_bytes = None, math.inf
     for cls, node in found:
-        grown = _close(fz, root, {**inline, cls: node})
+        grown = _close(fz, order, root, {**inline, cls: node})
         if build(grown) is None:
             continue
         _, loaded = build(grown)
@@ -267,6 +339,7 @@ def expand(fz: FrozenEGraph, conv_params, target: Target) -> FrozenEGraph:
         return fz
     types = {cls: (fz.shapes[cls], fz.dtypes[cls]) for cls in fz.classes if cls in fz.shapes and cls in fz.dtypes}
     view = FrozenEGraph(shapes=fz.shapes, dtypes=fz.dtypes, outputs=fz.outputs)
+    order = inline_order(fz, types)
     for cls, nodes in fz.classes.items():
         if cls in scalar:
             continue
@@ -274,7 +347,7 @@ def expand(fz: FrozenEGraph, conv_params, target: Target) -> FrozenEGraph:
         for n in nodes:
             if n.fn == "kernel" and not n.args:
                 if cls in types:
-                    kept.extend(v for v in variants(fz, conv_params, cls, n.children[0], target, types)
+                    kept.extend(v for v in variants(fz, conv_params, cls, n.children[0], target, types, order)
                                 if v not in kept)
             else:
                 kept.append(n)

@@ -6,13 +6,13 @@ cheaper is the cost model's business, so identities that can pay either way are 
 from __future__ import annotations
 
 from superopt.rewrites.pattern import (
-    add, app, arg, binary, broadcast, compose, concat, const, dim, div, dtypes, exp, floats, iadd, ints, lit, log,
+    add, app, arg, binary, broadcast, compose, concat, const, conv, dim, div, dtypes, exp, floats, iadd, ints, lit, log,
     matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_last, shape_of, slice_, sub, tensors, transpose,
     unary, vecs, zeros_like, integer_pow,
 )
 from superopt.rewrites.rule import RuleSet, multi_rule, rule, when
 
-x, y, z = tensors("x y z")
+x, y, z, w = tensors("x y z w")
 p, q, s, t = vecs("p q s t")
 (d,) = dtypes("d")
 (op,) = ops("op")
@@ -89,6 +89,10 @@ ALGEBRA = RuleSet("algebra", {
              when("scalar", y), two_way=True, doc="reshape(c op x) <-> c op reshape(x), rank-0 c"),
         rule("broadcast-of-broadcast", broadcast(broadcast(x, s, p), t, q), broadcast(x, t, compose(q, p)),
              doc="broadcast(broadcast(x)) -> one broadcast"),
+        rule("binary-of-broadcasts", binary(op, broadcast(x, s, p), broadcast(y, s, p)),
+             broadcast(binary(op, x, y), s, p), when("same_shape", x, y),
+             doc="an elementwise op on two equal broadcasts = the op on their sources, broadcast once "
+                 "(a per-channel constant stays per-channel)"),
     ],
     "identity": [
         rule("mul-one", mul(x, one), x, doc="x*1 -> x"),
@@ -121,5 +125,15 @@ ALGEBRA = RuleSet("algebra", {
     "constants": [
         _fold("add", "+", "fadd"), _fold("sub", "-", "fsub"), _fold("mul", "*", "fmul"),
         _fold("div", "/", "fdiv", when("nonzero", c2)), _fold("max", "max", "fmax"), _fold("min", "min", "fmin"),
+    ],
+    "batch-norm": [
+        rule("bn-scale-into-weights", mul(conv(x, y, k), broadcast(z, s, p)),
+             conv(x, mul(y, broadcast(z, shape_of(y), p)), k),
+             when("conv_channels_last", k), when("last_axis", p, y), numerics="reals",
+             doc="a per-channel scale after a convolution scales its weights instead (constant weights: "
+                 "folded once when the program is built)"),
+        rule("bn-shift-before-scale", mul(sub(conv(x, y, k), z), w),
+             sub(mul(conv(x, y, k), w), mul(z, w)), numerics="reals",
+             doc="(conv - mean) * scale = conv * scale - mean * scale, so the scale can reach the weights"),
     ],
 })

@@ -62,16 +62,6 @@ FUSION = RuleSet("fusion", {
              when("last_axis", p, x), when("shape_is", reshape(reduce(op, x, p), s), set_last(shape_of(x), 1)),
              doc="the same row reduction, kept by a reshape"),
     ],
-    "batch-norm": [
-        rule("bn-scale-into-weights", mul(conv(x, y, n), broadcast(z, s, p)),
-             conv(x, mul(y, broadcast(z, shape_of(y), p)), n),
-             when("conv_channels_last", n), when("last_axis", p, y), numerics="reals",
-             doc="a per-channel scale after a convolution scales its weights instead (constant weights: "
-                 "folded once when the program is built)"),
-        rule("bn-shift-before-scale", mul(sub(conv(x, y, n), z), w),
-             sub(mul(conv(x, y, n), w), mul(z, w)), numerics="reals",
-             doc="(conv - mean) * scale = conv * scale - mean * scale, so the scale can reach the weights"),
-    ],
     "chain": [
         rule("chain-left", smm(x, y, d), schain(_load(x, x), y, d),
              doc="a matmul may take its left operand from the kernel's body: inlining a producing matmul "

@@ -23,6 +23,11 @@ V = jnp.asarray(rng.standard_normal((8, 1)), jnp.float32)
 W1, W2, W3 = (rng.standard_normal((8, 4)).astype(np.float32) for _ in range(3))
 T3 = jnp.asarray(rng.standard_normal((2, 3, 4)), jnp.float32)
 
+
+def _normal(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
 # rule name -> (program, arguments)
 FIRES = {
     "transpose-of-transpose": (lambda t: jnp.transpose(jnp.transpose(t, (1, 2, 0)), (2, 0, 1)) * 2, (T3,)),
@@ -46,6 +51,14 @@ FIRES = {
     "reshape-through-unary": (lambda t: jnp.tanh(t).reshape(6, 4) + 1, (T3,)),
     "reshape-through-scalar-binary": (lambda t: (t * 3.0).reshape(6, 4) + 1, (T3,)),
     "reshape-through-scalar-binary-left": (lambda t: jnp.maximum(-1.0, t).reshape(6, 4) + 1, (T3,)),
+    "binary-of-broadcasts": (lambda v, u: jnp.exp(jnp.broadcast_to(v, (8, 8)) - jnp.broadcast_to(u, (8, 8))),
+                             (V, V * 0.5)),
+    "bn-scale-into-weights": (lambda x, w, g: lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) * g,
+        (_normal(1, 6, 6, 3), _normal(3, 3, 3, 4), _normal(4))),
+    "bn-shift-before-scale": (lambda x, w, m, g: (lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) - m) * g,
+        (_normal(1, 6, 6, 3), _normal(3, 3, 3, 4), _normal(4), _normal(4))),
     "broadcast-of-broadcast": (lambda v: jnp.broadcast_to(jnp.broadcast_to(v, (8, 8))[None], (3, 8, 8)), (V,)),
     "mul-one": (lambda a: a * 1.0 + 2.0, (A,)),
     "mul-one-left": (lambda a: 1.0 * a + 2.0, (A,)),

@@ -73,12 +73,6 @@ FIRES = {  # rule -> (program, arguments)
     "lift-transpose": (lambda x: x.T * 2.0, (normal(4, 8),)),
     "lift-matmul": (lambda a, b: jax.nn.relu(a @ b), (normal(4, 8), normal(8, 3))),
     "chain-left": (lambda a, b, d: (a @ b) @ d, (normal(4, 8), normal(8, 6), normal(6, 3))),
-    "bn-scale-into-weights": (lambda x, w, g: lax.conv_general_dilated(
-        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) * g,
-        (normal(1, 6, 6, 3), normal(3, 3, 3, 4), normal(4))),
-    "bn-shift-before-scale": (lambda x, w, m, g: (lax.conv_general_dilated(
-        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) - m) * g,
-        (normal(1, 6, 6, 3), normal(3, 3, 3, 4), normal(4), normal(4))),
     "lift-conv": (lambda x, w: jax.nn.relu(lax.conv_general_dilated(x, w, (1, 1), "SAME",
                                                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))),
                   (normal(1, 6, 6, 3), normal(3, 3, 3, 4))),
@@ -156,6 +150,26 @@ def test_matmul_with_bias_and_activation_is_one_kernel():
     (k,) = kernels(chosen.graph)
     assert "matmul" in ops_in(k) and "tanh" in ops_in(k)
     assert_same(dense, args, chosen.graph)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu-h100", "npu-910b"])
+def test_inference_batch_norm_is_folded_into_the_conv_weights(target):
+    """conv -> BN (constant statistics) -> ReLU: one kernel that multiplies by no per-channel scale; the
+    scale went into the (hoisted) weights and mean * scale into one constant."""
+    w = normal(3, 3, 8, 16)
+    gamma, beta, mean = normal(16), normal(16), normal(16)
+    var = np.abs(normal(16)) + 0.5
+
+    def block(x):
+        y = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.nn.relu((y - mean) * (gamma / jnp.sqrt(var + 1e-5)) + beta)
+
+    args = (normal(1, 12, 12, 8),)
+    chosen, report = fused(block, args, target)
+    assert report.matches["bn-scale-into-weights"] > 0
+    (k,) = kernels(chosen.graph)
+    assert "conv" in ops_in(k) and "mul" not in ops_in(k) and "sqrt" not in ops_in(k), body_str(k.attrs[0])
+    assert_same(block, args, chosen.graph)
 
 
 def test_ilp_extraction_over_kernel_variants_is_correct_and_not_worse():

@@ -36,6 +36,12 @@ class NpuSpec:
     l0b_bytes: int
     l0c_bytes: int
     separated: bool           # cube and vector cores exchange data through global memory (910B)
+    # Data paths inside one core, for the emulator (lowering/npu); sources in the target files.
+    mte1_bytes_per_cycle: int = 256       # L1 -> L0A/L0B
+    fixpipe_bytes_per_cycle: int = 128    # L0C -> GM/L1/UB
+    vector_bytes_per_cycle: int = 256     # one 256-byte repeat per cycle
+    dma_latency_cycles: int = 200         # fixed start-up of one MTE2/MTE3 transfer
+    vector_cores_per_cube: int = 1        # separated cores: AIVs per AIC
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,233 @@
+"""Code generation: from a kernel's loop nest and tiles to an NPU program (`isa.Program`).
+
+Programs are written as sequential code, one instruction per queue step in the order a single core
+would run them; `insert_flags` then adds a SetFlag/WaitFlag pair wherever one queue reads what another
+wrote or overwrites what another still reads. Two slots per staged operand (ping-pong) let the next
+tile's copy overlap the current tile's compute: the flags make the copy wait only for the tile two
+steps back.
+
+The tiled GEMM follows the Chimera model exactly (`extract/models/chimera.py`): the loops run in the
+tiling's order, and an operand tile is copied in again only when a loop that indexes it, or one
+outside such a loop, moves on; so the bytes moved between GM and the chip are the model's DV. The
+output tile accumulates in L0C while the reduction loop runs inside it; if a reduction step lies
+outside the output tile's lifetime, each partial tile is added into GM (atomic add), which is the
+model's count as well. The outermost loop's iterations (and the batch) are dealt to the cores in turn.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from superopt.extract.target import Target
+from superopt.lowering.npu.isa import (
+    ALIGNMENT, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, VecOp, WaitFlag,
+)
+
+FRACTAL = 16
+L0_BLOCK = 128          # edge of the L0 blocks a tile is multiplied in (128x128 fp16 = 32 KB: two fit L0A)
+EVENTS = 8              # event ids per pair of queues
+
+
+class CodegenError(ValueError):
+    """A kernel the generator cannot place on the target as tiled."""
+
+
+def _up(n: int, m: int = FRACTAL) -> int:
+    return -(-n // m) * m
+
+
+class Allocator:
+    """Static, aligned allocation per on-chip space; every buffer lives for the whole program."""
+
+    def __init__(self, program: Program):
+        self.program, self.top = program, defaultdict(int)
+
+    def __call__(self, name: str, space: str, shape: tuple, dtype: str) -> Buf:
+        offset = _up(self.top[space], ALIGNMENT[space])
+        buf = Buf(name, space, offset, tuple(shape), dtype)
+        self.top[space] = offset + buf.nbytes
+        self.program.buffers.append(buf)
+        return buf
+
+
+def insert_flags(instrs: list) -> list:
+    """The sequential program with the flags a parallel machine needs: before an instruction that reads
+    a buffer another queue wrote (or writes one another queue reads or wrote), a SetFlag on that queue
+    and a WaitFlag on this one; none where an earlier flag already covers it."""
+    out: list = []
+    position: dict = defaultdict(int)      # (core, queue) -> instructions issued so far
+    last_write: dict = {}                  # operand key -> (core, queue, position)
+    readers: dict = defaultdict(dict)      # operand key -> {(core, queue): position}
+    synced: dict = {}                      # (producer queue, consumer queue) -> position covered
+    events: dict = defaultdict(int)
+
+    def key(core, operand):
+        return (core, operand.space, operand.name) if isinstance(operand, Buf) else \
+            ("GM", operand.tensor, operand.start, operand.size)
+
+    for ins in instrs:
+        me = (ins.core, ins.queue)
+        needs: dict = {}
+        for operand in ins.reads():
+            w = last_write.get(key(ins.core, operand))
+            if w and w[:2] != me:
+                needs[w[:2]] = max(needs.get(w[:2], -1), w[2])
+        for operand in ins.writes():
+            k = key(ins.core, operand)
+            deps = list(readers[k].items()) + ([(last_write[k][:2], last_write[k][2])] if k in last_write else [])
+            for q, pos in deps:
+                if q != me:
+                    needs[q] = max(needs.get(q, -1), pos)
+        for src, pos in sorted(needs.items()):
+            if synced.get((src, me), -1) >= pos:
+                continue
+            event = events[(src, me)] % EVENTS
+            events[(src, me)] += 1
+            out.append(SetFlag(src[0], src[1], dst_core=me[0], dst_queue=me[1], event=event))
+            out.append(WaitFlag(me[0], me[1], src_core=src[0], src_queue=src[1], event=event))
+            synced[(src, me)] = position[src] - 1
+        out.append(ins)
+        pos = position[me]
+        position[me] += 1
+        for operand in ins.reads():
+            readers[key(ins.core, operand)][me] = pos
+        for operand in ins.writes():
+            k = key(ins.core, operand)
+            last_write[k] = (*me, pos)
+            readers[k] = {}
+    return out
+
+
+def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target: Target,
+                 relu: bool = False) -> Program:
+    """C = A @ B (relu optional) tiled as the Chimera model counts it. `a`, `b`, `c` are (name, shape,
+    dtype) of GM tensors: A [batch, M, K], B [K, N] or [batch, K, N], C [batch, M, N] (a leading batch
+    of 1 may be left out). `order` names the loops m, n, k outermost first; `tiles` their tile sizes."""
+    (an, ashape, adt), (bn_, bshape, bdt), (cn, cshape, cdt) = a, b, c
+    a3 = (1,) * (3 - len(ashape)) + tuple(ashape)
+    b3 = (1,) * (3 - len(bshape)) + tuple(bshape)
+    c3 = (1,) * (3 - len(cshape)) + tuple(cshape)
+    batch, m, k = a3
+    n = b3[2]
+    if b3[1] != k or c3 != (batch, m, n) or b3[0] not in (1, batch):
+        raise CodegenError(f"gemm: shapes {ashape} @ {bshape} -> {cshape} do not match")
+    if sorted(order) != ["k", "m", "n"]:
+        raise CodegenError(f"gemm: loop order {order} is not a permutation of m, n, k")
+    ext = {"m": m, "n": n, "k": k}
+    tile = {loop: max(1, min(int(tiles[loop]), ext[loop])) for loop in "mnk"}
+    steps = {loop: math.ceil(ext[loop] / tile[loop]) for loop in "mnk"}
+    tm, tn, tk = (_up(tile[x]) for x in "mnk")
+    npu = target.npu
+    program = Program(inputs=[(an, a3, adt), (bn_, b3, bdt)], outputs=[(cn, c3, cdt)])
+    alloc = Allocator(program)
+    cube_dt = "int8" if adt == "int8" else ("bfloat16" if adt == "bfloat16" else "float16")
+    acc_dt = "int32" if cube_dt == "int8" else "float32"
+    bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(tk, L0_BLOCK)
+    blocks = [(i, j) for i in range(0, tm, bm) for j in range(0, tn, bn)]
+    acc_bytes = tm * tn * np.dtype(acc_dt).itemsize
+    if acc_bytes > npu.l0c_bytes:
+        raise CodegenError(f"gemm: the output tile {tile['m']}x{tile['n']} needs {acc_bytes} bytes of L0C "
+                           f"({acc_dt}), capacity {npu.l0c_bytes} ({target.name}); use smaller TM or TN")
+    acc_slots = 2 if 2 * acc_bytes <= npu.l0c_bytes else 1
+    a_l1 = [alloc(f"A{s}", "L1", (tm, tk), cube_dt) for s in range(2)]
+    b_l1 = [alloc(f"B{s}", "L1", (tk, tn), cube_dt) for s in range(2)]
+    l0a = [alloc(f"a{s}", "L0A", (bm, bk), cube_dt) for s in range(2)]
+    l0b = [alloc(f"b{s}", "L0B", (bk, bn), cube_dt) for s in range(2)]
+    acc = [{(i, j): alloc(f"c{s}_{i}_{j}", "L0C", (min(bm, tm - i), min(bn, tn - j)), acc_dt) for i, j in blocks}
+           for s in range(acc_slots)]
+
+    index_loops = {"A": "mk", "B": "kn", "C": "mn"}
+    reload_at = {t: max(order.index(x) for x in loops) for t, loops in index_loops.items()}
+    cores = [f"core{i}" for i in range(npu.cores)]
+    instrs: list = []
+    state = {c_: {"A": None, "B": None, "C": None, "at": None, "a": -1, "b": -1, "acc": -1, "l0": 0, "ks": set()}
+             for c_ in cores}
+
+    def drain(core, st):
+        """Write the live output tile: final tiles plainly (with relu), partial ones added into GM."""
+        if st["C"] is None:
+            return
+        complete = len(st["ks"]) == steps["k"]
+        if relu and not complete:
+            raise CodegenError("gemm: a relu after a reduction split outside the output tile needs a second pass")
+        bt, mi, ni = st["at"]
+        for (i, j), buf in acc[st["acc"]].items():
+            size = (1, min(buf.shape[0], tile["m"] - i), min(buf.shape[1], tile["n"] - j))
+            if size[1] > 0 and size[2] > 0:
+                window = Gm(cn, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)
+                instrs.append(FixPipe(core, "cube", src=buf, dst=window, relu=relu, atomic_add=not complete))
+
+    for it in itertools.product(range(batch), *(range(steps[x]) for x in order)):
+        bt, idx = it[0], dict(zip(order, it[1:]))
+        core = cores[(bt * steps[order[0]] + idx[order[0]]) % len(cores)]
+        st = state[core]
+        instrs.append(ScalarOp(core, "scalar", cycles=8, note="tile step"))
+        keys = {t: (bt,) + tuple(idx[x] for x in order[:reload_at[t] + 1]) for t in index_loops}
+        if keys["C"] != st["C"]:
+            drain(core, st)
+            st.update(C=keys["C"], at=(bt, idx["m"], idx["n"]), ks=set(), acc=(st["acc"] + 1) % acc_slots)
+        if keys["A"] != st["A"]:
+            st["a"], st["A"] = (st["a"] + 1) % 2, keys["A"]
+            window = Gm(an, (bt if a3[0] > 1 else 0, idx["m"] * tile["m"], idx["k"] * tile["k"]),
+                        (1, tile["m"], tile["k"]))
+            instrs.append(CopyIn(core, "MTE2", src=window, dst=a_l1[st["a"]]))
+        if keys["B"] != st["B"]:
+            st["b"], st["B"] = (st["b"] + 1) % 2, keys["B"]
+            window = Gm(bn_, (bt if b3[0] > 1 else 0, idx["k"] * tile["k"], idx["n"] * tile["n"]),
+                        (1, tile["k"], tile["n"]))
+            instrs.append(CopyIn(core, "MTE2", src=window, dst=b_l1[st["b"]]))
+        fresh = not st["ks"]          # the first reduction step of this output tile starts from zero
+        st["ks"].add(idx["k"])
+        for (i, j), cbuf in acc[st["acc"]].items():
+            for kk in range(0, tk, bk):
+                rows, cols, depth = cbuf.shape[0], cbuf.shape[1], min(bk, tk - kk)
+                slot = st["l0"] = (st["l0"] + 1) % 2
+                la = Buf(l0a[slot].name, "L0A", l0a[slot].offset, (rows, depth), cube_dt)
+                lb = Buf(l0b[slot].name, "L0B", l0b[slot].offset, (depth, cols), cube_dt)
+                instrs.append(LoadL0(core, "MTE1", src=a_l1[st["a"]], dst=la, at=(i, kk)))
+                instrs.append(LoadL0(core, "MTE1", src=b_l1[st["b"]], dst=lb, at=(kk, j)))
+                instrs.append(Mmad(core, "cube", a=la, b=lb, c=cbuf, accumulate=not (fresh and kk == 0)))
+    for core in cores:
+        drain(core, state[core])
+    program.instrs = insert_flags(instrs)
+    program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
+    return program
+
+
+def elementwise_program(op: str, ins: list[tuple], out: tuple, target: Target, attrs: tuple = (),
+                        rows_per_tile: int | None = None) -> Program:
+    """One elementwise op (or a row reduction `reduce_*`, kept as a size-1 last axis) on the vector unit:
+    rows of the output in UB tiles, copied in by MTE2 and out by MTE3, rows dealt to the cores. Operands
+    are (name, shape, dtype) of GM tensors of the output's shape, or with a size-1 last axis (a per-row
+    value, broadcast on chip)."""
+    oname, oshape, odt = out
+    src_shape = ins[0][1]
+    width = src_shape[-1] if src_shape else 1
+    rows = math.prod(src_shape[:-1]) if len(src_shape) > 1 else 1
+    npu = target.npu
+    program = Program(inputs=[(nm, (rows, s[-1] if s else 1), dt) for nm, s, dt in ins],
+                      outputs=[(oname, (rows, oshape[-1] if oshape else 1), odt)])
+    alloc = Allocator(program)
+    per_row = sum(width * np.dtype(dt).itemsize for _, _, dt in ins) + width * np.dtype(odt).itemsize
+    fit = max(1, (npu.ub_bytes // 2 - 1024) // (2 * per_row))     # two slots of every buffer
+    tr = min(rows, rows_per_tile or fit)
+    bufs = [[alloc(f"in{j}_{s}", "UB", (tr, (shape[-1] if shape else 1)), dt) for s in range(2)]
+            for j, (_, shape, dt) in enumerate(ins)]
+    obufs = [alloc(f"out_{s}", "UB", (tr, oshape[-1] if oshape else 1), odt) for s in range(2)]
+    cores = [f"core{i}" for i in range(npu.cores)]
+    instrs, slot = [], defaultdict(int)
+    for t, r0 in enumerate(range(0, rows, tr)):
+        core = cores[t % len(cores)]
+        s = slot[core] = (slot[core] + 1) % 2
+        instrs.append(ScalarOp(core, "scalar", cycles=8, note="tile step"))
+        for j, (name, shape, _) in enumerate(ins):
+            cols = shape[-1] if shape else 1
+            instrs.append(CopyIn(core, "MTE2", src=Gm(name, (r0, 0), (tr, cols)), dst=bufs[j][s]))
+        instrs.append(VecOp(core, "vector", op=op, dst=obufs[s], srcs=tuple(b[s] for b in bufs), attrs=attrs))
+        instrs.append(CopyOut(core, "MTE3", src=obufs[s], dst=Gm(oname, (r0, 0), obufs[s].shape)))
+    program.instrs = insert_flags(instrs)
+    program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
+    return program

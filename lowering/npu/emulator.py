@@ -1,0 +1,343 @@
+"""Executes an NPU program (`isa.Program`): numerically with numpy, or shape-only (symbolic).
+
+Every buffer is checked against its space's capacity and alignment before anything runs. Each queue
+of each core runs its instructions in order; an instruction starts when its queue is free, a WaitFlag
+when its SetFlag has fired. An instruction that reads a buffer (or GM window) another queue writes, or
+overwrites one another queue still reads, before the flags order them is a race, and an error: the
+numbers are computed in issue order, so a program without races gives them exactly as the timed,
+overlapped schedule would. Durations come from the target (`NpuSpec`): GM transfers at one core's
+share of the chip's bandwidth plus a start-up latency, L1 -> L0 and L0C drains at their path widths,
+the cube at one 16x16x16 fractal per cycle (16x32x16 for int8), the vector unit at one 256-byte
+repeat per cycle (several passes for transcendental functions).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from superopt.extract.target import Target
+from superopt.lowering.npu.isa import (
+    ALIGNMENT, Barrier, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, VecOp, WaitFlag,
+)
+from superopt.rewrites.reference import evaluate_node
+
+TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "logistic", "erf", "sqrt", "rsqrt", "pow", "log1p", "expm1"})
+FRACTAL = 16
+
+
+class EmulatorError(RuntimeError):
+    """A program the hardware could not run as written."""
+
+
+class CapacityError(EmulatorError):
+    pass
+
+
+class AlignmentError(EmulatorError):
+    pass
+
+
+class RaceError(EmulatorError):
+    pass
+
+
+class DeadlockError(EmulatorError):
+    pass
+
+
+@dataclass
+class Result:
+    outputs: dict                      # name -> array (None in symbolic mode)
+    cycles: int                        # from the first issue to the last instruction done, over all cores
+    busy: dict                         # "core.queue" -> busy cycles
+    bytes_by_path: dict                # e.g. "GM->L1" -> bytes
+    events: list = field(default_factory=list)   # (core, queue, name, start, end)
+    clock_hz: float = 1e9
+    wall_seconds: float = 0.0
+
+    @property
+    def utilisation(self) -> dict:
+        return {q: (b / self.cycles if self.cycles else 0.0) for q, b in sorted(self.busy.items())}
+
+    @property
+    def queue_utilisation(self) -> dict:
+        """Per queue kind, busy cycles over the cycles of the cores that used it."""
+        busy, cores = defaultdict(int), defaultdict(set)
+        for name, b in self.busy.items():
+            core, queue = name.rsplit(".", 1)
+            busy[queue] += b
+            cores[queue].add(core)
+        return {q: busy[q] / (self.cycles * len(cores[q])) if self.cycles else 0.0 for q in sorted(busy)}
+
+    @property
+    def gm_bytes(self) -> int:
+        """Bytes moved between global memory and the chip, both ways."""
+        return sum(b for path, b in self.bytes_by_path.items() if "GM" in path)
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / self.clock_hz
+
+    def summary(self) -> str:
+        lines = [f"{self.cycles} cycles ({self.seconds * 1e6:.1f} us at {self.clock_hz / 1e9:.2f} GHz), "
+                 f"emulated in {self.wall_seconds:.2f} s"]
+        cores = len({name.rsplit(".", 1)[0] for name in self.busy})
+        busiest = sorted(self.queue_utilisation.items(), key=lambda kv: -kv[1])
+        lines.append(f"  utilisation ({cores} cores): " + ", ".join(f"{q} {u:.0%}" for q, u in busiest if u > 0))
+        lines.append("  bytes: " + ", ".join(f"{p} {b}" for p, b in sorted(self.bytes_by_path.items())))
+        return "\n".join(lines)
+
+
+def check_buffers(program: Program, target: Target) -> None:
+    """Capacity and alignment of every on-chip buffer; buffers of one space must not overlap."""
+    npu = target.npu
+    capacity = {"L1": npu.l1_bytes, "L0A": npu.l0a_bytes, "L0B": npu.l0b_bytes, "L0C": npu.l0c_bytes,
+                "UB": npu.ub_bytes}
+    by_space = defaultdict(list)
+    for buf in program.buffers:
+        if buf.space not in capacity:
+            raise EmulatorError(f"buffer {buf.name!r}: unknown space {buf.space!r}")
+        if buf.offset % ALIGNMENT[buf.space]:
+            raise AlignmentError(f"buffer {buf.name!r} in {buf.space} at offset {buf.offset}: not "
+                                 f"{ALIGNMENT[buf.space]}-byte aligned")
+        end = buf.offset + buf.nbytes
+        if end > capacity[buf.space]:
+            raise CapacityError(f"buffer {buf.name!r} needs {buf.nbytes} bytes of {buf.space} at offset "
+                                f"{buf.offset} (ends at {end}), capacity {capacity[buf.space]} bytes ({target.name})")
+        by_space[buf.space].append((buf.offset, end, buf.name))
+    for space, spans in by_space.items():
+        spans.sort()
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+            if start < end:
+                raise CapacityError(f"buffers {a!r} and {b!r} overlap in {space}")
+
+
+class _Machine:
+    def __init__(self, program: Program, target: Target, inputs: dict | None, symbolic: bool):
+        self.p, self.t, self.npu, self.symbolic = program, target, target.npu, symbolic
+        self.gm_bpc = target.mem_bandwidth / self.npu.cores / self.npu.clock_hz
+        self.gm: dict = {}
+        if not symbolic:
+            for name, shape, dtype in program.inputs:
+                arr = np.asarray(inputs[name])
+                if arr.size == math.prod(shape):   # the program may view an input with unit axes added
+                    arr = arr.reshape(shape)
+                if arr.shape != tuple(shape):
+                    raise EmulatorError(f"input {name!r} has shape {arr.shape}, the program expects {tuple(shape)}")
+                self.gm[name] = arr.astype(dtype)
+            for name, shape, dtype in program.outputs + program.workspace:
+                self.gm[name] = np.zeros(shape, dtype)
+        self.gm_shape = {name: (tuple(shape), dtype) for name, shape, dtype in
+                         program.inputs + program.outputs + program.workspace}
+        self.mem: dict = {}                       # (core, buffer name) -> array
+        self.free: dict = defaultdict(int)        # (core, queue) -> cycle it is free
+        self.busy: dict = defaultdict(int)
+        self.flags: dict = defaultdict(deque)
+        self.written: dict = {}                   # key -> (end, core.queue, instr index)
+        self.read: dict = {}                      # key -> (end, core.queue, instr index)
+        self.bytes = defaultdict(int)
+        self.events: list = []
+
+    # ---- operands ----
+    def _key(self, core: str, operand) -> tuple:
+        if isinstance(operand, Buf):
+            return (core, operand.space, operand.name)
+        return ("GM", operand.tensor, operand.start, operand.size)
+
+    def _inside(self, g: Gm) -> tuple:
+        shape, _ = self.gm_shape[g.tensor]
+        return tuple(slice(s, min(s + n, d)) for s, n, d in zip(g.start, g.size, shape))
+
+    def _gm_bytes(self, g: Gm) -> int:
+        shape, dtype = self.gm_shape[g.tensor]
+        inside = self._inside(g)
+        return math.prod(max(0, sl.stop - sl.start) for sl in inside) * np.dtype(dtype).itemsize
+
+    # ---- durations ----
+    def _duration(self, ins) -> int:
+        npu = self.npu
+        if isinstance(ins, (CopyIn, CopyOut)):
+            g = ins.src if isinstance(ins, CopyIn) else ins.dst
+            return npu.dma_latency_cycles + math.ceil(self._gm_bytes(g) / self.gm_bpc)
+        if isinstance(ins, LoadL0):
+            return math.ceil(ins.dst.nbytes / npu.mte1_bytes_per_cycle)
+        if isinstance(ins, Mmad):
+            (m, k), n = ins.a.shape, ins.b.shape[1]
+            kstep = 32 if ins.a.dtype == "int8" else FRACTAL
+            return math.ceil(m / FRACTAL) * math.ceil(n / FRACTAL) * math.ceil(k / kstep)
+        if isinstance(ins, FixPipe):
+            drain = math.ceil(ins.src.nbytes / npu.fixpipe_bytes_per_cycle)
+            if isinstance(ins.dst, Gm):
+                return max(drain, npu.dma_latency_cycles + math.ceil(self._gm_bytes(ins.dst) / self.gm_bpc))
+            return drain
+        if isinstance(ins, VecOp):
+            widest = max([ins.dst.nbytes] + [s.nbytes for s in ins.srcs])
+            repeats = math.ceil(widest / npu.vector_bytes_per_cycle)
+            passes = int(self.t.transcendental_flops) if ins.op in TRANSCENDENTAL else 1
+            return repeats * passes
+        if isinstance(ins, ScalarOp):
+            return ins.cycles
+        return 0
+
+    def _path(self, ins) -> tuple[str, int] | None:
+        if isinstance(ins, CopyIn):
+            return f"GM->{ins.dst.space}", self._gm_bytes(ins.src)
+        if isinstance(ins, CopyOut):
+            return "UB->GM", self._gm_bytes(ins.dst)
+        if isinstance(ins, LoadL0):
+            return f"L1->{ins.dst.space}", ins.dst.nbytes
+        if isinstance(ins, FixPipe):
+            if isinstance(ins.dst, Gm):
+                return "L0C->GM", self._gm_bytes(ins.dst)
+            return f"L0C->{ins.dst.space}", ins.dst.nbytes
+        return None
+
+    # ---- numerics ----
+    def _value(self, core: str, operand):
+        if isinstance(operand, Buf):
+            return self.mem[(core, operand.name)]
+        return self.gm[operand.tensor][self._inside(operand)]
+
+    def _store(self, core: str, dst, value, add: bool = False):
+        if isinstance(dst, Buf):
+            self.mem[(core, dst.name)] = np.asarray(value).astype(dst.dtype).reshape(dst.shape)
+            return
+        inside = self._inside(dst)
+        value = np.asarray(value)
+        value = value.reshape((1,) * (len(dst.size) - value.ndim) + value.shape)
+        part = value[tuple(slice(0, sl.stop - sl.start) for sl in inside)]
+        target = self.gm[dst.tensor]
+        target[inside] = (target[inside] + part if add else part).astype(target.dtype)
+
+    def _execute(self, core: str, ins) -> None:
+        if isinstance(ins, CopyIn):
+            window = np.zeros(ins.dst.shape, ins.dst.dtype)
+            got = self._value(core, ins.src)
+            got = got.reshape(got.shape[got.ndim - window.ndim:])   # leading unit axes of the window
+            window[tuple(slice(0, n) for n in got.shape)] = got.astype(ins.dst.dtype)
+            self._store(core, ins.dst, window)
+        elif isinstance(ins, LoadL0):
+            rows, cols = ins.dst.shape[::-1] if ins.transpose else ins.dst.shape
+            (r, c), v = ins.at, self._value(core, ins.src)
+            if r + rows > v.shape[0] or c + cols > v.shape[1]:
+                raise EmulatorError(f"LoadL0 reads {rows}x{cols} at {ins.at} of {ins.src}: outside the buffer")
+            block = v[r:r + rows, c:c + cols]
+            self._store(core, ins.dst, block.T if ins.transpose else block)
+        elif isinstance(ins, Mmad):
+            a = self._value(core, ins.a).astype(np.float32)
+            b = self._value(core, ins.b).astype(np.float32)
+            acc = np.int32 if ins.c.dtype == "int32" else np.float32
+            product = (a @ b).astype(acc)
+            self._store(core, ins.c, self._value(core, ins.c) + product if ins.accumulate else product)
+        elif isinstance(ins, FixPipe):
+            v = self._value(core, ins.src)
+            if ins.relu:
+                v = np.maximum(v, 0)
+            dtype = ins.dst.dtype if isinstance(ins.dst, Buf) else self.gm_shape[ins.dst.tensor][1]
+            self._store(core, ins.dst, v.astype(dtype), add=ins.atomic_add)
+        elif isinstance(ins, VecOp):
+            self._store(core, ins.dst, self._vector(core, ins))
+        elif isinstance(ins, CopyOut):
+            self._store(core, ins.dst, self._value(core, ins.src), add=ins.atomic_add)
+
+    def _vector(self, core: str, ins: VecOp):
+        srcs = [self._value(core, s) for s in ins.srcs]
+        if ins.op.startswith("reduce_"):
+            (x,) = srcs
+            out = evaluate_node(ins.op, ((x.ndim - 1,),), [x], x.shape[:-1], ins.dst.dtype)
+            return out.reshape(ins.dst.shape)
+        shape = ins.dst.shape
+        srcs = [np.broadcast_to(s, shape) if s.shape != shape else s for s in srcs]
+        return evaluate_node(ins.op, ins.attrs, srcs, shape, ins.dst.dtype)
+
+    # ---- the run ----
+    def run(self) -> None:
+        for index, ins in enumerate(self.p.instrs):
+            q = (ins.core, ins.queue)
+            if isinstance(ins, SetFlag):
+                self.flags[(ins.core, ins.queue, ins.dst_core, ins.dst_queue, ins.event)].append(self.free[q])
+                continue
+            if isinstance(ins, WaitFlag):
+                pending = self.flags[(ins.src_core, ins.src_queue, ins.core, ins.queue, ins.event)]
+                if not pending:
+                    raise DeadlockError(f"instruction #{index}: {ins.core}.{ins.queue} waits for event {ins.event} "
+                                        f"from {ins.src_core}.{ins.src_queue}, which no earlier SetFlag raises")
+                self.free[q] = max(self.free[q], pending.popleft())
+                continue
+            if isinstance(ins, Barrier):
+                mine = [k for k in self.free if k[0] == ins.core]
+                t = max((self.free[k] for k in mine), default=0)
+                for k in mine:
+                    self.free[k] = t
+                continue
+            start = self.free[q]
+            who = f"{ins.core}.{ins.queue}"
+            for operand in ins.reads():
+                key = self._key(ins.core, operand)
+                w = self.written.get(key)
+                if w and w[1] != who and w[0] > start:
+                    raise RaceError(f"instruction #{index} ({who} {type(ins).__name__}) reads {operand} at cycle "
+                                    f"{start}, before instruction #{w[2]} ({w[1]}) finishes writing it at {w[0]}: "
+                                    f"a flag is missing")
+            for operand in ins.writes():
+                key = self._key(ins.core, operand)
+                for seen, what in ((self.read.get(key), "reading"), (self.written.get(key), "writing")):
+                    if seen and seen[1] != who and seen[0] > start:
+                        raise RaceError(f"instruction #{index} ({who} {type(ins).__name__}) overwrites {operand} "
+                                        f"at cycle {start} while instruction #{seen[2]} ({seen[1]}) is still "
+                                        f"{what} it (until {seen[0]}): a flag is missing")
+            end = start + self._duration(ins)
+            self.free[q] = end
+            self.busy[who] += end - start
+            for operand in ins.reads():
+                key = self._key(ins.core, operand)
+                prev = self.read.get(key)
+                self.read[key] = (max(end, prev[0]) if prev and prev[1] == who else end, who, index)
+            for operand in ins.writes():
+                self.written[self._key(ins.core, operand)] = (end, who, index)
+            path = self._path(ins)
+            if path:
+                self.bytes[path[0]] += path[1]
+            self.events.append((ins.core, ins.queue, type(ins).__name__ if not isinstance(ins, VecOp) else ins.op,
+                                start, end))
+            if not self.symbolic:
+                self._execute(ins.core, ins)
+
+
+def emulate(program: Program, target: Target, inputs: dict | None = None, symbolic: bool = False,
+            trace: bool = True) -> Result:
+    """Run `program` on `target` (an npu target); `inputs` maps GM input names to arrays (not needed when
+    `symbolic`). Raises CapacityError / AlignmentError before running, RaceError / DeadlockError while."""
+    if target.npu is None:
+        raise EmulatorError(f"target {target.name!r} is not an NPU; the emulator runs npu-910 and npu-910b")
+    start = time.perf_counter()
+    check_buffers(program, target)
+    m = _Machine(program, target, inputs, symbolic)
+    m.run()
+    cycles = max(m.free.values(), default=0)
+    outputs = {name: (None if symbolic else m.gm[name]) for name, _, _ in program.outputs}
+    return Result(outputs, cycles, dict(m.busy), dict(m.bytes), m.events if trace else [], target.npu.clock_hz,
+                  time.perf_counter() - start)
+
+
+def chrome_trace(result: Result) -> dict:
+    """The timeline as Chrome trace-event JSON (opens in Perfetto): one track per core and queue,
+    timestamps in microseconds."""
+    us = 1e6 / result.clock_hz
+    tracks = sorted({(core, queue) for core, queue, *_ in result.events})
+    tid = {t: i for i, t in enumerate(tracks)}
+    events = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid[t], "args": {"name": f"{t[0]}.{t[1]}"}}
+              for t in tracks]
+    events += [{"name": name, "ph": "X", "pid": 0, "tid": tid[(core, queue)], "ts": start * us,
+                "dur": max(end - start, 0) * us} for core, queue, name, start, end in result.events]
+    return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+
+def write_trace(result: Result, path) -> None:
+    with open(path, "w") as f:
+        json.dump(chrome_trace(result), f)

@@ -1,0 +1,169 @@
+"""The NPU emulator and its code generator: numerics against numpy, the Chimera byte count, capacity,
+alignment, races and deadlocks as clear errors, symbolic mode and the timeline."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from superopt.extract.models.chimera import data_movement, gemm
+from superopt.extract.target import load_target
+from superopt.lowering.npu.codegen import CodegenError, elementwise_program, gemm_program
+from superopt.lowering.npu.emulator import (
+    AlignmentError, CapacityError, DeadlockError, RaceError, chrome_trace, emulate,
+)
+from superopt.lowering.npu.isa import Buf, CopyIn, CopyOut, Gm, Program, SetFlag, VecOp, WaitFlag
+
+TARGETS = ("npu-910", "npu-910b")
+ORDERS = [("m", "n", "k"), ("n", "m", "k"), ("m", "k", "n"), ("k", "m", "n"), ("k", "n", "m"), ("n", "k", "m")]
+
+
+def fp16(x):
+    return x.astype(np.float16).astype(np.float32)
+
+
+def run_gemm(target, m, n, k, order, tiles, batch=1, seed=0, relu=False):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    program = gemm_program(("A", a.shape, "float32"), ("B", b.shape, "float32"), ("C", (batch, m, n), "float32"),
+                           order, tiles, target, relu=relu)
+    result = emulate(program, target, {"A": a, "B": b})
+    want = fp16(a) @ fp16(b)   # the cube multiplies fp16 operands and accumulates in fp32
+    return result, np.maximum(want, 0) if relu else want
+
+
+@given(m=st.integers(1, 90), n=st.integers(1, 90), k=st.integers(1, 90), order=st.sampled_from(ORDERS),
+       tm=st.sampled_from([16, 32, 48]), tn=st.sampled_from([16, 32, 64]), tk=st.sampled_from([16, 32]),
+       target=st.sampled_from(TARGETS))
+def test_tiled_gemm_matches_numpy_on_random_shapes_ragged_edges_included(m, n, k, order, tm, tn, tk, target):
+    result, want = run_gemm(load_target(target), m, n, k, order, {"m": tm, "n": tn, "k": tk})
+    np.testing.assert_allclose(result.outputs["C"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_batched_gemm_with_relu_epilogue():
+    result, want = run_gemm(load_target("npu-910b"), 40, 24, 33, ("m", "n", "k"), {"m": 16, "n": 16, "k": 16},
+                            batch=3, relu=True)
+    np.testing.assert_allclose(result.outputs["C"], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_bytes_between_gm_and_chip_equal_the_chimera_formula(order):
+    """Divisible shapes: what the emulator moves is Algorithm 1's DV for the same order and tiles."""
+    m, n, k, tiles = 128, 96, 64, {"m": 32, "n": 48, "k": 16}
+    result, _ = run_gemm(load_target("npu-910b"), m, n, k, order, tiles)
+    ops, io, ext = gemm(m, n, k)
+    dv, _ = data_movement(ops, io, list(order), ext, tiles, weights={"A": 4, "B": 4, "C": 4})
+    assert result.gm_bytes == dv
+    assert result.bytes_by_path["GM->L1"] + result.bytes_by_path["L0C->GM"] == dv
+
+
+def test_ragged_tiles_move_no_more_than_the_formula():
+    result, _ = run_gemm(load_target("npu-910"), 50, 70, 40, ("m", "n", "k"), {"m": 32, "n": 32, "k": 16})
+    ops, io, ext = gemm(50, 70, 40)
+    dv, _ = data_movement(ops, io, ["m", "n", "k"], ext, {"m": 32, "n": 32, "k": 16}, weights={"A": 4, "B": 4, "C": 4})
+    assert 50 * 40 * 4 + 40 * 70 * 4 + 50 * 70 * 4 <= result.gm_bytes < dv
+
+
+def test_symbolic_mode_counts_the_same_cycles_and_bytes_without_data():
+    target = load_target("npu-910b")
+    tiles = {"m": 64, "n": 64, "k": 32}
+    program = gemm_program(("A", (256, 128), "float16"), ("B", (128, 192), "float16"), ("C", (256, 192), "float16"),
+                           ("m", "n", "k"), tiles, target)
+    symbolic = emulate(program, target, symbolic=True)
+    rng = np.random.default_rng(1)
+    numeric = emulate(program, target, {"A": rng.standard_normal((256, 128)), "B": rng.standard_normal((128, 192))})
+    assert symbolic.outputs["C"] is None
+    assert (symbolic.cycles, symbolic.bytes_by_path) == (numeric.cycles, numeric.bytes_by_path)
+
+
+def test_double_buffering_overlaps_copies_with_the_cube():
+    """With two slots per operand the copy of the next tile runs while the cube works on this one."""
+    target = load_target("npu-910")
+    result, _ = run_gemm(target, 512, 512, 512, ("m", "n", "k"), {"m": 128, "n": 128, "k": 64})
+    core = "core0"
+    busy = sum(b for q, b in result.busy.items() if q.startswith(core + "."))
+    assert result.cycles < busy
+
+
+def test_the_output_tile_must_fit_l0c():
+    with pytest.raises(CodegenError, match=r"L0C"):
+        run_gemm(load_target("npu-910b"), 512, 512, 64, ("m", "n", "k"), {"m": 512, "n": 512, "k": 64})
+
+
+def test_a_buffer_past_its_capacity_is_an_error_naming_buffer_bytes_and_capacity():
+    target = load_target("npu-910b")
+    big = Buf("x_tile", "UB", 0, (1024, 64), "float32")   # 256 KB > 192 KB
+    program = Program(instrs=[CopyIn("core0", "MTE2", src=Gm("x", (0, 0), (1024, 64)), dst=big)], buffers=[big],
+                      inputs=[("x", (1024, 64), "float32")])
+    with pytest.raises(CapacityError, match=r"'x_tile' needs 262144 bytes of UB .* capacity 196608"):
+        emulate(program, target, symbolic=True)
+
+
+def test_a_misaligned_buffer_is_an_error():
+    buf = Buf("a", "L0A", 256, (16, 16), "float16")
+    with pytest.raises(AlignmentError, match="512-byte"):
+        emulate(Program(buffers=[buf]), load_target("npu-910"), symbolic=True)
+
+
+def _copy_then_compute(with_flags: bool) -> Program:
+    x = Buf("x", "UB", 0, (8, 64), "float32")
+    y = Buf("y", "UB", 4096, (8, 64), "float32")
+    instrs = [CopyIn("core0", "MTE2", src=Gm("in", (0, 0), (8, 64)), dst=x)]
+    if with_flags:
+        instrs += [SetFlag("core0", "MTE2", dst_core="core0", dst_queue="vector", event=0),
+                   WaitFlag("core0", "vector", src_core="core0", src_queue="MTE2", event=0)]
+    instrs += [VecOp("core0", "vector", op="exp", dst=y, srcs=(x,)),
+               CopyOut("core0", "MTE3", src=y, dst=Gm("out", (0, 0), (8, 64)))]
+    return Program(instrs=instrs, buffers=[x, y], inputs=[("in", (8, 64), "float32")],
+                   outputs=[("out", (8, 64), "float32")])
+
+
+def test_a_missing_flag_is_a_race_and_the_flagged_program_runs():
+    target = load_target("npu-910")
+    with pytest.raises(RaceError, match="reads UB:x"):
+        emulate(_copy_then_compute(with_flags=False), target, symbolic=True)
+    program = _copy_then_compute(with_flags=True)
+    program.instrs.insert(4, SetFlag("core0", "vector", dst_core="core0", dst_queue="MTE3", event=0))
+    program.instrs.insert(5, WaitFlag("core0", "MTE3", src_core="core0", src_queue="vector", event=0))
+    data = np.linspace(-1, 1, 512, dtype=np.float32).reshape(8, 64)
+    result = emulate(program, target, {"in": data})
+    np.testing.assert_allclose(result.outputs["out"], np.exp(data), rtol=1e-6)
+
+
+def test_a_wait_without_its_flag_is_a_deadlock():
+    program = Program(instrs=[WaitFlag("core0", "vector", src_core="core0", src_queue="MTE2", event=3)])
+    with pytest.raises(DeadlockError, match="event 3"):
+        emulate(program, load_target("npu-910"), symbolic=True)
+
+
+@given(rows=st.integers(1, 70), cols=st.integers(1, 300), per_row=st.booleans(),
+       op=st.sampled_from(["add", "mul", "max", "sub"]), dtype=st.sampled_from(["float32", "float16"]))
+def test_vector_kernels_match_numpy(rows, cols, per_row, op, dtype):
+    rng = np.random.default_rng(rows * 1000 + cols)
+    x = rng.standard_normal((rows, cols)).astype(dtype)
+    y = rng.standard_normal((rows, 1 if per_row else cols)).astype(dtype)
+    target = load_target("npu-910b")
+    program = elementwise_program(op, [("x", x.shape, dtype), ("y", y.shape, dtype)], ("o", x.shape, dtype), target,
+                                  rows_per_tile=16)
+    got = emulate(program, target, {"x": x, "y": y}).outputs["o"]
+    want = {"add": np.add, "mul": np.multiply, "max": np.maximum, "sub": np.subtract}[op](x, y)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-3)
+
+
+def test_row_reductions_run_on_the_vector_unit():
+    x = np.random.default_rng(2).standard_normal((33, 257)).astype(np.float32)
+    target = load_target("npu-910")
+    for op, want in (("reduce_sum", x.sum(-1, keepdims=True)), ("reduce_max", x.max(-1, keepdims=True))):
+        program = elementwise_program(op, [("x", x.shape, "float32")], ("o", (33, 1), "float32"), target)
+        np.testing.assert_allclose(emulate(program, target, {"x": x}).outputs["o"], want, rtol=1e-5)
+
+
+def test_the_timeline_is_chrome_trace_json_with_one_track_per_queue():
+    result, _ = run_gemm(load_target("npu-910b"), 64, 64, 64, ("m", "n", "k"), {"m": 32, "n": 32, "k": 32})
+    trace = json.loads(json.dumps(chrome_trace(result)))
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert {"core0.MTE2", "core0.MTE1", "core0.cube"} <= names
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert spans and all(e["dur"] >= 0 for e in spans)
+    assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx(result.seconds * 1e6)

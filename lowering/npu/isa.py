@@ -71,11 +71,10 @@ class Instr:
 
 
 @dataclass(frozen=True)
-class CopyIn(Instr):
-    """MTE2: a GM window into L1 or the UB (zero padding past the tensor's edge), cast to the buffer's dtype
-    when the window's dtype differs (the cube's operands become fp16)."""
-    src: Gm = None
-    dst: Buf = None
+class _Move(Instr):
+    """An instruction that reads `src` and writes `dst`."""
+    src: object = None
+    dst: object = None
 
     def reads(self):
         return (self.src,)
@@ -85,20 +84,18 @@ class CopyIn(Instr):
 
 
 @dataclass(frozen=True)
-class LoadL0(Instr):
+class CopyIn(_Move):
+    """MTE2: a GM window into L1 or the UB (zero padding past the tensor's edge), cast to the buffer's dtype
+    when the window's dtype differs (the cube's operands become fp16). `src` is a Gm, `dst` a Buf."""
+
+
+@dataclass(frozen=True)
+class LoadL0(_Move):
     """MTE1: a block of an L1 matrix, from row and column `at`, into L0A (left operand) or L0B (right
     operand), converted ND -> fractal and to the buffer's dtype; `transpose` reads the block transposed
     (the fractal load does this for free)."""
-    src: Buf = None
-    dst: Buf = None
     at: tuple = (0, 0)        # the block's first row and column in `src`
     transpose: bool = False
-
-    def reads(self):
-        return (self.src,)
-
-    def writes(self):
-        return (self.dst,)
 
 
 @dataclass(frozen=True)
@@ -117,19 +114,11 @@ class Mmad(Instr):
 
 
 @dataclass(frozen=True)
-class FixPipe(Instr):
+class FixPipe(_Move):
     """L0C -> GM, L1 or UB, cast to the destination's dtype, with an optional relu; `atomic_add` adds
-    into GM (partial sums of a reduction split across tiles)."""
-    src: Buf = None
-    dst: object = None        # Buf or Gm
+    into GM (partial sums of a reduction split across tiles). `dst` is a Buf or a Gm."""
     relu: bool = False
     atomic_add: bool = False
-
-    def reads(self):
-        return (self.src,)
-
-    def writes(self):
-        return (self.dst,)
 
 
 @dataclass(frozen=True)
@@ -150,17 +139,9 @@ class VecOp(Instr):
 
 
 @dataclass(frozen=True)
-class CopyOut(Instr):
+class CopyOut(_Move):
     """MTE3: a UB buffer into a GM window (the part inside the tensor); `atomic_add` adds into GM."""
-    src: Buf = None
-    dst: Gm = None
     atomic_add: bool = False
-
-    def reads(self):
-        return (self.src,)
-
-    def writes(self):
-        return (self.dst,)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ tiling's order, and an operand tile is copied in again only when a loop that ind
 outside such a loop, moves on; so the bytes moved between GM and the chip are the model's DV. The
 output tile accumulates in L0C while the reduction loop runs inside it; if a reduction step lies
 outside the output tile's lifetime, each partial tile is added into GM (atomic add), which is the
-model's count as well. The outermost loop's iterations (and the batch) are dealt to the cores in turn.
+model's count as well. The iterations of the outermost loop other than the reduction (and the batch) are dealt to the cores in turn.
 """
 from __future__ import annotations
 
@@ -160,9 +160,12 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
                 window = Gm(cn, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)
                 instrs.append(FixPipe(core, "cube", src=buf, dst=window, relu=relu, atomic_add=not complete))
 
+    # Cores take turns over the outermost loop that is not the reduction: every operand is reloaded
+    # when that loop moves anyway, so the bytes do not change, and no two cores add into one tile.
+    par = next(x for x in order if x != "k")
     for it in itertools.product(range(batch), *(range(steps[x]) for x in order)):
         bt, idx = it[0], dict(zip(order, it[1:]))
-        core = cores[(bt * steps[order[0]] + idx[order[0]]) % len(cores)]
+        core = cores[(bt * steps[par] + idx[par]) % len(cores)]
         st = state[core]
         instrs.append(ScalarOp(core, "scalar", cycles=8, note="tile step"))
         keys = {t: (bt,) + tuple(idx[x] for x in order[:reload_at[t] + 1]) for t in index_loops}
@@ -192,6 +195,102 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
                 instrs.append(Mmad(core, "cube", a=la, b=lb, c=cbuf, accumulate=not (fresh and kk == 0)))
     for core in cores:
         drain(core, state[core])
+    program.instrs = insert_flags(instrs)
+    program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
+    return program
+
+
+def _as3(shape: tuple) -> tuple:
+    return (1,) * (3 - len(shape)) + tuple(shape)
+
+
+def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: dict, target: Target) -> Program:
+    """E = (A @ B) @ D with the intermediate C never leaving the chip. `a`, `b`, `d`, `e` are (name, shape,
+    dtype) of GM tensors: A [batch, M, K], B [K, L], D [L, N], E [batch, M, N] (B and D may be batched).
+    `order` starts with m and l (the loops both GEMMs share); per (m, l) tile the chip takes the A rows
+    and B columns over the whole K (the same bytes as one TK tile at a time: k is the first GEMM's
+    innermost loop), computes the C tile block by block in L0C and keeps it in L1 as fp16, then streams
+    D tiles over n and adds each E tile into GM (atomic add; a plain write when one l tile covers L).
+    So the bytes moved are the Chimera model's DV for these tiles."""
+    (an, ashape, adt), (bname, bshape, bdt), (dname, dshape, ddt), (en, eshape, edt) = a, b, d, e
+    a3, b3, d3, e3 = _as3(ashape), _as3(bshape), _as3(dshape), _as3(eshape)
+    batch, m, k = a3
+    l, n = b3[2], d3[2]
+    if b3[1] != k or d3[1] != l or e3 != (batch, m, n) or b3[0] not in (1, batch) or d3[0] not in (1, batch):
+        raise CodegenError(f"chain: shapes {ashape} @ {bshape} @ {dshape} -> {eshape} do not match")
+    if set(order[:2]) != {"m", "l"} or sorted(order) != ["k", "l", "m", "n"]:
+        raise CodegenError(f"chain: loop order {order} must start with m and l (the loops both GEMMs share)")
+    ext = {"m": m, "n": n, "k": k, "l": l}
+    tile = {x: max(1, min(int(tiles[x]), ext[x])) for x in ext}
+    steps = {x: math.ceil(ext[x] / tile[x]) for x in ext}
+    tm, tl, tn, kk = _up(tile["m"]), _up(tile["l"]), _up(tile["n"]), _up(k)
+    npu = target.npu
+    program = Program(inputs=[(an, a3, adt), (bname, b3, bdt), (dname, d3, ddt)], outputs=[(en, e3, edt)])
+    alloc = Allocator(program)
+    cube_dt = "bfloat16" if adt == "bfloat16" else "float16"
+    blk = L0_BLOCK
+    a_l1 = alloc("A", "L1", (tm, kk), cube_dt)
+    b_l1 = alloc("B", "L1", (kk, tl), cube_dt)
+    c_l1 = {(i, j): alloc(f"C_{i}_{j}", "L1", (min(blk, tm - i), min(blk, tl - j)), cube_dt)
+            for i in range(0, tm, blk) for j in range(0, tl, blk)}
+    d_l1 = [alloc(f"D{s}", "L1", (tl, tn), cube_dt) for s in range(2)]
+    l0a = [alloc(f"a{s}", "L0A", (blk, blk), cube_dt) for s in range(2)]
+    l0b = [alloc(f"b{s}", "L0B", (blk, blk), cube_dt) for s in range(2)]
+    acc = [alloc(f"c{s}", "L0C", (blk, blk), "float32") for s in range(2)]
+    cores = [f"core{i}" for i in range(npu.cores)]
+    instrs: list = []
+    slots = defaultdict(int)
+
+    def nxt(core, what, count=2):
+        slots[(core, what)] = (slots[(core, what)] + 1) % count
+        return slots[(core, what)]
+
+    def block(buf: Buf, shape: tuple) -> Buf:
+        return Buf(buf.name, buf.space, buf.offset, shape, buf.dtype)
+
+    def product(core, out_shape, depth_blocks, acc_buf):
+        """acc = sum over depth blocks of left(block) @ right(block), through the L0 ping-pong slots."""
+        for q, (lsrc, lat, rsrc, rat, depth) in enumerate(depth_blocks):
+            s = nxt(core, "l0")
+            la, lb = block(l0a[s], (out_shape[0], depth)), block(l0b[s], (depth, out_shape[1]))
+            instrs.append(LoadL0(core, "MTE1", src=lsrc, dst=la, at=lat))
+            instrs.append(LoadL0(core, "MTE1", src=rsrc, dst=lb, at=rat))
+            instrs.append(Mmad(core, "cube", a=la, b=lb, c=acc_buf, accumulate=q > 0))
+
+    outer = list(order[:2])
+    for it in itertools.product(range(batch), *(range(steps[x]) for x in outer)):
+        bt, idx = it[0], dict(zip(outer, it[1:]))
+        mi, li = idx["m"], idx["l"]
+        core = cores[(bt * steps["m"] + mi) % len(cores)]   # by m: no two cores add into one E tile
+        instrs.append(ScalarOp(core, "scalar", cycles=8, note="chain tile step"))
+        for ki in range(steps["k"]):   # the first GEMM's k tiles, each into its place in L1
+            k0 = ki * tile["k"]
+            instrs.append(CopyIn(core, "MTE2", dst=a_l1, at=(0, k0),
+                                 src=Gm(an, (bt if a3[0] > 1 else 0, mi * tile["m"], k0), (1, tile["m"], tile["k"]))))
+            instrs.append(CopyIn(core, "MTE2", dst=b_l1, at=(k0, 0),
+                                 src=Gm(bname, (bt if b3[0] > 1 else 0, k0, li * tile["l"]), (1, tile["k"], tile["l"]))))
+        for (i, j), cbuf in c_l1.items():   # C = A @ B, one L0C block at a time, kept in L1 as fp16
+            s = nxt(core, "acc")
+            cacc = block(acc[s], cbuf.shape)
+            depth = [(a_l1, (i, z), b_l1, (z, j), min(blk, kk - z)) for z in range(0, kk, blk)]
+            product(core, cbuf.shape, depth, cacc)
+            instrs.append(FixPipe(core, "cube", src=cacc, dst=cbuf))
+        for ni in range(steps["n"]):   # E += C @ D over n tiles
+            ds = nxt(core, "D")
+            instrs.append(CopyIn(core, "MTE2", dst=d_l1[ds], src=Gm(dname, (bt if d3[0] > 1 else 0, li * tile["l"],
+                                                                            ni * tile["n"]), (1, tile["l"], tile["n"]))))
+            for i in range(0, tm, blk):
+                for j in range(0, tn, blk):
+                    rows, cols = min(blk, tm - i), min(blk, tn - j)
+                    if i >= tile["m"] or j >= tile["n"]:
+                        continue
+                    s = nxt(core, "acc")
+                    eacc = block(acc[s], (rows, cols))
+                    depth = [(c_l1[(i, z)], (0, 0), d_l1[ds], (z, j), c_l1[(i, z)].shape[1]) for z in range(0, tl, blk)]
+                    product(core, (rows, cols), depth, eacc)
+                    size = (1, min(rows, tile["m"] - i), min(cols, tile["n"] - j))
+                    window = Gm(en, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)
+                    instrs.append(FixPipe(core, "cube", src=eacc, dst=window, atomic_add=steps["l"] > 1))
     program.instrs = insert_flags(instrs)
     program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
     return program

@@ -216,11 +216,19 @@ class _Machine:
 
     def _execute(self, core: str, ins) -> None:
         if isinstance(ins, CopyIn):
-            window = np.zeros(ins.dst.shape, ins.dst.dtype)
             got = self._value(core, ins.src)
-            got = got.reshape(got.shape[got.ndim - window.ndim:])   # leading unit axes of the window
-            window[tuple(slice(0, n) for n in got.shape)] = got.astype(ins.dst.dtype)
-            self._store(core, ins.dst, window)
+            size = ins.src.size[len(ins.src.size) - len(ins.dst.shape):]   # without leading unit axes
+            got = got.reshape(got.shape[got.ndim - len(size):])
+            region = np.zeros(size, ins.dst.dtype)                           # zeros past the tensor's edge
+            region[tuple(slice(0, d) for d in got.shape)] = got.astype(ins.dst.dtype)
+            if ins.at:
+                whole = self.mem.get((core, ins.dst.name))
+                whole = np.zeros(ins.dst.shape, ins.dst.dtype) if whole is None else whole.copy()
+                whole[tuple(slice(o, o + d) for o, d in zip(ins.at, size))] = region
+            else:
+                whole = np.zeros(ins.dst.shape, ins.dst.dtype)
+                whole[tuple(slice(0, d) for d in size)] = region
+            self._store(core, ins.dst, whole)
         elif isinstance(ins, LoadL0):
             rows, cols = ins.dst.shape[::-1] if ins.transpose else ins.dst.shape
             (r, c), v = ins.at, self._value(core, ins.src)

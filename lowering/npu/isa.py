@@ -86,7 +86,9 @@ class _Move(Instr):
 @dataclass(frozen=True)
 class CopyIn(_Move):
     """MTE2: a GM window into L1 or the UB (zero padding past the tensor's edge), cast to the buffer's dtype
-    when the window's dtype differs (the cube's operands become fp16). `src` is a Gm, `dst` a Buf."""
+    when the window's dtype differs (the cube's operands become fp16). `src` is a Gm, `dst` a Buf. With
+    `at`, the window fills only its own region of `dst`, from that row and column."""
+    at: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.no_kernels:
         from bench.tiling import main as chain_tiles
         extra += chain_tiles()
+        from bench.npu import main as npu_chains
+        extra += npu_chains()
     if not ns.no_ranking:
         from bench.ranking import CHAINS, rank_chain, render as render_ranking
         rankings = []

@@ -86,9 +86,19 @@ def test_double_buffering_overlaps_copies_with_the_cube():
     assert result.cycles < busy
 
 
-def test_the_output_tile_must_fit_l0c():
-    with pytest.raises(CodegenError, match=r"L0C"):
-        run_gemm(load_target("npu-910b"), 512, 512, 64, ("m", "n", "k"), {"m": 512, "n": 512, "k": 64})
+def test_an_output_tile_larger_than_l0c_is_multiplied_over_the_whole_k_and_moves_the_same_bytes():
+    """512x512 fp32 does not fit L0C (128 KB on the 910B); with k innermost the tile is computed one L0C
+    block at a time from A rows and B columns gathered over all of K."""
+    tiles = {"m": 512, "n": 512, "k": 32}
+    result, want = run_gemm(load_target("npu-910b"), 512, 512, 96, ("m", "n", "k"), tiles)
+    np.testing.assert_allclose(result.outputs["C"], want, rtol=1e-4, atol=1e-4)
+    ops, io, ext = gemm(512, 512, 96)
+    assert result.gm_bytes == data_movement(ops, io, ["m", "n", "k"], ext, tiles, weights=dict.fromkeys("ABC", 4))[0]
+
+
+def test_an_output_tile_larger_than_l0c_with_an_outer_reduction_is_a_clear_error():
+    with pytest.raises(CodegenError, match=r"L0C .* not the innermost loop"):
+        run_gemm(load_target("npu-910b"), 512, 512, 64, ("k", "m", "n"), {"m": 512, "n": 512, "k": 16})
 
 
 def test_a_buffer_past_its_capacity_is_an_error_naming_buffer_bytes_and_capacity():

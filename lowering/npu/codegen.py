@@ -128,16 +128,27 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(tk, L0_BLOCK)
     blocks = [(i, j) for i in range(0, tm, bm) for j in range(0, tn, bn)]
     acc_bytes = tm * tn * np.dtype(acc_dt).itemsize
-    if acc_bytes > npu.l0c_bytes:
+    # An output tile larger than L0C cannot accumulate across k steps. With k innermost it need not: the
+    # k tiles of one (m, n) step gather in L1 (the same bytes, each copied in once) and the tile is then
+    # multiplied one L0C block at a time over the whole K.
+    whole_k = acc_bytes > npu.l0c_bytes
+    if whole_k and order[-1] != "k":
         raise CodegenError(f"gemm: the output tile {tile['m']}x{tile['n']} needs {acc_bytes} bytes of L0C "
-                           f"({acc_dt}), capacity {npu.l0c_bytes} ({target.name}); use smaller TM or TN")
-    acc_slots = 2 if 2 * acc_bytes <= npu.l0c_bytes else 1
-    a_l1 = [alloc(f"A{s}", "L1", (tm, tk), cube_dt) for s in range(2)]
-    b_l1 = [alloc(f"B{s}", "L1", (tk, tn), cube_dt) for s in range(2)]
+                           f"({acc_dt}), capacity {npu.l0c_bytes} ({target.name}), and the reduction is not the "
+                           f"innermost loop of order {''.join(order)}; use smaller TM or TN")
+    kk = _up(k) if whole_k else tk
+    a_l1 = [alloc(f"A{s}", "L1", (tm, kk), cube_dt) for s in range(1 if whole_k else 2)]
+    b_l1 = [alloc(f"B{s}", "L1", (kk, tn), cube_dt) for s in range(1 if whole_k else 2)]
+    if whole_k:
+        bk = min(kk, L0_BLOCK)
+        blocks, acc_slots = [(0, 0)], 2
+        acc = [{(0, 0): alloc(f"c{s}", "L0C", (bm, bn), acc_dt)} for s in range(2)]
+    else:
+        acc_slots = 2 if 2 * acc_bytes <= npu.l0c_bytes else 1
+        acc = [{(i, j): alloc(f"c{s}_{i}_{j}", "L0C", (min(bm, tm - i), min(bn, tn - j)), acc_dt) for i, j in blocks}
+               for s in range(acc_slots)]
     l0a = [alloc(f"a{s}", "L0A", (bm, bk), cube_dt) for s in range(2)]
     l0b = [alloc(f"b{s}", "L0B", (bk, bn), cube_dt) for s in range(2)]
-    acc = [{(i, j): alloc(f"c{s}_{i}_{j}", "L0C", (min(bm, tm - i), min(bn, tn - j)), acc_dt) for i, j in blocks}
-           for s in range(acc_slots)]
 
     index_loops = {"A": "mk", "B": "kn", "C": "mn"}
     reload_at = {t: max(order.index(x) for x in loops) for t, loops in index_loops.items()}
@@ -160,6 +171,25 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
                 window = Gm(cn, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)
                 instrs.append(FixPipe(core, "cube", src=buf, dst=window, relu=relu, atomic_add=not complete))
 
+    def whole_k_tile(core, st, bt, idx):
+        """The (m, n) tile from A and B rows gathered over all of K: one L0C block at a time, drained at once."""
+        for i in range(0, min(tm, tile["m"]), bm):
+            for j in range(0, min(tn, tile["n"]), bn):
+                rows, cols = min(bm, tm - i), min(bn, tn - j)
+                st["acc"] = (st["acc"] + 1) % acc_slots
+                cbuf = Buf(acc[st["acc"]][(0, 0)].name, "L0C", acc[st["acc"]][(0, 0)].offset, (rows, cols), acc_dt)
+                for z in range(0, kk, bk):
+                    depth = min(bk, kk - z)
+                    slot = st["l0"] = (st["l0"] + 1) % 2
+                    la = Buf(l0a[slot].name, "L0A", l0a[slot].offset, (rows, depth), cube_dt)
+                    lb = Buf(l0b[slot].name, "L0B", l0b[slot].offset, (depth, cols), cube_dt)
+                    instrs.append(LoadL0(core, "MTE1", src=a_l1[0], dst=la, at=(i, z)))
+                    instrs.append(LoadL0(core, "MTE1", src=b_l1[0], dst=lb, at=(z, j)))
+                    instrs.append(Mmad(core, "cube", a=la, b=lb, c=cbuf, accumulate=z > 0))
+                size = (1, min(rows, tile["m"] - i), min(cols, tile["n"] - j))
+                window = Gm(cn, (bt, idx["m"] * tile["m"] + i, idx["n"] * tile["n"] + j), size)
+                instrs.append(FixPipe(core, "cube", src=cbuf, dst=window, relu=relu))
+
     # Cores take turns over the outermost loop that is not the reduction: every operand is reloaded
     # when that loop moves anyway, so the bytes do not change, and no two cores add into one tile.
     par = next(x for x in order if x != "k")
@@ -169,19 +199,22 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
         st = state[core]
         instrs.append(ScalarOp(core, "scalar", cycles=8, note="tile step"))
         keys = {t: (bt,) + tuple(idx[x] for x in order[:reload_at[t] + 1]) for t in index_loops}
-        if keys["C"] != st["C"]:
+        if not whole_k and keys["C"] != st["C"]:
             drain(core, st)
             st.update(C=keys["C"], at=(bt, idx["m"], idx["n"]), ks=set(), acc=(st["acc"] + 1) % acc_slots)
+        k0 = idx["k"] * tile["k"]
         if keys["A"] != st["A"]:
-            st["a"], st["A"] = (st["a"] + 1) % 2, keys["A"]
-            window = Gm(an, (bt if a3[0] > 1 else 0, idx["m"] * tile["m"], idx["k"] * tile["k"]),
-                        (1, tile["m"], tile["k"]))
-            instrs.append(CopyIn(core, "MTE2", src=window, dst=a_l1[st["a"]]))
+            st["a"], st["A"] = (st["a"] + 1) % len(a_l1), keys["A"]
+            window = Gm(an, (bt if a3[0] > 1 else 0, idx["m"] * tile["m"], k0), (1, tile["m"], tile["k"]))
+            instrs.append(CopyIn(core, "MTE2", src=window, dst=a_l1[st["a"]], at=(0, k0) if whole_k else ()))
         if keys["B"] != st["B"]:
-            st["b"], st["B"] = (st["b"] + 1) % 2, keys["B"]
-            window = Gm(bn_, (bt if b3[0] > 1 else 0, idx["k"] * tile["k"], idx["n"] * tile["n"]),
-                        (1, tile["k"], tile["n"]))
-            instrs.append(CopyIn(core, "MTE2", src=window, dst=b_l1[st["b"]]))
+            st["b"], st["B"] = (st["b"] + 1) % len(b_l1), keys["B"]
+            window = Gm(bn_, (bt if b3[0] > 1 else 0, k0, idx["n"] * tile["n"]), (1, tile["k"], tile["n"]))
+            instrs.append(CopyIn(core, "MTE2", src=window, dst=b_l1[st["b"]], at=(k0, 0) if whole_k else ()))
+        if whole_k:
+            if idx["k"] == steps["k"] - 1:
+                whole_k_tile(core, st, bt, idx)
+            continue
         fresh = not st["ks"]          # the first reduction step of this output tile starts from zero
         st["ks"].add(idx["k"])
         for (i, j), cbuf in acc[st["acc"]].items():

@@ -17,13 +17,13 @@ format conversions on an NPU.
 from __future__ import annotations
 
 from superopt.rewrites.pattern import (
-    binary, broadcast, conv, convert, dtypes, integer_pow, ints, kernel, matmul, mul, ops, reduce, reshape, sarg,
-    sbcast, sbinary, scalars, schain, sconv, sconvert, select, set_last, shape_of, smm, sperm, spow, srow, sselect, sub,
+    binary, broadcast, conv, convert, dtypes, integer_pow, ints, kernel, matmul, ops, reduce, reshape, sarg,
+    sbcast, sbinary, scalars, schain, sconv, sconvert, select, set_last, shape_of, smm, sperm, spow, srow, sselect,
     sunary, tensors, transpose, unary, vecs,
 )
 from superopt.rewrites.rule import RuleSet, rule, when
 
-x, y, z, w = tensors("x y z w")
+x, y, z = tensors("x y z")
 (b,) = scalars("b")
 p, q, s = vecs("p q s")
 (d,) = dtypes("d")

@@ -39,6 +39,15 @@ def _up(n: int, m: int = FRACTAL) -> int:
     return -(-n // m) * m
 
 
+def _as3(shape: tuple) -> tuple:
+    return (1,) * (3 - len(shape)) + tuple(shape)
+
+
+def _view(buf: Buf, shape: tuple) -> Buf:
+    """The first `shape` of an allocated buffer (a smaller block in the same place)."""
+    return Buf(buf.name, buf.space, buf.offset, tuple(shape), buf.dtype)
+
+
 class Allocator:
     """Static, aligned allocation per on-chip space; every buffer lives for the whole program."""
 
@@ -107,9 +116,7 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     dtype) of GM tensors: A [batch, M, K], B [K, N] or [batch, K, N], C [batch, M, N] (a leading batch
     of 1 may be left out). `order` names the loops m, n, k outermost first; `tiles` their tile sizes."""
     (an, ashape, adt), (bn_, bshape, bdt), (cn, cshape, cdt) = a, b, c
-    a3 = (1,) * (3 - len(ashape)) + tuple(ashape)
-    b3 = (1,) * (3 - len(bshape)) + tuple(bshape)
-    c3 = (1,) * (3 - len(cshape)) + tuple(cshape)
+    a3, b3, c3 = _as3(ashape), _as3(bshape), _as3(cshape)
     batch, m, k = a3
     n = b3[2]
     if b3[1] != k or c3 != (batch, m, n) or b3[0] not in (1, batch):
@@ -126,7 +133,6 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     cube_dt = "int8" if adt == "int8" else ("bfloat16" if adt == "bfloat16" else "float16")
     acc_dt = "int32" if cube_dt == "int8" else "float32"
     bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(tk, L0_BLOCK)
-    blocks = [(i, j) for i in range(0, tm, bm) for j in range(0, tn, bn)]
     acc_bytes = tm * tn * np.dtype(acc_dt).itemsize
     # An output tile larger than L0C cannot accumulate across k steps. With k innermost it need not: the
     # k tiles of one (m, n) step gather in L1 (the same bytes, each copied in once) and the tile is then
@@ -141,10 +147,11 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     b_l1 = [alloc(f"B{s}", "L1", (kk, tn), cube_dt) for s in range(1 if whole_k else 2)]
     if whole_k:
         bk = min(kk, L0_BLOCK)
-        blocks, acc_slots = [(0, 0)], 2
+        acc_slots = 2
         acc = [{(0, 0): alloc(f"c{s}", "L0C", (bm, bn), acc_dt)} for s in range(2)]
     else:
         acc_slots = 2 if 2 * acc_bytes <= npu.l0c_bytes else 1
+        blocks = [(i, j) for i in range(0, tm, bm) for j in range(0, tn, bn)]
         acc = [{(i, j): alloc(f"c{s}_{i}_{j}", "L0C", (min(bm, tm - i), min(bn, tn - j)), acc_dt) for i, j in blocks}
                for s in range(acc_slots)]
     l0a = [alloc(f"a{s}", "L0A", (bm, bk), cube_dt) for s in range(2)]
@@ -177,12 +184,12 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
             for j in range(0, min(tn, tile["n"]), bn):
                 rows, cols = min(bm, tm - i), min(bn, tn - j)
                 st["acc"] = (st["acc"] + 1) % acc_slots
-                cbuf = Buf(acc[st["acc"]][(0, 0)].name, "L0C", acc[st["acc"]][(0, 0)].offset, (rows, cols), acc_dt)
+                cbuf = _view(acc[st["acc"]][(0, 0)], (rows, cols))
                 for z in range(0, kk, bk):
                     depth = min(bk, kk - z)
                     slot = st["l0"] = (st["l0"] + 1) % 2
-                    la = Buf(l0a[slot].name, "L0A", l0a[slot].offset, (rows, depth), cube_dt)
-                    lb = Buf(l0b[slot].name, "L0B", l0b[slot].offset, (depth, cols), cube_dt)
+                    la = _view(l0a[slot], (rows, depth))
+                    lb = _view(l0b[slot], (depth, cols))
                     instrs.append(LoadL0(core, "MTE1", src=a_l1[0], dst=la, at=(i, z)))
                     instrs.append(LoadL0(core, "MTE1", src=b_l1[0], dst=lb, at=(z, j)))
                     instrs.append(Mmad(core, "cube", a=la, b=lb, c=cbuf, accumulate=z > 0))
@@ -221,8 +228,8 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
             for kk in range(0, tk, bk):
                 rows, cols, depth = cbuf.shape[0], cbuf.shape[1], min(bk, tk - kk)
                 slot = st["l0"] = (st["l0"] + 1) % 2
-                la = Buf(l0a[slot].name, "L0A", l0a[slot].offset, (rows, depth), cube_dt)
-                lb = Buf(l0b[slot].name, "L0B", l0b[slot].offset, (depth, cols), cube_dt)
+                la = _view(l0a[slot], (rows, depth))
+                lb = _view(l0b[slot], (depth, cols))
                 instrs.append(LoadL0(core, "MTE1", src=a_l1[st["a"]], dst=la, at=(i, kk)))
                 instrs.append(LoadL0(core, "MTE1", src=b_l1[st["b"]], dst=lb, at=(kk, j)))
                 instrs.append(Mmad(core, "cube", a=la, b=lb, c=cbuf, accumulate=not (fresh and kk == 0)))
@@ -231,10 +238,6 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     program.instrs = insert_flags(instrs)
     program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
     return program
-
-
-def _as3(shape: tuple) -> tuple:
-    return (1,) * (3 - len(shape)) + tuple(shape)
 
 
 def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: dict, target: Target) -> Program:
@@ -278,14 +281,11 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
         slots[(core, what)] = (slots[(core, what)] + 1) % count
         return slots[(core, what)]
 
-    def block(buf: Buf, shape: tuple) -> Buf:
-        return Buf(buf.name, buf.space, buf.offset, shape, buf.dtype)
-
     def product(core, out_shape, depth_blocks, acc_buf):
         """acc = sum over depth blocks of left(block) @ right(block), through the L0 ping-pong slots."""
         for q, (lsrc, lat, rsrc, rat, depth) in enumerate(depth_blocks):
             s = nxt(core, "l0")
-            la, lb = block(l0a[s], (out_shape[0], depth)), block(l0b[s], (depth, out_shape[1]))
+            la, lb = _view(l0a[s], (out_shape[0], depth)), _view(l0b[s], (depth, out_shape[1]))
             instrs.append(LoadL0(core, "MTE1", src=lsrc, dst=la, at=lat))
             instrs.append(LoadL0(core, "MTE1", src=rsrc, dst=lb, at=rat))
             instrs.append(Mmad(core, "cube", a=la, b=lb, c=acc_buf, accumulate=q > 0))
@@ -304,7 +304,7 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
                                  src=Gm(bname, (bt if b3[0] > 1 else 0, k0, li * tile["l"]), (1, tile["k"], tile["l"]))))
         for (i, j), cbuf in c_l1.items():   # C = A @ B, one L0C block at a time, kept in L1 as fp16
             s = nxt(core, "acc")
-            cacc = block(acc[s], cbuf.shape)
+            cacc = _view(acc[s], cbuf.shape)
             depth = [(a_l1, (i, z), b_l1, (z, j), min(blk, kk - z)) for z in range(0, kk, blk)]
             product(core, cbuf.shape, depth, cacc)
             instrs.append(FixPipe(core, "cube", src=cacc, dst=cbuf))
@@ -318,7 +318,7 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
                     if i >= tile["m"] or j >= tile["n"]:
                         continue
                     s = nxt(core, "acc")
-                    eacc = block(acc[s], (rows, cols))
+                    eacc = _view(acc[s], (rows, cols))
                     depth = [(c_l1[(i, z)], (0, 0), d_l1[ds], (z, j), c_l1[(i, z)].shape[1]) for z in range(0, tl, blk)]
                     product(core, (rows, cols), depth, eacc)
                     size = (1, min(rows, tile["m"] - i), min(cols, tile["n"] - j))

@@ -139,7 +139,7 @@ class _Machine:
         self.busy: dict = defaultdict(int)
         self.flags: dict = defaultdict(deque)
         self.written: dict = {}                   # key -> (end, core.queue, instr index)
-        self.read: dict = {}                      # key -> (end, core.queue, instr index)
+        self.read: dict = defaultdict(dict)       # key -> {core.queue: (end, instr index)} of its readers
         self.bytes = defaultdict(int)
         self.events: list = []
 
@@ -294,18 +294,19 @@ class _Machine:
                                     f"a flag is missing")
             for operand in ins.writes():
                 key = self._key(ins.core, operand)
-                for seen, what in ((self.read.get(key), "reading"), (self.written.get(key), "writing")):
-                    if seen and seen[1] != who and seen[0] > start:
+                w = self.written.get(key)
+                users = [(until, other, i, "reading") for other, (until, i) in self.read[key].items()]
+                for until, other, i, what in users + ([(*w, "writing")] if w else []):
+                    if other != who and until > start:
                         raise RaceError(f"instruction #{index} ({who} {type(ins).__name__}) overwrites {operand} "
-                                        f"at cycle {start} while instruction #{seen[2]} ({seen[1]}) is still "
-                                        f"{what} it (until {seen[0]}): a flag is missing")
+                                        f"at cycle {start} while instruction #{i} ({other}) is still "
+                                        f"{what} it (until {until}): a flag is missing")
             end = start + self._duration(ins)
             self.free[q] = end
             self.busy[who] += end - start
             for operand in ins.reads():
                 key = self._key(ins.core, operand)
-                prev = self.read.get(key)
-                self.read[key] = (max(end, prev[0]) if prev and prev[1] == who else end, who, index)
+                self.read[key][who] = (end, index)
             for operand in ins.writes():
                 self.written[self._key(ins.core, operand)] = (end, who, index)
             path = self._path(ins)

@@ -18,7 +18,10 @@ core ("aic") and the vector core ("aiv") each have their own queues and exchange
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 SPACES = ("L1", "L0A", "L0B", "L0C", "UB")
 QUEUES = ("scalar", "vector", "cube", "MTE1", "MTE2", "MTE3")
@@ -36,11 +39,7 @@ class Buf:
 
     @property
     def nbytes(self) -> int:
-        import numpy as np
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def __str__(self) -> str:
         return f"{self.space}:{self.name}{list(self.shape)}"

@@ -35,6 +35,8 @@ class Specialization:
     term: Graph            # the program that runs
     original: Graph
     out_tree: Any          # pytree structure of fn's result
+    avals: tuple = ()      # (shape, dtype) per flat argument
+    npu: Any = None        # the NpuExecutable `run` is, when the program runs on the NPU emulator
 
 
 class _Stages:
@@ -82,6 +84,7 @@ def _factors(parts: dict) -> str:
 
 
 EXTRACTORS = ("greedy", "ilp")
+BACKENDS = ("jax",)          # plus "emulator" on an NPU target (its default there)
 
 
 def _extract(frozen, enc, tgt, extractor: str):
@@ -92,8 +95,16 @@ def _extract(frozen, enc, tgt, extractor: str):
 
 
 def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool,
-             extractor: str = "greedy") -> Specialization:
+             extractor: str = "greedy", backend: str = "jax") -> Specialization:
     """The pipeline for one specialization; never returns a program that disagrees with `fn`."""
+    spec = _optimize(fn, args, target, rulesets, limits, check, extractor)
+    if backend == "emulator":
+        spec = on_emulator(spec, load_target(target), spec.avals, check)
+    return spec
+
+
+def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool,
+              extractor: str) -> Specialization:
     tgt = load_target(target)
     stage = _Stages()
     captured = stage("capture", capture, fn, args)
@@ -111,7 +122,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
         report.cost_after = cost_before
         report.top_costs = _describe(original, original_costs, tgt)
         report.stage_seconds = stage.seconds
-        return Specialization(jitted_original, report, original, original, captured.out_tree)
+        return Specialization(jitted_original, report, original, original, captured.out_tree, captured.in_avals)
 
     enc = stage("encode", encode, original)
     run = report.run = stage("saturate", saturate, enc.egraph, schedule, limits)
@@ -142,7 +153,42 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
             return keep_original(f"verification failed: {problem}")
     report.outcome = "optimized"
     report.stage_seconds = stage.seconds
-    return Specialization(program, report, chosen.graph, original, captured.out_tree)
+    return Specialization(program, report, chosen.graph, original, captured.out_tree, captured.in_avals)
+
+
+def on_emulator(spec: Specialization, target, avals, check: bool) -> Specialization:
+    """`spec` running on the NPU emulator instead of JAX: the term lowered to cube and vector programs
+    (`lowering/npu`), checked against the JAX program within fp16 tolerance (the cube multiplies fp16
+    operands). Where the term cannot be lowered, or the check fails, the JAX program runs instead and
+    the report says why."""
+    from superopt.lowering.npu.codegen import CodegenError
+    from superopt.lowering.npu.emulator import EmulatorError
+    from superopt.lowering.npu.lower import NpuExecutable
+    report = spec.report
+    start = time.perf_counter()
+    try:
+        executable = NpuExecutable(spec.term, target)
+        estimate = executable.estimate()
+        before = executable.estimate().cycles if spec.term is spec.original else \
+            NpuExecutable(spec.original, target).estimate().cycles
+    except (CodegenError, EmulatorError) as exc:
+        report.backend = f"jax (the NPU lowering failed: {exc})"
+        return spec
+    report.npu_lines = executable.describe(estimate, before)
+    if check:
+        from superopt.lowering.npu.lower import cube_reference
+        args = verification.random_args(avals, 0)
+        expected = cube_reference(spec.term, args)
+        actual = executable(*args)
+        problem = verification.compare_outputs(expected, actual, as_dtype="float16")
+        if problem:
+            warnings.warn(f"superopt: the NPU program differs from the JAX program ({problem}); running JAX",
+                          verification.VerificationWarning, stacklevel=3)
+            report.backend = f"jax (the NPU program failed verification: {problem})"
+            return spec
+    report.backend = f"npu emulator ({target.name}, numeric)"
+    report.stage_seconds["lower-npu"] = time.perf_counter() - start
+    return Specialization(executable, report, spec.term, spec.original, spec.out_tree, spec.avals, executable)
 
 
 def _verify(reference: Callable, candidate: Callable, avals, original: Graph, trials: int = 2) -> str | None:
@@ -173,11 +219,17 @@ def _leaf_type(x) -> tuple:
 class Optimized:
     """A callable with `fn`'s signature, specialized and cached per argument shapes and dtypes."""
 
-    def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool, extractor: str = "greedy"):
-        load_target(target)  # an unknown target fails here, listing the valid ones
+    def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool, extractor: str = "greedy",
+                 backend: str | None = None):
+        tgt = load_target(target)  # an unknown target fails here, listing the valid ones
         if extractor not in EXTRACTORS:
             raise ValueError(f"superopt: unknown extractor {extractor!r}; valid: {', '.join(EXTRACTORS)}")
-        self.extractor = extractor
+        backends = BACKENDS + (("emulator",) if tgt.npu is not None else ())
+        backend = backend or ("emulator" if tgt.npu is not None else "jax")
+        if backend not in backends:
+            raise ValueError(f"superopt: backend {backend!r} is not available for target {target!r}; "
+                             f"valid: {', '.join(backends)}")
+        self.extractor, self.backend = extractor, backend
         if not isinstance(rulesets, Schedule):
             rulesets = Schedule.of(*rulesets)
         self.fn, self.target, self.rulesets, self.limits, self.verify = fn, target, rulesets, limits, verify
@@ -193,7 +245,7 @@ class Optimized:
         spec = self._cache.get(key)
         if spec is None:
             spec = self._cache[key] = optimize(self.fn, args, self.target, self.rulesets, self.limits, self.verify,
-                                               self.extractor)
+                                               self.extractor, self.backend)
         self._last = spec
         return spec, leaves
 
@@ -218,14 +270,24 @@ class Optimized:
     def term(self) -> str:
         return pretty(self._specialization().term)
 
+    @property
+    def npu(self):
+        """The NPU program (`lowering.npu.lower.NpuExecutable`) when this runs on the emulator, else None;
+        `.last` is the latest call's emulation (cycles, utilisation, timeline)."""
+        return self._specialization().npu
+
 
 def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Sequence[Any] | Schedule = DEFAULT,
-             limits: Limits | None = None, verify: bool = True, extractor: str = "greedy"):
+             limits: Limits | None = None, verify: bool = True, extractor: str = "greedy",
+             backend: str | None = None):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
 
     `rulesets` names rule sets (or gives RuleSet objects), run as one phase each in order, or is a
     `Schedule` of phases with their own limits and back-off. `extractor` is "greedy" (DAG-aware, the
-    default) or "ilp" (HiGHS; optimal on small graphs, never worse than greedy)."""
+    default) or "ilp" (HiGHS; optimal on small graphs, never worse than greedy). `backend` is what runs
+    the chosen program: "jax" (the default on CPU and GPU targets) or, on an NPU target, "emulator" (the
+    default there: cube and vector programs on the cycle-counting emulator, `lowering/npu`)."""
     if fn is None:
-        return lambda f: superopt(f, target, rulesets=rulesets, limits=limits, verify=verify, extractor=extractor)
-    return Optimized(fn, target, rulesets, limits or Limits(), verify, extractor)
+        return lambda f: superopt(f, target, rulesets=rulesets, limits=limits, verify=verify, extractor=extractor,
+                                  backend=backend)
+    return Optimized(fn, target, rulesets, limits or Limits(), verify, extractor, backend)

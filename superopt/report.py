@@ -27,6 +27,8 @@ class Report:
     stage_seconds: dict = field(default_factory=dict)
     top_costs: list = field(default_factory=list)  # (cost, description) of the chosen program's costliest ops
     declined: list = field(default_factory=list)   # larger fusions that were available, and why they lost
+    backend: str = "jax"           # what runs the program
+    npu_lines: list = field(default_factory=list)  # the NPU program's stages and emulated cycles
 
     @property
     def optimized(self) -> bool:
@@ -68,5 +70,7 @@ class Report:
             lines.append("  costliest ops of the chosen program:")
             for cost, what in self.top_costs:
                 lines.append(f"    {_fmt_time(cost):>10}  {what}")
+        lines.append(f"  runs on      : {self.backend}")
+        lines += self.npu_lines
         lines.append("  stages       : " + ", ".join(f"{k} {_fmt_time(v)}" for k, v in self.stage_seconds.items()))
         return "\n".join(lines)

@@ -37,8 +37,9 @@ def is_float(dtype) -> bool:
     return dtype.kind in "fc" or dtype.name.startswith(("bfloat", "float8"))
 
 
-def mismatch(expected, actual) -> str | None:
-    """None if `actual` matches `expected` within the dtype's tolerance, else a description."""
+def mismatch(expected, actual, as_dtype: str | None = None) -> str | None:
+    """None if `actual` matches `expected` within the dtype's tolerance (or `as_dtype`'s, for a program
+    that computes in a narrower type, as the NPU's cube does), else a description."""
     e, a = np.asarray(expected), np.asarray(actual)
     if e.shape != a.shape or e.dtype != a.dtype:
         return f"type {a.dtype}{list(a.shape)} != expected {e.dtype}{list(e.shape)}"
@@ -55,6 +56,8 @@ def mismatch(expected, actual) -> str | None:
     if not finite.any():
         return None
     tol, norm_tol = TOLERANCES.get(str(e.dtype), TOLERANCES["float32"])
+    if as_dtype:
+        tol, norm_tol = (max(x, y) for x, y in zip((tol, norm_tol), TOLERANCES[as_dtype]))
     ef, af = e64[finite], a64[finite]
     scale = max(float(np.max(np.abs(ef))), np.finfo(np.float32).tiny)
     err = np.abs(ef - af)
@@ -68,11 +71,11 @@ def mismatch(expected, actual) -> str | None:
     return None
 
 
-def compare_outputs(expected: list, actual: list) -> str | None:
+def compare_outputs(expected: list, actual: list, as_dtype: str | None = None) -> str | None:
     if len(expected) != len(actual):
         return f"{len(actual)} outputs, expected {len(expected)}"
     for k, (e, a) in enumerate(zip(expected, actual)):
-        problem = mismatch(e, a)
+        problem = mismatch(e, a, as_dtype)
         if problem:
             return f"output {k}: {problem}"
     return None

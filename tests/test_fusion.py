@@ -256,8 +256,11 @@ def test_one_program_extracts_to_a_different_term_on_each_target():
         fast = superopt(program, target=target)
         graphs[target] = fast.compile(*args).term
         terms[target], reports[target] = fast.term, fast.report
+        # npu-910b runs on the emulator, whose cube multiplies fp16 operands (K = 64: errors ~1e-3 of |a||b|)
+        tol = dict(rtol=2e-3, atol=3e-2) if target.startswith("npu") else dict(rtol=1e-4, atol=1e-3)
         for got, want in zip(fast(*args), program(*args)):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+            np.testing.assert_allclose(got, want, **tol)
+    assert fast.report.backend.startswith("npu emulator"), fast.report.backend
     assert len(set(terms.values())) == 3, terms
 
     def fused_ops(graph):

@@ -7,8 +7,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 from superopt.extract.models.chimera import data_movement, gemm, gemm_chain
+from superopt.egraph.ir import Node
 from superopt.extract.target import load_target
-from superopt.lowering.npu.codegen import CodegenError, chain_program, elementwise_program, gemm_program
+from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_program
+from superopt.lowering.npu.vector import vector_program
 from superopt.lowering.npu.emulator import (
     AlignmentError, CapacityError, DeadlockError, RaceError, chrome_trace, emulate,
 )
@@ -154,8 +156,11 @@ def test_vector_kernels_match_numpy(rows, cols, per_row, op, dtype):
     x = rng.standard_normal((rows, cols)).astype(dtype)
     y = rng.standard_normal((rows, 1 if per_row else cols)).astype(dtype)
     target = load_target("npu-910b")
-    program = elementwise_program(op, [("x", x.shape, dtype), ("y", y.shape, dtype)], ("o", x.shape, dtype), target,
-                                  rows_per_tile=16)
+    body = (Node("arg", (), (0,), x.shape, dtype), Node("arg", (), (1,), y.shape, dtype),
+            Node("broadcast", (1,), ((0, 1),), x.shape, dtype), Node(op, (0, 2), (), x.shape, dtype))
+    # a small UB budget forces many boxes, and ragged ones
+    program = vector_program(body, [("x", x.shape, dtype), ("y", y.shape, dtype)], ("o", x.shape, dtype), target,
+                             budget=16 * 1024)
     got = emulate(program, target, {"x": x, "y": y}).outputs["o"]
     want = {"add": np.add, "mul": np.multiply, "max": np.maximum, "sub": np.subtract}[op](x, y)
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-3)
@@ -165,7 +170,9 @@ def test_row_reductions_run_on_the_vector_unit():
     x = np.random.default_rng(2).standard_normal((33, 257)).astype(np.float32)
     target = load_target("npu-910")
     for op, want in (("reduce_sum", x.sum(-1, keepdims=True)), ("reduce_max", x.max(-1, keepdims=True))):
-        program = elementwise_program(op, [("x", x.shape, "float32")], ("o", (33, 1), "float32"), target)
+        body = (Node("arg", (), (0,), x.shape, "float32"), Node(op, (0,), ((1,),), (33,), "float32"),
+                Node("reshape", (1,), (), (33, 1), "float32"))
+        program = vector_program(body, [("x", x.shape, "float32")], ("o", (33, 1), "float32"), target)
         np.testing.assert_allclose(emulate(program, target, {"x": x}).outputs["o"], want, rtol=1e-5)
 
 
@@ -173,7 +180,7 @@ def test_the_timeline_is_chrome_trace_json_with_one_track_per_queue():
     result, _ = run_gemm(load_target("npu-910b"), 64, 64, 64, ("m", "n", "k"), {"m": 32, "n": 32, "k": 32})
     trace = json.loads(json.dumps(chrome_trace(result)))
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
-    assert {"core0.MTE2", "core0.MTE1", "core0.cube"} <= names
+    assert {"aic0.MTE2", "aic0.MTE1", "aic0.cube"} <= names
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert spans and all(e["dur"] >= 0 for e in spans)
     assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx(result.seconds * 1e6)

@@ -11,7 +11,8 @@ tiling's order, and an operand tile is copied in again only when a loop that ind
 outside such a loop, moves on; so the bytes moved between GM and the chip are the model's DV. The
 output tile accumulates in L0C while the reduction loop runs inside it; if a reduction step lies
 outside the output tile's lifetime, each partial tile is added into GM (atomic add), which is the
-model's count as well. The iterations of the outermost loop other than the reduction (and the batch) are dealt to the cores in turn.
+model's count as well. The output tiles of the loops outside the reduction (and the batch) are dealt to
+the cores in turn.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
-    ALIGNMENT, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, VecOp, WaitFlag,
+    ALIGNMENT, Buf, CopyIn, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, WaitFlag,
 )
 
 FRACTAL = 16
@@ -60,6 +61,13 @@ class Allocator:
         self.top[space] = offset + buf.nbytes
         self.program.buffers.append(buf)
         return buf
+
+
+def cube_cores(target: Target) -> list[str]:
+    """The cores a cube program's tiles are dealt to: the AI cores of a coupled chip (npu-910), the cube
+    cores ("aic") of a separated one (npu-910b)."""
+    prefix = "aic" if target.npu.separated else "core"
+    return [f"{prefix}{i}" for i in range(target.npu.cores)]
 
 
 def insert_flags(instrs: list) -> list:
@@ -159,7 +167,7 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
 
     index_loops = {"A": "mk", "B": "kn", "C": "mn"}
     reload_at = {t: max(order.index(x) for x in loops) for t, loops in index_loops.items()}
-    cores = [f"core{i}" for i in range(npu.cores)]
+    cores = cube_cores(target)
     instrs: list = []
     state = {c_: {"A": None, "B": None, "C": None, "at": None, "a": -1, "b": -1, "acc": -1, "l0": 0, "ks": set()}
              for c_ in cores}
@@ -197,12 +205,16 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
                 window = Gm(cn, (bt, idx["m"] * tile["m"] + i, idx["n"] * tile["n"] + j), size)
                 instrs.append(FixPipe(core, "cube", src=cbuf, dst=window, relu=relu))
 
-    # Cores take turns over the outermost loop that is not the reduction: every operand is reloaded
-    # when that loop moves anyway, so the bytes do not change, and no two cores add into one tile.
-    par = next(x for x in order if x != "k")
+    # Cores take turns over the loops outside the reduction (the outermost other loop when the
+    # reduction is outermost): every operand is reloaded when such a loop moves anyway, so the bytes do
+    # not change, and no two cores add into one tile.
+    par = list(order[:order.index("k")]) or [next(x for x in order if x != "k")]
     for it in itertools.product(range(batch), *(range(steps[x]) for x in order)):
         bt, idx = it[0], dict(zip(order, it[1:]))
-        core = cores[(bt * steps[par] + idx[par]) % len(cores)]
+        turn = bt
+        for x in par:
+            turn = turn * steps[x] + idx[x]
+        core = cores[turn % len(cores)]
         st = state[core]
         instrs.append(ScalarOp(core, "scalar", cycles=8, note="tile step"))
         keys = {t: (bt,) + tuple(idx[x] for x in order[:reload_at[t] + 1]) for t in index_loops}
@@ -273,7 +285,7 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     l0a = [alloc(f"a{s}", "L0A", (blk, blk), cube_dt) for s in range(2)]
     l0b = [alloc(f"b{s}", "L0B", (blk, blk), cube_dt) for s in range(2)]
     acc = [alloc(f"c{s}", "L0C", (blk, blk), "float32") for s in range(2)]
-    cores = [f"core{i}" for i in range(npu.cores)]
+    cores = cube_cores(target)
     instrs: list = []
     slots = defaultdict(int)
 
@@ -324,42 +336,6 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
                     size = (1, min(rows, tile["m"] - i), min(cols, tile["n"] - j))
                     window = Gm(en, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)
                     instrs.append(FixPipe(core, "cube", src=eacc, dst=window, atomic_add=steps["l"] > 1))
-    program.instrs = insert_flags(instrs)
-    program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
-    return program
-
-
-def elementwise_program(op: str, ins: list[tuple], out: tuple, target: Target, attrs: tuple = (),
-                        rows_per_tile: int | None = None) -> Program:
-    """One elementwise op (or a row reduction `reduce_*`, kept as a size-1 last axis) on the vector unit:
-    rows of the output in UB tiles, copied in by MTE2 and out by MTE3, rows dealt to the cores. Operands
-    are (name, shape, dtype) of GM tensors of the output's shape, or with a size-1 last axis (a per-row
-    value, broadcast on chip)."""
-    oname, oshape, odt = out
-    src_shape = ins[0][1]
-    width = src_shape[-1] if src_shape else 1
-    rows = math.prod(src_shape[:-1]) if len(src_shape) > 1 else 1
-    npu = target.npu
-    program = Program(inputs=[(nm, (rows, s[-1] if s else 1), dt) for nm, s, dt in ins],
-                      outputs=[(oname, (rows, oshape[-1] if oshape else 1), odt)])
-    alloc = Allocator(program)
-    per_row = sum(width * np.dtype(dt).itemsize for _, _, dt in ins) + width * np.dtype(odt).itemsize
-    fit = max(1, (npu.ub_bytes // 2 - 1024) // (2 * per_row))     # two slots of every buffer
-    tr = min(rows, rows_per_tile or fit)
-    bufs = [[alloc(f"in{j}_{s}", "UB", (tr, (shape[-1] if shape else 1)), dt) for s in range(2)]
-            for j, (_, shape, dt) in enumerate(ins)]
-    obufs = [alloc(f"out_{s}", "UB", (tr, oshape[-1] if oshape else 1), odt) for s in range(2)]
-    cores = [f"core{i}" for i in range(npu.cores)]
-    instrs, slot = [], defaultdict(int)
-    for t, r0 in enumerate(range(0, rows, tr)):
-        core = cores[t % len(cores)]
-        s = slot[core] = (slot[core] + 1) % 2
-        instrs.append(ScalarOp(core, "scalar", cycles=8, note="tile step"))
-        for j, (name, shape, _) in enumerate(ins):
-            cols = shape[-1] if shape else 1
-            instrs.append(CopyIn(core, "MTE2", src=Gm(name, (r0, 0), (tr, cols)), dst=bufs[j][s]))
-        instrs.append(VecOp(core, "vector", op=op, dst=obufs[s], srcs=tuple(b[s] for b in bufs), attrs=attrs))
-        instrs.append(CopyOut(core, "MTE3", src=obufs[s], dst=Gm(oname, (r0, 0), obufs[s].shape)))
     program.instrs = insert_flags(instrs)
     program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
     return program

@@ -24,10 +24,12 @@ from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
     ALIGNMENT, Barrier, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, VecOp, WaitFlag,
 )
+from superopt.egraph.ir import BINARY_OPS, UNARY_OPS
 from superopt.rewrites.reference import evaluate_node
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "logistic", "erf", "sqrt", "rsqrt", "pow", "log1p", "expm1"})
 FRACTAL = 16
+ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"select", "convert", "integer_pow"}
 
 
 class EmulatorError(RuntimeError):
@@ -120,7 +122,9 @@ def check_buffers(program: Program, target: Target) -> None:
 class _Machine:
     def __init__(self, program: Program, target: Target, inputs: dict | None, symbolic: bool):
         self.p, self.t, self.npu, self.symbolic = program, target, target.npu, symbolic
-        self.gm_bpc = target.mem_bandwidth / self.npu.cores / self.npu.clock_hz
+        # Each core's share of the chip's bandwidth (a program on more cores than the cube count, the
+        # 910B's vector cores, shares it among all of them).
+        self.gm_bpc = target.mem_bandwidth / max(self.npu.cores, len(program.cores)) / self.npu.clock_hz
         self.gm: dict = {}
         if not symbolic:
             for name, shape, dtype in program.inputs:
@@ -200,7 +204,10 @@ class _Machine:
     # ---- numerics ----
     def _value(self, core: str, operand):
         if isinstance(operand, Buf):
-            return self.mem[(core, operand.name)]
+            value = self.mem[(core, operand.name)]
+            if value.shape != tuple(operand.shape) and value.size == math.prod(operand.shape):
+                value = value.reshape(operand.shape)    # a view that adds or drops unit axes
+            return value
         return self.gm[operand.tensor][self._inside(operand)]
 
     def _store(self, core: str, dst, value, add: bool = False):
@@ -254,13 +261,13 @@ class _Machine:
             self._store(core, ins.dst, self._value(core, ins.src), add=ins.atomic_add)
 
     def _vector(self, core: str, ins: VecOp):
+        """An IR op on the operands' buffers, with the destination's shape: elementwise ops broadcast
+        rank-0 or size-1 operands, reductions reduce the axes in `attrs`, data movement (transpose,
+        broadcast) permutes or repeats the block."""
         srcs = [self._value(core, s) for s in ins.srcs]
-        if ins.op.startswith("reduce_"):
-            (x,) = srcs
-            out = evaluate_node(ins.op, ((x.ndim - 1,),), [x], x.shape[:-1], ins.dst.dtype)
-            return out.reshape(ins.dst.shape)
-        shape = ins.dst.shape
-        srcs = [np.broadcast_to(s, shape) if s.shape != shape else s for s in srcs]
+        shape = tuple(ins.dst.shape)
+        if ins.op in ELEMENTWISE:
+            srcs = [np.broadcast_to(s, shape) if s.shape != shape else s for s in srcs]
         return evaluate_node(ins.op, ins.attrs, srcs, shape, ins.dst.dtype)
 
     # ---- the run ----

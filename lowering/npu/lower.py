@@ -1,0 +1,433 @@
+"""Lowering a whole program (`ir.Graph`) to the NPU: one or more emulator programs per kernel.
+
+Every value outside a kernel lives in global memory under the name of its node. A kernel runs as
+stages, each an `isa.Program` that reads and writes GM tensors:
+
+- a body without a matrix op is one vector stage (`vector.py`);
+- each matmul is a cube stage (`codegen.gemm_program`) with the tiles the extractor chose; a GEMM chain
+  whose intermediate goes straight from the first product into the second is one cube stage
+  (`codegen.chain_program`: the intermediate never leaves the chip);
+- a matmul operand computed in the body (a normalisation before a projection, a softmax before the
+  second GEMM of attention, a transposed load) and the ops after the last matmul (bias, activation,
+  residual, layer norm) are vector stages that exchange data with the cube stage through GM workspace.
+  That is the 910B's own path between its cube and vector cores; on the coupled 910 it is conservative
+  (the hardware could also pass the tile through the UB), so the 910 figures are an upper bound;
+- a convolution is an img2col stage (the patch matrix in GM) and a cube stage.
+
+Stages run one after another (each waits for the one before), so a kernel's cycles are the sum of its
+stages'. A reshape is a view of its operand's GM tensor. Sub-terms of constants are computed once, when
+the executable is built. An op the generator has no lowering for runs on the host (Ascend's AI CPU) and
+is listed as such in `host_ops`; it costs no emulated cycles, which the report says.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from superopt.egraph.ir import Graph, Node, body_str
+from superopt.extract.cost import one_op_body
+from superopt.extract.target import Target
+from superopt.extract.tiling import Tiling, cone
+from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_program
+from superopt.lowering.npu.emulator import CapacityError, check_buffers, emulate
+from superopt.lowering.npu.isa import Program
+from superopt.lowering.npu.vector import vector_program
+
+VIEWS = frozenset({"reshape"})
+FREE = frozenset({"arg", "const", "lit"}) | VIEWS
+
+
+@dataclass
+class Stage:
+    label: str                 # what it computes, for reports and the timeline
+    kernel: int                # the graph node it belongs to
+    program: Program | None    # None: a host step
+    host: Node | None = None   # the op a host step evaluates (inputs are GM names in `host_inputs`)
+    host_inputs: tuple = ()
+    host_output: str = ""
+
+
+@dataclass
+class Run:
+    """One execution: outputs and, per stage, the emulator's result (host steps have none)."""
+    outputs: list
+    results: list = field(default_factory=list)      # (stage label, Result | None)
+    wall_seconds: float = 0.0
+
+    @property
+    def cycles(self) -> int:
+        return sum(r.cycles for _, r in self.results if r is not None)
+
+    @property
+    def gm_bytes(self) -> int:
+        return sum(r.gm_bytes for _, r in self.results if r is not None)
+
+    def busy(self) -> dict:
+        """Busy cycles per queue kind (cube, vector, MTE2, ...) over all stages and cores."""
+        out: dict = {}
+        for _, r in self.results:
+            for name, b in (r.busy.items() if r else ()):
+                q = name.rsplit(".", 1)[1]
+                out[q] = out.get(q, 0) + b
+        return out
+
+    def utilisation(self, target: Target) -> dict:
+        """Per queue kind, busy cycles over (total cycles x the cores that have such a queue)."""
+        npu = target.npu
+        vector_cores = npu.cores * (npu.vector_cores_per_cube if npu.separated else 1)
+        total = self.cycles or 1
+        return {q: b / (total * (vector_cores if q in ("vector", "MTE3") and npu.separated else npu.cores))
+                for q, b in sorted(self.busy().items())}
+
+    def events(self) -> list:
+        """Every stage's timeline, one after another: (core, queue, name, start, end, stage label)."""
+        out, offset = [], 0
+        for label, r in self.results:
+            if r is None:
+                continue
+            out += [(core, queue, name, s + offset, e + offset, label) for core, queue, name, s, e in r.events]
+            offset += r.cycles
+        return out
+
+
+class NpuExecutable:
+    """A program lowered to NPU stages; calling it runs them on the emulator (numerically)."""
+
+    def __init__(self, graph: Graph, target: Target):
+        if target.npu is None:
+            raise CodegenError(f"target {target.name!r} is not an NPU; the emulator runs npu-910 and npu-910b")
+        self.graph, self.target = graph, target
+        self.stages: list[Stage] = []
+        self.tensors: dict[str, tuple] = {}       # GM name -> (shape, dtype)
+        self.names: dict[int, str] = {}           # graph node -> GM name
+        self.host_ops: list[str] = []
+        self.preloaded: dict[str, np.ndarray] = {}
+        self.last: Run | None = None
+        self._build()
+
+    # ---- building ----
+    def _tensor(self, name: str, shape, dtype) -> str:
+        self.tensors[name] = (tuple(shape), dtype)
+        return name
+
+    def _build(self) -> None:
+        g = self.graph
+        constant = g.constant_nodes()
+        hoisted = [i for i in g.live() if i in constant and g.nodes[i].op not in ("lit",)]
+        values = {}
+        if hoisted:
+            from superopt.lowering.jax import evaluate
+            values = evaluate(g, (), only=[i for i in g.live() if i in constant])
+        for i in g.live():
+            node = g.nodes[i]
+            if node.op == "arg":
+                self.names[i] = self._tensor(f"arg{node.attrs[0]}", node.shape, node.dtype)
+            elif node.op == "lit" or i in constant:
+                name = self.names[i] = self._tensor(f"t{i}", node.shape, node.dtype)
+                value = values[i] if i in values else np.asarray(node.attrs[0])
+                self.preloaded[name] = np.asarray(value).astype(node.dtype).reshape(node.shape)
+            elif node.op in VIEWS:
+                self.names[i] = self.names[node.inputs[0]]
+            else:
+                self.names[i] = self._tensor(f"t{i}", node.shape, node.dtype)
+                self._node(i, node)
+
+    def _node(self, i: int, node: Node) -> None:
+        g = self.graph
+        ins = [(self.names[j], g.nodes[j].shape, g.nodes[j].dtype) for j in node.inputs]
+        out = (self.names[i], node.shape, node.dtype)
+        if node.op == "kernel":
+            body, tiling = node.attrs[0], (node.attrs[1] if len(node.attrs) > 1 else None)
+            label = f"%{i} kernel{{{body_str(body)}}}"
+        else:
+            body = one_op_body(node.op, node.attrs, [(s, d) for _, s, d in ins], (node.shape, node.dtype))
+            tiling, label = None, f"%{i} {node.op}"
+        try:
+            self.stages += KernelLowering(body, ins, out, tiling, self.target, i, label, self._tensor).stages()
+        except CodegenError as exc:
+            if node.op == "kernel":
+                raise CodegenError(f"{label}: {exc}") from exc
+            self.host_ops.append(f"{node.op} ({exc})")
+            self.stages.append(Stage(f"%{i} {node.op} on the host", i, None, host=node,
+                                     host_inputs=tuple(n for n, _, _ in ins), host_output=out[0]))
+
+    # ---- running ----
+    def run(self, *flat_args, symbolic: bool = False, trace: bool = True) -> Run:
+        start = time.perf_counter()
+        gm: dict = dict(self.preloaded)
+        if not symbolic:
+            for i in self.graph.live():
+                node = self.graph.nodes[i]
+                if node.op == "arg":
+                    gm[self.names[i]] = np.asarray(flat_args[node.attrs[0]]).astype(node.dtype).reshape(node.shape)
+        run = Run([])
+        for stage in self.stages:
+            if stage.program is None:
+                run.results.append((stage.label, None))
+                if not symbolic:
+                    gm[stage.host_output] = self._host(stage, gm)
+                continue
+            inputs = None if symbolic else {n: gm[n] for n, _, _ in stage.program.inputs}
+            result = emulate(stage.program, self.target, inputs, symbolic=symbolic, trace=trace)
+            run.results.append((stage.label, result))
+            if not symbolic:
+                for name, arr in result.outputs.items():
+                    shape, _ = self.tensors[name]
+                    gm[name] = arr.reshape(shape)
+        if not symbolic:
+            run.outputs = [gm[self.names[o]].reshape(self.graph.nodes[o].shape) for o in self.graph.outputs]
+        run.wall_seconds = time.perf_counter() - start
+        self.last = run
+        return run
+
+    def _host(self, stage: Stage, gm: dict) -> np.ndarray:
+        from superopt.lowering.jax import evaluate
+        node = stage.host
+        args = [Node("arg", (), (k,), self.tensors[n][0], self.tensors[n][1]) for k, n in enumerate(stage.host_inputs)]
+        sub = Graph(nodes=args + [Node(node.op, tuple(range(len(args))), node.attrs, node.shape, node.dtype)],
+                    outputs=[len(args)], consts=self.graph.consts, opaque=self.graph.opaque)
+        ins = [gm[n].reshape(self.tensors[n][0]) for n in stage.host_inputs]
+        return np.asarray(evaluate(sub, ins)[len(args)])
+
+    def describe(self, run: Run, cycles_before: int | None = None) -> list[str]:
+        """Report lines: cycles, utilisation and bytes of a run, and its costliest stages."""
+        t = self.target
+        us = run.cycles / t.npu.clock_hz * 1e6
+        head = f"  npu emulator : {run.cycles} cycles ({us:.1f} us at {t.npu.clock_hz / 1e9:.2g} GHz) in " \
+               f"{len(self.stages)} stages, GM {run.gm_bytes / 1e6:.2f} MB"
+        if cycles_before:
+            head += f"; original program {cycles_before} cycles ({cycles_before / max(run.cycles, 1):.2f}x)"
+        util = ", ".join(f"{q} {u:.0%}" for q, u in sorted(run.utilisation(t).items(), key=lambda kv: -kv[1])
+                         if u >= 0.005)
+        lines = [head, f"    utilisation: {util or 'none'}"]
+        if self.host_ops:
+            lines.append(f"    on the host (not counted): {', '.join(self.host_ops)}")
+        ranked = sorted(((r.cycles, label) for label, r in run.results if r is not None), reverse=True)
+        for cycles, label in ranked[:5]:
+            lines.append(f"    {cycles:>9} cycles  {label if len(label) <= 100 else label[:97] + '...'}")
+        return lines
+
+    def __call__(self, *flat_args) -> list:
+        return self.run(*flat_args).outputs
+
+    def estimate(self) -> Run:
+        """Cycles, bytes and utilisation without data (symbolic mode)."""
+        return self.run(symbolic=True, trace=False)
+
+
+class KernelLowering:
+    """The stages of one kernel body (module doc)."""
+
+    def __init__(self, body: tuple, ins: list, out: tuple, tiling: Tiling | None, target: Target, node: int,
+                 label: str, declare):
+        self.body, self.ins, self.out, self.tiling, self.target = body, ins, out, tiling, target
+        self.node, self.label, self.declare = node, label, declare
+        self.gm: dict[int, tuple] = {}    # body node -> (GM name, shape, dtype) once it is in GM
+        for i, n in enumerate(body):
+            if n.op == "arg":
+                self.gm[i] = ins[n.attrs[0]]
+        self.result: list[Stage] = []
+
+    def stages(self) -> list[Stage]:
+        body = self.body
+        last = len(body) - 1
+        mats = [i for i, n in enumerate(body) if n.op in ("matmul", "conv")]
+        chain = self._chain(mats)
+        done = set()
+        for m in mats:
+            if m in done:
+                continue
+            if chain and m == chain[0]:
+                self._chain_stage(*chain, final=chain[1] == last)
+                done.update(chain)
+            else:
+                self._matrix_stage(m, final=m == last)
+                done.add(m)
+        if last not in self.gm or self.gm[last][0] != self.out[0]:
+            if body[last].op == "arg" and not mats:
+                self._vector_stage(last, self.out, "copy")
+            else:
+                self._vector_stage(last, self.out, "vector" if not mats else "epilogue")
+        return self.result
+
+    # ---- pieces ----
+    def _workspace(self, i: int, what: str) -> tuple:
+        name = f"k{self.node}_{what}{i}"
+        return (self.declare(name, self.body[i].shape, self.body[i].dtype), self.body[i].shape, self.body[i].dtype)
+
+    def _in_gm(self, i: int, what: str) -> tuple:
+        """Body value i in global memory: a loaded tensor (through views), or a vector stage's output."""
+        if i in self.gm:
+            return self.gm[i]
+        node = self.body[i]
+        if node.op in VIEWS and node.inputs[0] in self.gm:
+            return self.gm[node.inputs[0]]
+        self._vector_stage(i, self._workspace(i, what), what)
+        return self.gm[i]
+
+    def _vector_stage(self, root: int, out: tuple, what: str) -> None:
+        """A vector program computing body value `root` from the values already in GM."""
+        sub, ins, index = [], [], {}
+        for j in sorted(self._cone(root)):
+            n = self.body[j]
+            if j in self.gm and j != root or (j == root and n.op == "arg"):
+                name = self.gm[j]
+                if name not in ins:
+                    ins.append(name)
+                index[j] = len(sub)
+                sub.append(Node("arg", (), (ins.index(name),), n.shape, n.dtype))
+            else:
+                index[j] = len(sub)
+                sub.append(Node(n.op, tuple(index[k] for k in n.inputs), n.attrs, n.shape, n.dtype))
+        if sub[-1].op == "arg" or (index[root] != len(sub) - 1):
+            sub = sub[:index[root] + 1]
+        program = vector_program(tuple(sub), ins, out, self.target)
+        self.result.append(Stage(f"{self.label}: {what} {body_str(tuple(sub))}", self.node, program))
+        self.gm[root] = out
+
+    def _cone(self, root: int) -> set:
+        seen, stack = set(), [root]
+        while stack:
+            j = stack.pop()
+            if j in seen:
+                continue
+            seen.add(j)
+            if j == root or j not in self.gm:
+                stack.extend(self.body[j].inputs)
+        return seen
+
+    def _chain(self, mats: list) -> tuple | None:
+        """(first, second) when the second matmul's left operand is the first's product itself."""
+        if len(mats) != 2 or any(self.body[m].op != "matmul" for m in mats):
+            return None
+        first, second = mats
+        left = self.body[second].inputs[0]
+        while self.body[left].op == "convert" and left != first:
+            left = self.body[left].inputs[0]
+        t = self.tiling
+        if left != first or t is None or set(t.order[:2]) != {"m", "l"}:
+            return None
+        return first, second
+
+    @staticmethod
+    def _gemm_views(a: Node, b: Node, c: Node) -> tuple:
+        if len(b.shape) == 2:
+            m = math.prod(a.shape[:-1])
+            return (1, m, a.shape[-1]), tuple(b.shape), (1, m, b.shape[-1])
+        batch = math.prod(c.shape[:-2])
+        return (batch,) + tuple(a.shape[-2:]), (batch,) + tuple(b.shape[-2:]), (batch,) + tuple(c.shape[-2:])
+
+    def _gemm_tiles(self, av: tuple, bv: tuple, dtype: str) -> list:
+        """Tilings to try for a GEMM of these views, best first: the extractor's (a lone GEMM), then tiles
+        shaped for the cube (module `gemm_candidates`)."""
+        options = []
+        t = self.tiling
+        if t is not None and not t.online and set(t.order) == {"m", "n", "k"}:
+            options.append((t.order, dict(t.tiles)))
+        return options + gemm_candidates(av[0], av[1], bv[-1], av[2], dtype, self.target)
+
+    def _matrix_stage(self, m: int, final: bool) -> None:
+        node = self.body[m]
+        if node.op == "conv":
+            raise CodegenError("convolution has no cube lowering yet")
+        a = self._in_gm(node.inputs[0], "lhs")
+        b = self._in_gm(node.inputs[1], "rhs")
+        c = self.out if final else self._workspace(m, "mm")
+        av, bv, cv = self._gemm_views(self.body[node.inputs[0]], self.body[node.inputs[1]], node)
+        errors = []
+        for order, tiles in self._gemm_tiles(av, bv, a[2]):
+            try:
+                program = gemm_program((a[0], av, a[2]), (b[0], bv, b[2]), (c[0], cv, c[2]), order, tiles,
+                                       self.target)
+                check_buffers(program, self.target)
+            except (CodegenError, CapacityError) as exc:
+                errors.append(str(exc))
+                continue
+            tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
+            self.result.append(Stage(f"{self.label}: cube matmul {av}x{bv} order {''.join(order)} {tiles_str}",
+                                     self.node, program))
+            self.gm[m] = c
+            return
+        raise CodegenError(f"no GEMM tiling could be placed: {errors[0]}")
+
+    def _chain_stage(self, first: int, second: int, final: bool) -> None:
+        f, s = self.body[first], self.body[second]
+        a = self._in_gm(f.inputs[0], "lhs")
+        b = self._in_gm(f.inputs[1], "rhs")
+        d = self._in_gm(s.inputs[1], "rhs")
+        e = self.out if final else self._workspace(second, "mm")
+        av, bv, _ = self._gemm_views(self.body[f.inputs[0]], self.body[f.inputs[1]], f)
+        _, dv, ev = self._gemm_views(self.body[s.inputs[0]], self.body[s.inputs[1]], s)
+        t = self.tiling
+        program = chain_program((a[0], av, a[2]), (b[0], bv, b[2]), (d[0], dv, d[2]), (e[0], ev, e[2]),
+                                t.order, dict(t.tiles), self.target)
+        self.result.append(Stage(f"{self.label}: cube GEMM chain, {t}", self.node, program))
+        self.gm[second] = e
+
+
+def _round_cube_operands(nodes: list) -> tuple[list, dict]:
+    """`nodes` with every float operand of a matmul rounded to fp16 first (as the cube's copy-in does;
+    bf16 and int8 operands are multiplied as they are), kernel bodies included; and the id map."""
+    out, remap = [], {}
+    for i, n in enumerate(nodes):
+        ins = [remap[j] for j in n.inputs]
+        attrs = n.attrs
+        if n.op == "matmul":
+            rounded = []
+            for j in ins:
+                src = out[j]
+                if src.dtype in ("float32", "float64"):
+                    out.append(Node("convert", (j,), (), src.shape, "float16"))
+                    out.append(Node("convert", (len(out) - 1,), (), src.shape, src.dtype))
+                    j = len(out) - 1
+                rounded.append(j)
+            ins = rounded
+        elif n.op == "kernel":
+            attrs = (tuple(_round_cube_operands(list(n.attrs[0]))[0]),) + tuple(n.attrs[1:])
+        out.append(Node(n.op, tuple(ins), attrs, n.shape, n.dtype))
+        remap[i] = len(out) - 1
+    return out, remap
+
+
+def cube_reference(graph: Graph, args) -> list:
+    """The program's outputs computed in numpy with the NPU's rounding: matmul operands in fp16, the rest
+    in the program's own types. The emulator's results differ from these only by summation order."""
+    from superopt.rewrites.reference import evaluate
+    nodes, remap = _round_cube_operands(list(graph.nodes))
+    rounded = Graph(nodes=nodes, outputs=[remap[o] for o in graph.outputs], consts=graph.consts,
+                    opaque=graph.opaque, n_args=graph.n_args)
+    return evaluate(rounded, args)
+
+
+def gemm_candidates(batch: int, m: int, n: int, k: int, dtype: str, target: Target, keep: int = 4) -> list:
+    """Loop order m, n, k with tiles the cube can run (two output tiles fit L0C, two slots of the A and B
+    tiles fit L1), fastest first by a roofline of the tiles: the bytes the Chimera model counts at the
+    chip's bandwidth against the cube cycles of the busiest core (output tiles dealt to the cores)."""
+    npu = target.npu
+    item = 1 if dtype == "int8" else 2
+    up = lambda x: -(-x // 16) * 16                                            # noqa: E731
+    sizes = lambda ext: sorted({min(up(ext), t) for t in (16, 32, 64, 128, 256)})   # noqa: E731
+    ranked = []
+    for tm in sizes(m):
+        for tn in sizes(n):
+            if 2 * tm * tn * 4 > npu.l0c_bytes:
+                continue
+            for tk in sorted({min(up(k), t) for t in (32, 64, 128, 256, 512, 1024)}):
+                if 2 * (tm * tk + tk * tn) * item > npu.l1_bytes:
+                    continue
+                tiles_m, tiles_n, steps_k = -(-m // tm), -(-n // tn), -(-k // tk)
+                moved = batch * (m * k * item * tiles_n + k * n * item * tiles_m + m * n * 4)
+                per_core = -(-(batch * tiles_m * tiles_n) // npu.cores)
+                cube = per_core * (tm // 16) * (tn // 16) * (-(-up(k) // 16))
+                dma = per_core * steps_k * 2 * npu.dma_latency_cycles
+                cycles = max(moved / (target.mem_bandwidth / npu.clock_hz), cube, dma)
+                ranked.append((cycles, -tm * tn, (("m", "n", "k"), {"m": tm, "n": tn, "k": tk})))
+    ranked.sort(key=lambda r: r[:2])
+    return [r[2] for r in ranked[:keep]]
+
+
+def lower_npu(graph: Graph, target: Target) -> NpuExecutable:
+    return NpuExecutable(graph, target)

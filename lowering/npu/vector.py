@@ -1,0 +1,212 @@
+"""Vector kernels: a kernel body (no matrix op) run op by op on the Unified Buffer, one box of the
+output at a time.
+
+Every body value is a view of the output's index space: an elementwise op keeps its operands' axes, a
+broadcast adds axes of size one, a transpose permutes them, a row reduction removes the last one (and
+needs it whole). `_axis_maps` follows these from the output back to the loads, so for any box of the
+output (a range on one axis, single indices before it, whole axes after it) each value's box, and each
+input's GM window, is known. The box is as large as fits the UB: inputs and the output get two slots
+each (the next box's copy-in overlaps this box's compute), intermediates one. Boxes are dealt to the
+cores in turn; inputs that do not depend on the box (a bias row, a scalar) are copied in once per core.
+"""
+from __future__ import annotations
+
+import math
+from itertools import product
+
+import numpy as np
+
+from superopt.egraph.ir import REDUCTIONS, Node
+from superopt.extract.target import Target
+from superopt.lowering.npu.codegen import Allocator, CodegenError, _view, insert_flags
+from superopt.lowering.npu.emulator import ELEMENTWISE
+from superopt.lowering.npu.isa import ALIGNMENT, CopyIn, CopyOut, Gm, Program, ScalarOp, VecOp
+
+VECTOR_OPS = ELEMENTWISE | REDUCTIONS | {"broadcast", "transpose", "reshape", "arg"}
+
+
+def _squeezed_axes(shape: tuple) -> list[int]:
+    return [i for i, d in enumerate(shape) if d != 1]
+
+
+def _axis_maps(body: tuple) -> tuple[list, set]:
+    """For each body node, per axis, the output axis it runs along (None: size one or reduced); and the
+    output axes a reduction needs whole."""
+    out = len(body) - 1
+    maps: list = [None] * len(body)
+    maps[out] = tuple(range(len(body[out].shape)))
+    whole: set = set()
+    wanted: list = [[] for _ in body]      # per node, the maps its consumers ask for
+
+    def ask(j: int, m: tuple):
+        wanted[j].append(m)
+
+    for i in range(out, -1, -1):
+        node = body[i]
+        if i != out:
+            if not wanted[i]:
+                continue
+            merged = list(wanted[i][0])
+            for m in wanted[i][1:]:
+                for ax, (a, b) in enumerate(zip(merged, m)):
+                    if a is None or b is None:
+                        if (a if b is None else b) is not None and node.shape[ax] > 1:
+                            whole.add(a if b is None else b)
+                        merged[ax] = a if b is None else b
+                    elif a != b:
+                        raise CodegenError(f"vector kernel: axis {ax} of {node.op} runs along output axes {a} "
+                                           f"and {b}; it needs a transpose through global memory")
+            maps[i] = tuple(merged)
+        m = maps[i]
+        if node.op not in VECTOR_OPS:
+            raise CodegenError(f"vector kernel: no vector-unit lowering for op {node.op!r}")
+        if node.op == "arg":
+            continue
+        if node.op in ELEMENTWISE:
+            for j in node.inputs:   # operands broadcast numpy-style (right-aligned, size-1 axes)
+                shape, lead = body[j].shape, len(node.shape) - len(body[j].shape)
+                ask(j, tuple(m[lead + k] if d == node.shape[lead + k] else None for k, d in enumerate(shape)))
+        elif node.op == "broadcast":
+            (x,), dims = node.inputs, node.attrs[0]
+            ask(x, tuple(m[d] if body[x].shape[k] == node.shape[d] else None for k, d in enumerate(dims)))
+        elif node.op == "transpose":
+            (x,), perm = node.inputs, node.attrs[0]
+            xm = [None] * len(perm)
+            for k, p in enumerate(perm):
+                xm[p] = m[k]
+            ask(x, tuple(xm))
+        elif node.op == "reshape":
+            (x,) = node.inputs
+            src, dst = _squeezed_axes(body[x].shape), _squeezed_axes(node.shape)
+            if [body[x].shape[a] for a in src] != [node.shape[a] for a in dst]:
+                raise CodegenError(f"vector kernel: reshape {body[x].shape} -> {node.shape} regroups axes; "
+                                   f"it runs as a view of global memory instead")
+            xm = [None] * len(body[x].shape)
+            for a, b in zip(src, dst):
+                xm[a] = m[b]
+            ask(x, tuple(xm))
+        else:   # a reduction: the kept axes in order, the reduced ones need the whole axis
+            (x,), axes = node.inputs, set(node.attrs[0])
+            kept = iter(m)
+            ask(x, tuple(None if a in axes else next(kept) for a in range(len(body[x].shape))))
+    return maps, whole
+
+
+def _box(node: Node, m: tuple, box: tuple) -> tuple:
+    """(start, size) per axis of `node` for a box (start, size) per output axis."""
+    return tuple(box[w] if w is not None else (0, d) for w, d in zip(m, node.shape))
+
+
+def _bytes(shape: tuple, dtype: str) -> int:
+    return math.prod(shape) * (1 if dtype == "bool" else np.dtype(dtype).itemsize)
+
+
+def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, cores: list[str] | None = None,
+                   budget: int | None = None) -> Program:
+    """A program computing `body` (IR nodes, `arg` k = input k, no matrix op) on the vector unit. `ins` and
+    `out` are (name, shape, dtype) of GM tensors; `cores` the cores the boxes are dealt to (default: one
+    per cube core, or the AIVs of a separated chip); `budget` the UB bytes to use (default: all of it)."""
+    maps, whole = _axis_maps(body)
+    oname, oshape, odt = out
+    if tuple(body[-1].shape) != tuple(oshape):
+        raise CodegenError(f"vector kernel: body gives {body[-1].shape}, output is {oshape}")
+    npu = target.npu
+    if cores is None:
+        count = npu.cores * (npu.vector_cores_per_cube if npu.separated else 1)
+        cores = [f"aiv{i}" if npu.separated else f"core{i}" for i in range(count)]
+    budget = budget or npu.ub_bytes
+    live = [i for i, m in enumerate(maps) if m is not None]
+    args = {body[i].attrs[0]: i for i in live if body[i].op == "arg"}
+    rank = len(oshape)
+
+    def varies(i: int, upto: int) -> bool:    # does node i's box change when axes 0..upto move?
+        return any(w is not None and w <= upto and body[i].shape[a] > 1 for a, w in enumerate(maps[i]))
+
+    def footprint(axis: int, size: int) -> int:
+        box = tuple((0, 1) if w < axis else ((0, size) if w == axis else (0, d)) for w, d in enumerate(oshape))
+        total = 0
+        for i in live:
+            if body[i].op == "reshape":
+                continue
+            slots = 2 if (body[i].op == "arg" and varies(i, axis)) or i == len(body) - 1 else 1
+            shape = tuple(s for _, s in _box(body[i], maps[i], box))
+            total += slots * (-(-_bytes(shape, body[i].dtype) // ALIGNMENT["UB"]) * ALIGNMENT["UB"])
+        return total
+
+    # The largest box that fits: the outermost axis that can be chunked, as many of its indices as fit.
+    axis, size = rank, 1
+    for a in range(rank):
+        if any(w < a and oshape[w] > 1 for w in whole):
+            break
+        fit = oshape[a] if footprint(a, oshape[a]) <= budget else 0
+        if not fit and a not in whole:
+            lo, hi = 0, oshape[a]
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if footprint(a, mid) <= budget else (lo, mid - 1)
+            fit = lo
+        if fit:
+            axis, size = a, fit
+            break
+    if rank and axis == rank:
+        need = footprint(rank - 1, 1)
+        raise CodegenError(f"vector kernel: one row of the output needs {need} bytes of UB, capacity {budget} "
+                           f"({target.name}); the row is too long to keep whole")
+
+    program = Program(inputs=list(ins), outputs=[out])
+    alloc = Allocator(program)
+    boxes = [tuple((i, 1) for i in idx) + ((c0, min(size, oshape[axis] - c0)),) + tuple((0, d) for d in
+             oshape[axis + 1:]) for idx in product(*(range(d) for d in oshape[:axis]))
+             for c0 in range(0, oshape[axis], size)] if rank else [()]
+    full = boxes[0] if rank == 0 else (tuple((0, 1) for _ in oshape[:axis]) + ((0, size),) +
+                                       tuple((0, d) for d in oshape[axis + 1:]))
+    bufs: dict = {}
+    for i in live:
+        node = body[i]
+        shape = tuple(s for _, s in _box(node, maps[i], full))
+        if node.op == "reshape":
+            continue
+        slots = 2 if (node.op == "arg" and varies(i, axis)) or i == len(body) - 1 else 1
+        bufs[i] = [alloc(f"v{i}_{s}", "UB", shape, node.dtype) for s in range(slots)]
+    for i in live:   # a reshape that only adds or drops unit axes is a view of its operand's buffer
+        if body[i].op == "reshape":
+            shape = tuple(s for _, s in _box(body[i], maps[i], full))
+            bufs[i] = [_as(b, shape) for b in bufs[body[i].inputs[0]]]
+
+    instrs: list = []
+    loaded: set = set()
+    for t, box in enumerate(boxes):
+        core = cores[t % len(cores)]
+        instrs.append(ScalarOp(core, "scalar", cycles=8, note="vector box"))
+        step = t // len(cores)
+        for i in live:
+            node = body[i]
+            here = tuple(s for _, s in _box(node, maps[i], box))
+            slot = step % len(bufs[i])
+
+            def buf(j: int, shape: tuple):
+                return _as(bufs[j][step % len(bufs[j])], shape)
+            if node.op == "arg":
+                if not varies(i, axis) and (core, i) in loaded:
+                    continue
+                loaded.add((core, i))
+                name, gshape, _ = ins[node.attrs[0]]
+                window = _box(node, maps[i], box)
+                instrs.append(CopyIn(core, "MTE2", src=Gm(name, tuple(s for s, _ in window), here),
+                                     dst=_as(bufs[i][slot], here)))
+            elif node.op != "reshape":
+                srcs = tuple(buf(j, tuple(s for _, s in _box(body[j], maps[j], box))) for j in node.inputs)
+                instrs.append(VecOp(core, "vector", op=node.op, dst=_as(bufs[i][slot], here), srcs=srcs,
+                                    attrs=node.attrs))
+        last = len(body) - 1
+        here = tuple(s for _, s in box)
+        dst = Gm(oname, tuple(s for s, _ in box), here)
+        instrs.append(CopyOut(core, "MTE3", src=_as(bufs[last][step % len(bufs[last])], here), dst=dst))
+    program.instrs = insert_flags(instrs)
+    program.cores = tuple(c for c in cores if any(i.core == c for i in program.instrs))
+    return program
+
+
+def _as(buf, shape: tuple):
+    """`buf` seen with `shape` (the same place; a box at a ragged edge is smaller than the buffer)."""
+    return buf if tuple(buf.shape) == tuple(shape) else _view(buf, shape)

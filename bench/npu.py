@@ -1,21 +1,36 @@
-"""The thesis GEMM chains G1-G12 on the NPU emulator (npu-910): the fused chain kernel with the tiles the
-extractor chose, against the two GEMMs run apart (each at its own best tiling, C through GM).
+"""Programs on the NPU emulator.
 
-Symbolic mode (shapes only): cycles, GM bytes and queue utilisation are what the numeric run gives,
-without the arithmetic. Cycles are one kernel's, from first issue to last instruction, over all
-cores; launch overhead is not included.
+Whole programs (npu-910b and npu-910): the captured program lowered op by op ("unfused") against the
+program superopt chose ("optimized"), both through the same lowering (`lowering/npu/lower.py`); the
+optimized one is what `superopt(fn, target=...)` runs.
+
+The thesis GEMM chains G1-G12 (npu-910): the fused chain kernel with the tiles the extractor chose,
+against the two GEMMs run apart (each at its own best tiling, C through GM). Symbolic mode (shapes
+only): cycles, GM bytes and queue utilisation are what the numeric run gives, without the arithmetic.
+Cycles are one kernel's, from first issue to last instruction, over all cores; launch overhead is not
+included.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
-from bench.programs import GEMM_CHAIN_SHAPES
+import jax
+import numpy as np
+
+from bench.programs import GEMM_CHAIN_SHAPES, WORKLOADS
 from bench.tiling import chosen_kernel
 from superopt.extract.cost import one_op_body, tiling_options
 from superopt.extract.target import load_target
 from superopt.lowering.npu.codegen import chain_program, gemm_program
 from superopt.lowering.npu.emulator import emulate
+from superopt.lowering.npu.lower import NpuExecutable
+from superopt import superopt
+
+PROGRAMS = ("bert-encoder-128", "bert-encoder-512", "transformer-block", "resnet-bottleneck")
+PROGRAM_TARGETS = ("npu-910b", "npu-910")
+TIMELINE = "docs/figures/npu-910b-bert-encoder-128.png"
 
 TARGET = "npu-910"
 F16 = "float16"
@@ -64,13 +79,75 @@ def markdown(rs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def program_rows(names=PROGRAMS, targets=PROGRAM_TARGETS, timeline: str | None = TIMELINE) -> list[dict]:
+    """Per program and target: cycles, GM bytes and utilisation unfused and optimized (symbolic runs),
+    the wall time of the symbolic and the numeric emulation, and the error against JAX."""
+    out = []
+    for name in names:
+        w = WORKLOADS[name]()
+        flat = jax.tree_util.tree_leaves(w.args)
+        want = [np.asarray(x) for x in jax.tree_util.tree_leaves(w.fn(*w.args))]
+        for target_name in targets:
+            print(f"[npu] {name} on {target_name} ...", file=sys.stderr, flush=True)
+            target = load_target(target_name)
+            fast = superopt(w.fn, target=target_name)
+            spec = fast.compile(*w.args)
+            if spec.npu is None:
+                out.append({"name": name, "target": target_name, "error": fast.report.backend})
+                continue
+            start = time.perf_counter()
+            optimized = spec.npu.estimate()
+            wall_symbolic = time.perf_counter() - start
+            unfused = NpuExecutable(spec.original, target).estimate()
+            traced = spec.npu.run(*flat)
+            err = max(float(np.abs(g - e).max() / (np.abs(e).max() or 1.0)) for g, e in zip(traced.outputs, want))
+            if timeline and name == "bert-encoder-128" and target_name == "npu-910b":
+                os.makedirs(os.path.dirname(timeline), exist_ok=True)
+                spec.npu.write_timeline(traced, timeline)
+            util = optimized.utilisation(target)
+            out.append({"name": name, "target": target_name, "unfused": unfused.cycles, "optimized": optimized.cycles,
+                        "unfused_bytes": unfused.gm_bytes, "bytes": optimized.gm_bytes,
+                        "stages": f"{len(NpuExecutable(spec.original, target).stages)} -> {len(spec.npu.stages)}",
+                        "util": ", ".join(f"{q} {util.get(q, 0.0):.0%}" for q in ("cube", "vector", "MTE2", "MTE3")),
+                        "us": optimized.cycles / target.npu.clock_hz * 1e6, "wall_symbolic": wall_symbolic,
+                        "wall_numeric": traced.wall_seconds, "err": err, "host": len(spec.npu.host_ops)})
+    return out
+
+
+def program_markdown(rs: list[dict]) -> str:
+    lines = ["| program | target | stages unfused -> optimized | cycles unfused | cycles optimized | speedup | "
+             "time optimized | GM MB unfused | GM MB optimized | utilisation (optimized) | emulator wall, symbolic | "
+             "emulator wall, numeric | max error vs JAX (of max abs) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rs:
+        if "error" in r:
+            lines.append(f"| {r['name']} | {r['target']} | not on the emulator: {r['error']} |" + " |" * 10)
+            continue
+        lines.append(f"| {r['name']} | {r['target']} | {r['stages']} | {r['unfused']} | {r['optimized']} | "
+                     f"{r['unfused'] / r['optimized']:.2f}x | {r['us']:.1f} us | {r['unfused_bytes'] / 1e6:.1f} | "
+                     f"{r['bytes'] / 1e6:.1f} | {r['util']} | {r['wall_symbolic']:.2f} s | {r['wall_numeric']:.2f} s | "
+                     f"{r['err']:.1e} |")
+    return "\n".join(lines)
+
+
 def main() -> list[str]:
     """The BENCHMARKS.md section."""
+    prs = program_rows()
     print("[npu] G1-G12 on the npu-910 emulator ...", file=sys.stderr, flush=True)
     rs = rows()
     speedups = sorted(r["unfused"] / r["fused"] for r in rs)
-    return ["", "## GEMM chains on the NPU emulator (npu-910)", "",
-            *[line.strip() for line in __doc__.split("\n\n", 1)[1].splitlines()], "",
+    return ["", "## Programs on the NPU emulator", "",
+            *[line.strip() for line in __doc__.split("\n\n", 2)[1].splitlines()], "",
+            "Cycles are the sum of the stages' (each stage waits for the one before; launch overhead not "
+            "included); utilisation is busy cycles over cycles x the cores that have the queue (24 cube cores; "
+            "on npu-910b, 48 vector cores). A matmul operand computed in a kernel and the ops after its last "
+            "matmul are vector stages that exchange data with the cube through GM (the 910B's own path; on "
+            "the 910 an upper bound). Reproduce with `python -m bench.npu`.", "",
+            program_markdown(prs), "",
+            f"The timeline of BERT-128 on npu-910b (first two cube and vector cores; dotted lines between "
+            f"stages): ![timeline]({TIMELINE})", "",
+            "## GEMM chains on the NPU emulator (npu-910)", "",
+            *[line.strip() for line in __doc__.split("\n\n", 2)[2].splitlines()], "",
             f"Fused over unfused cycles: {speedups[0]:.2f}x to {speedups[-1]:.2f}x. The fused kernels' GM bytes "
             "equal the tiling's modelled volume exactly (tests/test_npu_emulator.py). Reproduce with "
             "`python -m bench.npu`.", "", markdown(rs)]

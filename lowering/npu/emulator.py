@@ -52,6 +52,10 @@ class DeadlockError(EmulatorError):
     pass
 
 
+class NumericOverflow(EmulatorError):
+    """A finite value too large for the narrower type it is converted to (fp16 tops out at 65504)."""
+
+
 @dataclass
 class Result:
     outputs: dict                      # name -> array (None in symbolic mode)
@@ -155,7 +159,7 @@ class _Machine:
 
     def _inside(self, g: Gm) -> tuple:
         shape, _ = self.gm_shape[g.tensor]
-        return tuple(slice(s, min(s + n, d)) for s, n, d in zip(g.start, g.size, shape))
+        return tuple(slice(min(s, d), min(s + n, d)) for s, n, d in zip(g.start, g.size, shape))
 
     def _gm_bytes(self, g: Gm) -> int:
         shape, dtype = self.gm_shape[g.tensor]
@@ -210,16 +214,29 @@ class _Machine:
             return value
         return self.gm[operand.tensor][self._inside(operand)]
 
+    def _cast(self, value, dtype, where) -> np.ndarray:
+        """`value` as `dtype`; a finite value that overflows the narrower type is an error naming the
+        instruction (the hardware would saturate or give Inf silently; a program should not rely on it)."""
+        value, dt = np.asarray(value), np.dtype(dtype)
+        if dt.kind == "f" and value.dtype.kind == "f" and value.dtype.itemsize > dt.itemsize:
+            big = np.isfinite(value) & (np.abs(value) > np.finfo(dt).max)
+            if big.any():
+                index, ins = self.current
+                raise NumericOverflow(f"instruction #{index} ({ins.core}.{ins.queue} {type(ins).__name__}) converts "
+                                      f"{int(big.sum())} finite values up to {float(np.abs(value[big]).max()):.4g} "
+                                      f"to {dt.name} for {where}: they overflow (largest {np.finfo(dt).max:g})")
+        return value.astype(dt)
+
     def _store(self, core: str, dst, value, add: bool = False):
         if isinstance(dst, Buf):
-            self.mem[(core, dst.name)] = np.asarray(value).astype(dst.dtype).reshape(dst.shape)
+            self.mem[(core, dst.name)] = self._cast(value, dst.dtype, dst).reshape(dst.shape)
             return
         inside = self._inside(dst)
         value = np.asarray(value)
         value = value.reshape((1,) * (len(dst.size) - value.ndim) + value.shape)
         part = value[tuple(slice(0, sl.stop - sl.start) for sl in inside)]
         target = self.gm[dst.tensor]
-        target[inside] = (target[inside] + part if add else part).astype(target.dtype)
+        target[inside] = self._cast(target[inside] + part if add else part, target.dtype, dst)
 
     def _execute(self, core: str, ins) -> None:
         if isinstance(ins, CopyIn):
@@ -227,7 +244,7 @@ class _Machine:
             size = ins.src.size[len(ins.src.size) - len(ins.dst.shape):]   # without leading unit axes
             got = got.reshape(got.shape[got.ndim - len(size):])
             region = np.zeros(size, ins.dst.dtype)                           # zeros past the tensor's edge
-            region[tuple(slice(0, d) for d in got.shape)] = got.astype(ins.dst.dtype)
+            region[tuple(slice(0, d) for d in got.shape)] = self._cast(got, ins.dst.dtype, ins.dst)
             if ins.at:
                 whole = self.mem.get((core, ins.dst.name))
                 whole = np.zeros(ins.dst.shape, ins.dst.dtype) if whole is None else whole.copy()
@@ -254,7 +271,7 @@ class _Machine:
             if ins.relu:
                 v = np.maximum(v, 0)
             dtype = ins.dst.dtype if isinstance(ins.dst, Buf) else self.gm_shape[ins.dst.tensor][1]
-            self._store(core, ins.dst, v.astype(dtype), add=ins.atomic_add)
+            self._store(core, ins.dst, v if ins.atomic_add else self._cast(v, dtype, ins.dst), add=ins.atomic_add)
         elif isinstance(ins, VecOp):
             self._store(core, ins.dst, self._vector(core, ins))
         elif isinstance(ins, CopyOut):
@@ -266,6 +283,9 @@ class _Machine:
         broadcast) permutes or repeats the block."""
         srcs = [self._value(core, s) for s in ins.srcs]
         shape = tuple(ins.dst.shape)
+        if ins.op == "img2col":
+            from superopt.lowering.npu.vector import img2col
+            return img2col(srcs[0], *ins.attrs)
         if ins.op in ELEMENTWISE:
             srcs = [np.broadcast_to(s, shape) if s.shape != shape else s for s in srcs]
         return evaluate_node(ins.op, ins.attrs, srcs, shape, ins.dst.dtype)
@@ -322,6 +342,7 @@ class _Machine:
             self.events.append((ins.core, ins.queue, type(ins).__name__ if not isinstance(ins, VecOp) else ins.op,
                                 start, end))
             if not self.symbolic:
+                self.current = (index, ins)
                 self._execute(ins.core, ins)
 
 
@@ -357,3 +378,52 @@ def chrome_trace(result: Result) -> dict:
 def write_trace(result: Result, path) -> None:
     with open(path, "w") as f:
         json.dump(chrome_trace(result), f)
+
+
+COLOURS = {"CopyIn": "#4e79a7", "CopyOut": "#59a14f", "LoadL0": "#76b7b2", "Mmad": "#e15759", "FixPipe": "#f28e2b",
+           "ScalarOp": "#bab0ac"}
+
+
+def write_gantt(events: list, path, clock_hz: float, title: str = "", cores: int = 2,
+                boundaries: list | None = None) -> None:
+    """The timeline as a PNG Gantt chart (matplotlib): one row per queue of the first `cores` cores of
+    each kind (the others run the same kind of work), bars coloured by instruction (vector ops in
+    purple), and optional vertical lines at `boundaries` (cycles where a stage ends). `events` are
+    (core, queue, name, start, end, ...) as in `Result.events` or `Run.events()`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    def kind(core: str) -> str:
+        return core.rstrip("0123456789")
+    shown = {}
+    for core, *_ in events:
+        shown.setdefault(kind(core), set()).add(core)
+    keep = {c for cs in shown.values() for c in sorted(cs, key=lambda c: int(c[len(kind(c)):] or 0))[:cores]}
+    order = ["MTE2", "MTE1", "cube", "vector", "MTE3", "scalar"]
+    rows = sorted({(core, queue) for core, queue, *_ in events if core in keep},
+                  key=lambda r: (r[0].rstrip("0123456789"), int(r[0][len(kind(r[0])):] or 0),
+                                 order.index(r[1]) if r[1] in order else 99))
+    index = {r: i for i, r in enumerate(rows)}
+    us = 1e6 / clock_hz
+    fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.6))
+    bars: dict = {}
+    for core, queue, name, start, end, *_ in events:
+        if (core, queue) in index and end > start:
+            colour = COLOURS.get(name, "#b07aa1")
+            bars.setdefault(colour, []).append((index[(core, queue)], start * us, (end - start) * us))
+    for colour, spans in bars.items():
+        for y, x, w in spans:
+            ax.barh(y, w, left=x, height=0.8, color=colour, linewidth=0)
+    for b in boundaries or ():
+        ax.axvline(b * us, color="#999999", linewidth=0.5, linestyle=":")
+    ax.set_yticks(range(len(rows)), [f"{c}.{q}" for c, q in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("microseconds")
+    ax.set_title(title or "NPU emulator timeline", fontsize=9)
+    legend = [Patch(color=c, label=n) for n, c in COLOURS.items()] + [Patch(color="#b07aa1", label="vector op")]
+    ax.legend(handles=legend, fontsize=6, loc="upper right", ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

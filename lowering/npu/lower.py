@@ -34,7 +34,7 @@ from superopt.extract.tiling import Tiling, cone
 from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_program
 from superopt.lowering.npu.emulator import CapacityError, check_buffers, emulate
 from superopt.lowering.npu.isa import Program
-from superopt.lowering.npu.vector import vector_program
+from superopt.lowering.npu.vector import img2col_program, vector_program
 
 VIEWS = frozenset({"reshape"})
 FREE = frozenset({"arg", "const", "lit"}) | VIEWS
@@ -150,8 +150,10 @@ class NpuExecutable:
         except CodegenError as exc:
             if node.op == "kernel":
                 raise CodegenError(f"{label}: {exc}") from exc
-            self.host_ops.append(f"{node.op} ({exc})")
-            self.stages.append(Stage(f"%{i} {node.op} on the host", i, None, host=node,
+            name = g.opaque[node.attrs[0]].name if node.op == "opaque" else node.op
+            self.host_ops.append(f"{name} ({exc})" if node.op != "opaque" else f"{name} (a primitive superopt "
+                                                                               f"does not model)")
+            self.stages.append(Stage(f"%{i} {name} on the host", i, None, host=node,
                                      host_inputs=tuple(n for n, _, _ in ins), host_output=out[0]))
 
     # ---- running ----
@@ -191,6 +193,26 @@ class NpuExecutable:
                     outputs=[len(args)], consts=self.graph.consts, opaque=self.graph.opaque)
         ins = [gm[n].reshape(self.tensors[n][0]) for n in stage.host_inputs]
         return np.asarray(evaluate(sub, ins)[len(args)])
+
+    def write_timeline(self, run: Run, path: str) -> None:
+        """The run's timeline (it must have been traced): Chrome-trace JSON when `path` ends in .json (opens
+        in Perfetto), else a PNG Gantt chart with dotted lines between stages."""
+        events = run.events()
+        if path.endswith(".json"):
+            import json
+            from superopt.lowering.npu.emulator import Result, chrome_trace
+            whole = Result({}, run.cycles, {}, {}, [e[:5] for e in events], self.target.npu.clock_hz)
+            with open(path, "w") as f:
+                json.dump(chrome_trace(whole), f)
+            return
+        from superopt.lowering.npu.emulator import write_gantt
+        ends, total = [], 0
+        for _, r in run.results:
+            if r is not None:
+                total += r.cycles
+                ends.append(total)
+        write_gantt(events, path, self.target.npu.clock_hz, boundaries=ends[:-1],
+                    title=f"{self.target.name}: {run.cycles} cycles in {len(ends)} stages")
 
     def describe(self, run: Run, cycles_before: int | None = None) -> list[str]:
         """Report lines: cycles, utilisation and bytes of a run, and its costliest stages."""
@@ -320,25 +342,25 @@ class KernelLowering:
         batch = math.prod(c.shape[:-2])
         return (batch,) + tuple(a.shape[-2:]), (batch,) + tuple(b.shape[-2:]), (batch,) + tuple(c.shape[-2:])
 
-    def _gemm_tiles(self, av: tuple, bv: tuple, dtype: str) -> list:
-        """Tilings to try for a GEMM of these views, best first: the extractor's (a lone GEMM), then tiles
-        shaped for the cube (module `gemm_candidates`)."""
-        options = []
+    def _extractor_tiles(self) -> tuple | None:
+        """(order, tiles) of the extractor's tiling when it is a lone GEMM's (m, n, k)."""
         t = self.tiling
         if t is not None and not t.online and set(t.order) == {"m", "n", "k"}:
-            options.append((t.order, dict(t.tiles)))
-        return options + gemm_candidates(av[0], av[1], bv[-1], av[2], dtype, self.target)
+            return t.order, dict(t.tiles)
+        return None
 
     def _matrix_stage(self, m: int, final: bool) -> None:
         node = self.body[m]
-        if node.op == "conv":
-            raise CodegenError("convolution has no cube lowering yet")
         a = self._in_gm(node.inputs[0], "lhs")
         b = self._in_gm(node.inputs[1], "rhs")
         c = self.out if final else self._workspace(m, "mm")
-        av, bv, cv = self._gemm_views(self.body[node.inputs[0]], self.body[node.inputs[1]], node)
-        errors = []
-        for order, tiles in self._gemm_tiles(av, bv, a[2]):
+        if node.op == "conv":
+            a, av, bv, cv = self._img2col(m, a)
+        else:
+            av, bv, cv = self._gemm_views(self.body[node.inputs[0]], self.body[node.inputs[1]], node)
+        errors, placed = [], []
+        extractors = self._extractor_tiles()
+        for order, tiles in ([extractors] if extractors else []) + gemm_candidates(*av, bv[-1], a[2], self.target):
             try:
                 program = gemm_program((a[0], av, a[2]), (b[0], bv, b[2]), (c[0], cv, c[2]), order, tiles,
                                        self.target)
@@ -346,12 +368,44 @@ class KernelLowering:
             except (CodegenError, CapacityError) as exc:
                 errors.append(str(exc))
                 continue
-            tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
-            self.result.append(Stage(f"{self.label}: cube matmul {av}x{bv} order {''.join(order)} {tiles_str}",
-                                     self.node, program))
-            self.gm[m] = c
-            return
-        raise CodegenError(f"no GEMM tiling could be placed: {errors[0]}")
+            cycles = emulate(program, self.target, symbolic=True, trace=False).cycles
+            placed.append((cycles, len(placed), order, tiles, program))
+        if not placed:
+            raise CodegenError(f"no GEMM tiling could be placed: {errors[0]}")
+        # The fastest placed tiling runs. The extractor's tiles minimise the bytes moved (the Chimera
+        # model); on many cores a tiling with more output tiles can be faster, and the label says so.
+        cycles, rank, order, tiles, program = min(placed)
+        tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
+        whose = "the extractor's tiles" if extractors and rank == 0 and (order, tiles) == extractors else \
+            ("tiles of the lowering; the extractor's " + (f"took {placed[0][0]} cycles" if extractors and
+             (placed[0][2], placed[0][3]) == extractors else "could not be placed") if extractors else "")
+        self.result.append(Stage(f"{self.label}: cube matmul {av}x{bv} order {''.join(order)} {tiles_str}"
+                                 + (f" ({whose})" if whose else ""), self.node, program))
+        self.gm[m] = c
+
+    def _img2col(self, m: int, lhs: tuple) -> tuple:
+        """A convolution as a GEMM: the img2col stage writes the patch matrix (fp16) to GM; the weights
+        [KH, KW, C, O] are its right operand as [KH * KW * C, O], the output [N * Ho * Wo, O] is NHWC."""
+        node, x, wt = self.body[m], self.body[self.body[m].inputs[0]], self.body[self.body[m].inputs[1]]
+        p = dict(node.attrs[0])
+        spec = p["dimension_numbers"]
+        layout = (tuple(spec.lhs_spec), tuple(spec.rhs_spec), tuple(spec.out_spec))
+        plain = len(x.shape) == 4 and layout == ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)) and \
+            set(p["lhs_dilation"]) | set(p["rhs_dilation"]) == {1} and p["feature_group_count"] == 1 and \
+            p["batch_group_count"] == 1
+        if not plain:
+            raise CodegenError("convolution: the cube lowering takes 2-D NHWC x HWIO -> NHWC convolutions "
+                               "without dilation or groups")
+        n, h, w, c = x.shape
+        kh, kw, _, o = wt.shape
+        _, ho, wo, _ = node.shape
+        patches = (self.declare(f"k{self.node}_img2col{m}", (n * ho * wo, kh * kw * c), "float16"),
+                   (n * ho * wo, kh * kw * c), "float16")
+        program = img2col_program(lhs, patches, (kh, kw), tuple(p["window_strides"]), tuple(p["padding"]),
+                                  (ho, wo), self.target)
+        self.result.append(Stage(f"{self.label}: img2col {kh}x{kw} stride {tuple(p['window_strides'])}",
+                                 self.node, program))
+        return patches, (1, n * ho * wo, kh * kw * c), (kh * kw * c, o), (1, n * ho * wo, o)
 
     def _chain_stage(self, first: int, second: int, final: bool) -> None:
         f, s = self.body[first], self.body[second]

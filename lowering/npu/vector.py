@@ -210,3 +210,64 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
 def _as(buf, shape: tuple):
     """`buf` seen with `shape` (the same place; a box at a ragged edge is smaller than the buffer)."""
     return buf if tuple(buf.shape) == tuple(shape) else _view(buf, shape)
+
+
+def img2col_program(lhs: tuple, patches: tuple, window: tuple, strides: tuple, padding: tuple, out_hw: tuple,
+                    target: Target) -> Program:
+    """The patch matrix of a 2-D convolution, [N * Ho * Wo, KH * KW * C] in (kh, kw, c) order, from an
+    NHWC input: per box of output rows the input rows it needs are copied in, the vector unit lays out
+    the patches (zero padding included) and MTE3 writes them to GM, in the patch matrix's dtype (the
+    cube's fp16). The hardware's MTE1 does this between L1 and L0A (load3d) without the GM round trip,
+    so this stage is an upper bound on its cost."""
+    (xname, (n, h, w, c), xdt), (pname, _, pdt) = lhs, patches
+    (kh, kw), (sh, sw), ((pt, _), (pl, pr)), (ho, wo) = window, strides, padding, out_hw
+    npu = target.npu
+    count = npu.cores * (npu.vector_cores_per_cube if npu.separated else 1)
+    cores = [f"aiv{i}" if npu.separated else f"core{i}" for i in range(count)]
+    item, pitem = np.dtype(xdt).itemsize, np.dtype(pdt).itemsize
+
+    def need(rows: int, cols: int) -> int:      # UB bytes for a box of output rows x columns, two slots
+        in_rows = (rows - 1) * sh + kh
+        return 2 * (in_rows * w * c * item + rows * cols * kh * kw * c * pitem) + 4 * ALIGNMENT["UB"]
+    rows = max((r for r in range(1, ho + 1) if need(r, wo) <= npu.ub_bytes), default=0)
+    cols = wo if rows else max((q for q in range(1, wo + 1) if need(1, q) <= npu.ub_bytes), default=0)
+    if not cols:
+        raise CodegenError(f"img2col: one patch needs {need(1, 1)} bytes of UB, capacity {npu.ub_bytes} "
+                           f"({target.name})")
+    rows = max(rows, 1)
+    program = Program(inputs=[lhs], outputs=[patches])
+    alloc = Allocator(program)
+    in_rows = (rows - 1) * sh + kh
+    xin = [alloc(f"x{s}", "UB", (1, in_rows, w, c), xdt) for s in range(2)]
+    pat = [alloc(f"p{s}", "UB", (rows * cols, kh * kw * c), pdt) for s in range(2)]
+    instrs = []
+    boxes = [(b, r0, c0) for b in range(n) for r0 in range(0, ho, rows) for c0 in range(0, wo, cols)]
+    for t, (b, r0, c0) in enumerate(boxes):
+        core, slot = cores[t % len(cores)], (t // len(cores)) % 2
+        here, span = min(rows, ho - r0), min(cols, wo - c0)
+        first = r0 * sh - pt                                  # the box's first input row (may be padding)
+        lo, hi = max(first, 0), min(first + (here - 1) * sh + kh, h)
+        instrs.append(ScalarOp(core, "scalar", cycles=8, note="img2col box"))
+        block = _view(xin[slot], (1, hi - lo, w, c))
+        instrs.append(CopyIn(core, "MTE2", src=Gm(xname, (b, lo, 0, 0), (1, hi - lo, w, c)), dst=block))
+        out = _view(pat[slot], (here * span, kh * kw * c))
+        geometry = (kh, kw, sh, sw, lo - first, pl, pr, here, c0, span)
+        instrs.append(VecOp(core, "vector", op="img2col", dst=out, srcs=(block,), attrs=geometry))
+        start = (b * ho + r0) * wo + c0
+        # a box is whole output rows, or part of one row: its patches are consecutive rows of the matrix
+        instrs.append(CopyOut(core, "MTE3", src=out, dst=Gm(pname, (start, 0), (here * span, kh * kw * c))))
+    program.instrs = insert_flags(instrs)
+    program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
+    return program
+
+
+def img2col(block: np.ndarray, kh: int, kw: int, sh: int, sw: int, top: int, pl: int, pr: int, rows: int,
+            c0: int, cols: int) -> np.ndarray:
+    """The patches of output columns c0 .. c0 + cols of `rows` output rows, from an input block
+    [1, r, W, C] whose first row is `top` rows below the box's first (padded) input row."""
+    _, r, w, c = block.shape
+    padded = np.zeros(((rows - 1) * sh + kh, w + pl + pr, c), block.dtype)
+    padded[top:top + r, pl:pl + w] = block[0]
+    win = np.lib.stride_tricks.sliding_window_view(padded, (kh, kw), axis=(0, 1))   # [R', W', C, kh, kw]
+    win = win[::sh, ::sw][:rows, c0:c0 + cols]
+    return win.transpose(0, 1, 3, 4, 2).reshape(rows * cols, kh * kw * c)

@@ -1,0 +1,194 @@
+"""Whole programs on the NPU emulator: `superopt(fn, target="npu-...")` lowers the chosen term to cube
+and vector programs and runs them. Every kernel kind on random shapes against JAX (fp16 tolerance:
+the cube multiplies fp16 operands), clear errors, the report and the timeline."""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from superopt import superopt
+from superopt.extract.target import load_target
+from superopt.lowering.npu.emulator import NumericOverflow
+from superopt.lowering.npu.lower import NpuExecutable
+from superopt.lowering.npu.vector import img2col
+
+NPUS = ["npu-910", "npu-910b"]
+FEW = settings(max_examples=4, deadline=None)
+
+
+def normal(rng, *shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def check(fn, args, target, kinds=()):
+    """Run `fn` through superopt on the emulator; compare with JAX; return the compiled callable."""
+    fast = superopt(fn, target=target)
+    got = jax.tree_util.tree_leaves(fast(*args))
+    want = jax.tree_util.tree_leaves(fn(*args))
+    assert fast.report.backend.startswith("npu emulator"), fast.report.backend
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        scale = float(np.abs(w).max()) or 1.0
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-2, atol=1e-2 * scale)
+    labels = " ".join(s.label for s in fast.npu.stages)
+    for kind in kinds:
+        assert kind in labels, (kind, labels)
+    assert not fast.npu.host_ops
+    return fast
+
+
+@FEW
+@given(rows=st.integers(1, 40), cols=st.integers(1, 300), target=st.sampled_from(NPUS))
+def test_elementwise_chains(rows, cols, target):
+    rng = np.random.default_rng(rows * 7 + cols)
+    args = (normal(rng, rows, cols), normal(rng, cols), normal(rng, rows, 1))
+    check(lambda x, b, s: jnp.tanh((x + b) * s) - jnp.maximum(x, 0.0), args, target, ["vector"])
+
+
+@FEW
+@given(rows=st.integers(1, 33), cols=st.integers(2, 700), target=st.sampled_from(NPUS))
+def test_row_kernels_softmax_and_layer_norm(rows, cols, target):
+    rng = np.random.default_rng(rows * 11 + cols)
+    x, g = normal(rng, rows, cols, scale=3.0), normal(rng, cols)
+
+    def fn(x, g):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return jax.nn.softmax(x, axis=-1), (x - mean) / jnp.sqrt(var + 1e-5) * g
+
+    check(fn, (x, g), target, ["vector"])
+
+
+@FEW
+@given(m=st.integers(1, 150), k=st.integers(1, 300), n=st.integers(1, 200), target=st.sampled_from(NPUS))
+def test_matmul_with_an_epilogue(m, k, n, target):
+    rng = np.random.default_rng(m * 13 + k * 7 + n)
+    args = (normal(rng, m, k), normal(rng, k, n, scale=k ** -0.5), normal(rng, n))
+    check(lambda x, w, b: jax.nn.gelu(x @ w + b), args, target, ["cube matmul"])
+
+
+@FEW
+@given(b=st.integers(1, 3), m=st.integers(16, 130), k=st.integers(8, 100), l=st.integers(16, 200),
+       n=st.integers(8, 90), target=st.sampled_from(NPUS))
+def test_gemm_chains_keep_the_intermediate_on_chip(b, m, k, l, n, target):
+    rng = np.random.default_rng(b + m + k + l + n)
+    args = (normal(rng, b, m, k), normal(rng, b, k, l, scale=k ** -0.5), normal(rng, b, l, n, scale=l ** -0.5))
+    fast = check(lambda a, bb, d: (a @ bb) @ d, args, target)
+    stages = fast.npu.stages
+    if any("GEMM chain" in s.label for s in stages):   # fused: one cube program, nothing through GM
+        assert len(stages) == 1
+
+
+@FEW
+@given(heads=st.integers(1, 3), seq=st.integers(8, 100), dim=st.sampled_from([16, 32, 64]),
+       target=st.sampled_from(NPUS))
+def test_attention(heads, seq, dim, target):
+    rng = np.random.default_rng(heads * 100 + seq + dim)
+    q, k, v = (normal(rng, heads, seq, dim) for _ in range(3))
+
+    def fn(q, k, v):
+        return jax.nn.softmax(q @ jnp.swapaxes(k, -1, -2) / np.sqrt(dim), axis=-1) @ v
+
+    check(fn, (q, k, v), target, ["cube matmul"])
+
+
+@FEW
+@given(size=st.integers(3, 20), cin=st.sampled_from([3, 8, 16]), cout=st.sampled_from([4, 16, 32]),
+       window=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]), padding=st.sampled_from(["SAME", "VALID"]),
+       target=st.sampled_from(NPUS))
+def test_convolution_through_img2col_with_a_batch_norm_epilogue(size, cin, cout, window, stride, padding, target):
+    rng = np.random.default_rng(size * 31 + cin + cout + window + stride)
+    x = normal(rng, 2, size, size, cin)
+    w = normal(rng, window, window, cin, cout, scale=(window * window * cin) ** -0.5)
+    scale, shift = 1.0 + 0.1 * normal(rng, cout), normal(rng, cout)
+
+    def fn(x):
+        y = jax.lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.nn.relu(y * scale + shift)
+
+    check(fn, (x,), target, ["img2col", "cube matmul"])
+
+
+def test_img2col_lays_out_patches_in_weight_order():
+    """The patch row of output (i, j) is the input window in (kh, kw, c) order, zero outside."""
+    x = np.arange(1 * 4 * 5 * 2, dtype=np.float32).reshape(1, 4, 5, 2)
+    patches = img2col(x, 3, 3, 1, 1, 1, 1, 1, 4, 0, 5)      # SAME padding, all 4 rows and 5 columns
+    padded = np.pad(x[0], ((1, 1), (1, 1), (0, 0)))
+    for i in range(4):
+        for j in range(5):
+            np.testing.assert_array_equal(patches[i * 5 + j], padded[i:i + 3, j:j + 3].reshape(-1))
+
+
+@pytest.mark.parametrize("target", NPUS)
+def test_fused_optimizer_update(target):
+    """Adam: parameters, both moments and the gradient in one pass each (elementwise kernels)."""
+    rng = np.random.default_rng(5)
+    p, g, m, v = normal(rng, 64, 96), normal(rng, 64, 96), normal(rng, 64, 96), np.abs(normal(rng, 64, 96))
+
+    def adam(p, g, m, v):
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        return p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), m, v
+
+    check(adam, (p, g, m, v), target, ["vector"])
+
+
+def test_a_value_that_overflows_fp16_on_the_cube_is_a_clear_error():
+    rng = np.random.default_rng(0)
+    fast = superopt(lambda x, w: x @ w, target="npu-910b")
+    x, w = normal(rng, 32, 64), normal(rng, 64, 32)
+    fast(x, w)                                         # compiles and verifies on ordinary inputs
+    with pytest.raises(NumericOverflow, match="float16.*overflow"):
+        fast(x * 1e5, w)
+
+
+def test_backend_choice_and_errors():
+    x = np.ones((8, 8), np.float32)
+    assert superopt(lambda x: x * 2, target="npu-910", backend="jax")(x) is not None
+    assert superopt(lambda x: x * 2, target="npu-910").compile(x).npu is not None
+    with pytest.raises(ValueError, match="backend 'emulator' is not available for target 'cpu'; valid: jax"):
+        superopt(lambda x: x, target="cpu", backend="emulator")
+
+
+def test_ops_without_an_npu_lowering_run_on_the_host_and_are_reported():
+    rng = np.random.default_rng(1)
+    x = normal(rng, 16, 24)
+    fast = superopt(lambda x: jnp.cumsum(jnp.exp(x), axis=1), target="npu-910b")
+    np.testing.assert_allclose(fast(x), np.cumsum(np.exp(x), axis=1), rtol=1e-5)
+    assert fast.npu.host_ops and "cumsum" in fast.npu.host_ops[0]
+    assert "on the host (not counted)" in str(fast.report)
+
+
+def test_report_symbolic_estimate_and_timelines(tmp_path):
+    rng = np.random.default_rng(2)
+    args = (normal(rng, 128, 256), normal(rng, 256, 256, scale=1 / 16), normal(rng, 256))
+    fast = superopt(lambda x, w, b: jax.nn.relu(x @ w + b), target="npu-910b")
+    fast(*args)
+    text = str(fast.report)
+    assert "runs on      : npu emulator (npu-910b, numeric)" in text and "cycles" in text
+    numeric = fast.npu.last
+    symbolic = fast.npu.estimate()
+    assert symbolic.cycles == numeric.cycles > 0 and symbolic.gm_bytes == numeric.gm_bytes
+    assert symbolic.outputs == []
+    fast.npu.write_timeline(numeric, str(tmp_path / "t.png"))
+    fast.npu.write_timeline(numeric, str(tmp_path / "t.json"))
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert max(e["ts"] + e["dur"] for e in trace["traceEvents"] if e["ph"] == "X") == \
+        pytest.approx(numeric.cycles / load_target("npu-910b").npu.clock_hz * 1e6)
+
+
+def test_the_unfused_program_lowers_too_and_takes_more_cycles():
+    """The same lowering runs the captured program op by op: fusion must save cycles and GM bytes."""
+    rng = np.random.default_rng(3)
+    args = (normal(rng, 256, 512), normal(rng, 512, 512, scale=512 ** -0.5), normal(rng, 512))
+    fast = superopt(lambda x, w, b: jax.nn.gelu(x @ w + b) * 2.0, target="npu-910b")
+    spec = fast.compile(*args)
+    target = load_target("npu-910b")
+    before, after = NpuExecutable(spec.original, target).estimate(), fast.npu.estimate()
+    assert after.cycles < before.cycles and after.gm_bytes < before.gm_bytes

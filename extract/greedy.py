@@ -129,9 +129,17 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
         root = fz.outputs[k]
         if root not in best:
             raise ExtractionError(f"superopt: no well-typed term found for output {k}")
-        for cls in best[root].costs:
+        # Fix the classes the current choices reach. Not `best[root].costs`: a class keeps its node
+        # when a child's better choice does not make it cheaper, and then its cost set still names the
+        # child's old descendants, not the new ones.
+        stack = [root]
+        while stack:
+            cls = stack.pop()
+            if cls in fixed:
+                continue
             b = best[cls]
             fixed[cls] = _Best(0.0, b.node, {cls: 0.0}, b.const_only)
+            stack.extend(b.node.children)
     choice = {cls: b.node for cls, b in fixed.items()}
     graph = build_graph(fz, enc, choice)
     cost, per_node = program_cost(graph, target)

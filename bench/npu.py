@@ -139,8 +139,9 @@ def main() -> list[str]:
     return ["", "## Programs on the NPU emulator", "",
             *[line.strip() for line in __doc__.split("\n\n", 2)[1].splitlines()], "",
             "Cycles are the sum of the stages' (each stage waits for the one before; launch overhead not "
-            "included); utilisation is busy cycles over cycles x the cores that have the queue (24 cube cores; "
-            "on npu-910b, 48 vector cores). A matmul operand computed in a kernel and the ops after its last "
+            "included); utilisation is busy cycles over cycles x the cores that have the queue (npu-910b: 24 cube "
+            "cores with MTE1 and the cube, 48 vector cores with the vector unit and MTE3, MTE2 on all 72; "
+            "npu-910: 32 cores with all six queues). A matmul operand computed in a kernel and the ops after its last "
             "matmul are vector stages that exchange data with the cube through GM (the 910B's own path; on "
             "the 910 an upper bound). Reproduce with `python -m bench.npu`.", "",
             program_markdown(prs), "",

@@ -77,10 +77,14 @@ class Run:
     def utilisation(self, target: Target) -> dict:
         """Per queue kind, busy cycles over (total cycles x the cores that have such a queue)."""
         npu = target.npu
-        vector_cores = npu.cores * (npu.vector_cores_per_cube if npu.separated else 1)
+        cube = npu.cores
+        vector = npu.cores * npu.vector_cores_per_cube if npu.separated else 0
+        # a separated chip's cube cores have MTE1 and the cube, its vector cores the vector unit and MTE3,
+        # and both have MTE2 and a scalar unit; a coupled core has all six
+        have = {"cube": cube, "MTE1": cube, "vector": vector or cube, "MTE3": vector or cube,
+                "MTE2": cube + vector, "scalar": cube + vector}
         total = self.cycles or 1
-        return {q: b / (total * (vector_cores if q in ("vector", "MTE3") and npu.separated else npu.cores))
-                for q, b in sorted(self.busy().items())}
+        return {q: b / (total * have.get(q, cube)) for q, b in sorted(self.busy().items())}
 
     def events(self) -> list:
         """Every stage's timeline, one after another: (core, queue, name, start, end, stage label)."""

@@ -30,7 +30,7 @@ import numpy as np
 from superopt.egraph.ir import Graph, Node, body_str
 from superopt.extract.cost import one_op_body
 from superopt.extract.target import Target
-from superopt.extract.tiling import Tiling, cone
+from superopt.extract.tiling import Tiling
 from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_program
 from superopt.lowering.npu.emulator import CapacityError, check_buffers, emulate
 from superopt.lowering.npu.isa import Program
@@ -273,10 +273,8 @@ class KernelLowering:
                 self._matrix_stage(m, final=m == last)
                 done.add(m)
         if last not in self.gm or self.gm[last][0] != self.out[0]:
-            if body[last].op == "arg" and not mats:
-                self._vector_stage(last, self.out, "copy")
-            else:
-                self._vector_stage(last, self.out, "vector" if not mats else "epilogue")
+            what = "copy" if body[last].op == "arg" else ("epilogue" if mats else "vector")
+            self._vector_stage(last, self.out, what)
         return self.result
 
     # ---- pieces ----
@@ -297,7 +295,7 @@ class KernelLowering:
     def _vector_stage(self, root: int, out: tuple, what: str) -> None:
         """A vector program computing body value `root` from the values already in GM."""
         sub, ins, index = [], [], {}
-        for j in sorted(self._cone(root)):
+        for j in sorted(self._cone(root)):       # topological; `root` comes last
             n = self.body[j]
             if j in self.gm and j != root or (j == root and n.op == "arg"):
                 name = self.gm[j]
@@ -308,8 +306,6 @@ class KernelLowering:
             else:
                 index[j] = len(sub)
                 sub.append(Node(n.op, tuple(index[k] for k in n.inputs), n.attrs, n.shape, n.dtype))
-        if sub[-1].op == "arg" or (index[root] != len(sub) - 1):
-            sub = sub[:index[root] + 1]
         program = vector_program(tuple(sub), ins, out, self.target)
         self.result.append(Stage(f"{self.label}: {what} {body_str(tuple(sub))}", self.node, program))
         self.gm[root] = out
@@ -485,7 +481,3 @@ def gemm_candidates(batch: int, m: int, n: int, k: int, dtype: str, target: Targ
                 ranked.append((cycles, -tm * tn, (("m", "n", "k"), {"m": tm, "n": tn, "k": tk})))
     ranked.sort(key=lambda r: r[:2])
     return [r[2] for r in ranked[:keep]]
-
-
-def lower_npu(graph: Graph, target: Target) -> NpuExecutable:
-    return NpuExecutable(graph, target)

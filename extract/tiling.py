@@ -89,15 +89,16 @@ def _gemm_dims(a: Node, b: Node, out: Node) -> tuple[int, int, int, int]:
     return math.prod(out.shape[:-2]), a.shape[-2], out.shape[-1], a.shape[-1]
 
 
-def cone(body: tuple, start: int) -> set:
-    """Nodes `start` is computed from, not looking past a matrix op."""
+def cone(body: tuple, start: int, stop=None) -> set:
+    """Nodes `start` is computed from, not looking past a node where `stop(i)` holds (default: a matrix op)."""
+    stop = stop or (lambda i: body[i].op in MATRIX)
     seen, stack = set(), [start]
     while stack:
         i = stack.pop()
         if i in seen:
             continue
         seen.add(i)
-        if body[i].op not in MATRIX:
+        if not stop(i):
             stack.extend(body[i].inputs)
     return seen
 

@@ -169,7 +169,7 @@ def on_emulator(spec: Specialization, target, avals, check: bool) -> Specializat
     try:
         executable = NpuExecutable(spec.term, target)
         estimate = executable.estimate()
-        before = executable.estimate().cycles if spec.term is spec.original else \
+        before = estimate.cycles if spec.term is spec.original else \
             NpuExecutable(spec.original, target).estimate().cycles
     except (CodegenError, EmulatorError) as exc:
         report.backend = f"jax (the NPU lowering failed: {exc})"

@@ -30,7 +30,7 @@ import numpy as np
 from superopt.egraph.ir import Graph, Node, body_str
 from superopt.extract.cost import one_op_body
 from superopt.extract.target import Target
-from superopt.extract.tiling import Tiling
+from superopt.extract.tiling import Tiling, cone
 from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_program
 from superopt.lowering.npu.emulator import CapacityError, check_buffers, emulate
 from superopt.lowering.npu.isa import Program
@@ -295,7 +295,8 @@ class KernelLowering:
     def _vector_stage(self, root: int, out: tuple, what: str) -> None:
         """A vector program computing body value `root` from the values already in GM."""
         sub, ins, index = [], [], {}
-        for j in sorted(self._cone(root)):       # topological; `root` comes last
+        # topological; `root` comes last (it is never in GM itself unless it is a loaded input)
+        for j in sorted(cone(self.body, root, stop=lambda j: j in self.gm)):
             n = self.body[j]
             if j in self.gm and j != root or (j == root and n.op == "arg"):
                 name = self.gm[j]
@@ -309,17 +310,6 @@ class KernelLowering:
         program = vector_program(tuple(sub), ins, out, self.target)
         self.result.append(Stage(f"{self.label}: {what} {body_str(tuple(sub))}", self.node, program))
         self.gm[root] = out
-
-    def _cone(self, root: int) -> set:
-        seen, stack = set(), [root]
-        while stack:
-            j = stack.pop()
-            if j in seen:
-                continue
-            seen.add(j)
-            if j == root or j not in self.gm:
-                stack.extend(self.body[j].inputs)
-        return seen
 
     def _chain(self, mats: list) -> tuple | None:
         """(first, second) when the second matmul's left operand is the first's product itself."""

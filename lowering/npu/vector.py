@@ -116,11 +116,16 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
         cores = [f"aiv{i}" if npu.separated else f"core{i}" for i in range(count)]
     budget = budget or npu.ub_bytes
     live = [i for i, m in enumerate(maps) if m is not None]
-    args = {body[i].attrs[0]: i for i in live if body[i].op == "arg"}
     rank = len(oshape)
 
     def varies(i: int, upto: int) -> bool:    # does node i's box change when axes 0..upto move?
         return any(w is not None and w <= upto and body[i].shape[a] > 1 for a, w in enumerate(maps[i]))
+
+    def slots(i: int, axis: int) -> int:      # inputs that change per box and the output: ping-pong
+        return 2 if (body[i].op == "arg" and varies(i, axis)) or i == len(body) - 1 else 1
+
+    def sizes(i: int, box: tuple) -> tuple:   # node i's box, sizes only
+        return tuple(n for _, n in _box(body[i], maps[i], box))
 
     def footprint(axis: int, size: int) -> int:
         box = tuple((0, 1) if w < axis else ((0, size) if w == axis else (0, d)) for w, d in enumerate(oshape))
@@ -128,9 +133,7 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
         for i in live:
             if body[i].op == "reshape":
                 continue
-            slots = 2 if (body[i].op == "arg" and varies(i, axis)) or i == len(body) - 1 else 1
-            shape = tuple(s for _, s in _box(body[i], maps[i], box))
-            total += slots * (-(-_bytes(shape, body[i].dtype) // ALIGNMENT["UB"]) * ALIGNMENT["UB"])
+            total += slots(i, axis) * (-(-_bytes(sizes(i, box), body[i].dtype) // ALIGNMENT["UB"]) * ALIGNMENT["UB"])
         return total
 
     # The largest box that fits: the outermost axis that can be chunked, as many of its indices as fit.
@@ -161,17 +164,11 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
     full = boxes[0] if rank == 0 else (tuple((0, 1) for _ in oshape[:axis]) + ((0, size),) +
                                        tuple((0, d) for d in oshape[axis + 1:]))
     bufs: dict = {}
-    for i in live:
-        node = body[i]
-        shape = tuple(s for _, s in _box(node, maps[i], full))
-        if node.op == "reshape":
-            continue
-        slots = 2 if (node.op == "arg" and varies(i, axis)) or i == len(body) - 1 else 1
-        bufs[i] = [alloc(f"v{i}_{s}", "UB", shape, node.dtype) for s in range(slots)]
     for i in live:   # a reshape that only adds or drops unit axes is a view of its operand's buffer
         if body[i].op == "reshape":
-            shape = tuple(s for _, s in _box(body[i], maps[i], full))
-            bufs[i] = [_as(b, shape) for b in bufs[body[i].inputs[0]]]
+            bufs[i] = [_as(b, sizes(i, full)) for b in bufs[body[i].inputs[0]]]
+        else:
+            bufs[i] = [alloc(f"v{i}_{s}", "UB", sizes(i, full), body[i].dtype) for s in range(slots(i, axis))]
 
     instrs: list = []
     loaded: set = set()
@@ -179,29 +176,21 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
         core = cores[t % len(cores)]
         instrs.append(ScalarOp(core, "scalar", cycles=8, note="vector box"))
         step = t // len(cores)
+        def buf(j: int):   # body value j's buffer for this box
+            return _as(bufs[j][step % len(bufs[j])], sizes(j, box))
         for i in live:
             node = body[i]
-            here = tuple(s for _, s in _box(node, maps[i], box))
-            slot = step % len(bufs[i])
-
-            def buf(j: int, shape: tuple):
-                return _as(bufs[j][step % len(bufs[j])], shape)
             if node.op == "arg":
                 if not varies(i, axis) and (core, i) in loaded:
                     continue
                 loaded.add((core, i))
-                name, gshape, _ = ins[node.attrs[0]]
-                window = _box(node, maps[i], box)
-                instrs.append(CopyIn(core, "MTE2", src=Gm(name, tuple(s for s, _ in window), here),
-                                     dst=_as(bufs[i][slot], here)))
+                start = tuple(s for s, _ in _box(node, maps[i], box))
+                instrs.append(CopyIn(core, "MTE2", src=Gm(ins[node.attrs[0]][0], start, sizes(i, box)), dst=buf(i)))
             elif node.op != "reshape":
-                srcs = tuple(buf(j, tuple(s for _, s in _box(body[j], maps[j], box))) for j in node.inputs)
-                instrs.append(VecOp(core, "vector", op=node.op, dst=_as(bufs[i][slot], here), srcs=srcs,
+                instrs.append(VecOp(core, "vector", op=node.op, dst=buf(i), srcs=tuple(buf(j) for j in node.inputs),
                                     attrs=node.attrs))
-        last = len(body) - 1
-        here = tuple(s for _, s in box)
-        dst = Gm(oname, tuple(s for s, _ in box), here)
-        instrs.append(CopyOut(core, "MTE3", src=_as(bufs[last][step % len(bufs[last])], here), dst=dst))
+        dst = Gm(oname, tuple(s for s, _ in box), tuple(n for _, n in box))
+        instrs.append(CopyOut(core, "MTE3", src=buf(len(body) - 1), dst=dst))
     program.instrs = insert_flags(instrs)
     program.cores = tuple(c for c in cores if any(i.core == c for i in program.instrs))
     return program

@@ -10,9 +10,11 @@ from __future__ import annotations
 from egglog import String, Vec, eq, f64, i64, rule, ruleset, set_, var, vars_
 
 from superopt.egraph.ir import BINARY_OPS, COMPARISONS, UNARY_OPS
+from superopt.egraph.layout import FORMATS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, convert,
-    dtype, integer_pow, iota, lit, matmul, pad, pool, reduce, reshape, select, shape, slice_, tcons, tnil, transpose, unary,
+    dtype, fractal_matmul, integer_pow, iota, lit, matmul, pack, pad, pool, reduce, reshape, select, shape, slice_, tcons,
+    tnil, transpose, unary, unpack,
 )
 
 MAX_RANK = 6
@@ -83,6 +85,22 @@ def _contraction_rules():
         set_(shape(z)).to(s.remove(k)), set_(dtype(z)).to(d))
 
 
+def _packing_rules():
+    """Packed shapes per format and rank (egraph/layout.py); an unpack has the shape it names; the cube's
+    fractal contraction swaps the fractal counts of its result (NZ: N1 before M1)."""
+    for f in FORMATS.values():
+        for r in range(MAX_RANK + 1):
+            if f.fits(r):
+                dims = f.packed_dims([s[i] for i in range(r)], lambda n, blk: (n + (blk - 1)) / blk)
+                yield rule(eq(z).to(pack(x, String(f.name))), eq(s).to(shape(x)), eq(s.length()).to(i64(r)),
+                           eq(d).to(dtype(x))).then(set_(shape(z)).to(Vec[i64](*dims) if dims else Vec[i64].empty()),
+                                                    set_(dtype(z)).to(d))
+    yield rule(eq(z).to(unpack(x, op, s)), eq(d).to(dtype(x))).then(set_(shape(z)).to(s), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(fractal_matmul(x, y, d)), eq(s).to(shape(x)), eq(t).to(shape(y))).then(
+        set_(shape(z)).to(s.set(s.length() - 4, t[t.length() - 3]).set(s.length() - 3, s[s.length() - 4])),
+        set_(dtype(z)).to(d))
+
+
 def _concat_rules():
     yield rule(concat(xs, k)).then(concat_demand(xs, k))
     yield rule(concat_demand(tcons(x, rest), k)).then(concat_demand(rest, k))
@@ -102,4 +120,4 @@ def facts():
 
 
 analysis = ruleset(*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(),
-                   name="analysis")
+                   *_packing_rules(), name="analysis")

@@ -113,6 +113,12 @@ def _elementwise(b, eqn, ins):
     return b.node(eqn.primitive.name, ins, (), _out(eqn))
 
 
+def _round(b, eqn, ins):
+    """lax.round: half away from zero is `round`, half to even (jnp.round's) is `round_even`."""
+    method = int(eqn.params.get("rounding_method", 0))
+    return b.node("round_even" if method == 1 else "round", ins, (), _out(eqn)) if method in (0, 1) else None
+
+
 def _integer_pow(b, eqn, ins):
     return b.node("integer_pow", ins, (int(eqn.params["y"]),), _out(eqn))
 
@@ -163,6 +169,18 @@ def _convert(b, eqn, ins):
 
 def _concat(b, eqn, ins):
     return b.node("concat", ins, (int(eqn.params["dimension"]),), _out(eqn))
+
+
+def _stack(b, eqn, ins):
+    """stack = each operand with a unit axis inserted, concatenated along it."""
+    axis, out = int(eqn.params["axis"]), _out(eqn)
+    unit = [b.node("reshape", (i,), (), out.shape[:axis] + (1,) + out.shape[axis + 1:], out.dtype) for i in ins]
+    return b.node("concat", unit, (axis,), out)
+
+
+def _add_any(b, eqn, ins):
+    """add_any (autodiff's sum of cotangents) is an elementwise add."""
+    return b.node("add", ins, (), _out(eqn))
 
 
 def _slice(b, eqn, ins):
@@ -237,9 +255,9 @@ _HANDLERS: dict[str, Callable] = {
     **{op: _reduce for op in REDUCTIONS},
     **{op: _arg_reduce for op in ARG_REDUCTIONS},
     **{op: _pool for op in WINDOW_REDUCTIONS},
-    "integer_pow": _integer_pow, "select_n": _select_n, "transpose": _transpose, "reshape": _reshape,
+    "round": _round, "integer_pow": _integer_pow, "select_n": _select_n, "transpose": _transpose, "reshape": _reshape,
     "squeeze": _squeeze, "broadcast_in_dim": _broadcast, "convert_element_type": _convert,
-    "concatenate": _concat, "slice": _slice, "pad": _pad, "iota": _iota,
+    "concatenate": _concat, "stack": _stack, "add_any": _add_any, "slice": _slice, "pad": _pad, "iota": _iota,
     "conv_general_dilated": _conv, "dot_general": _dot_general,
 }
 

@@ -64,6 +64,9 @@ def _to_expr(enc: Encoding, node: Node, ins: list):
         "concat": lambda: T.concat(T.tlist(ins), a[0]),
         "slice": lambda: T.slice_(ins[0], *(T.ints(v) for v in a)),
         "pad": lambda: T.pad(ins[0], ins[1], *(T.ints(v) for v in a)),
+        "pack": lambda: T.pack(ins[0], a[0]),
+        "unpack": lambda: T.unpack(ins[0], a[0], T.ints(node.shape)),
+        "fractal_matmul": lambda: T.fractal_matmul(ins[0], ins[1], node.dtype),
         "opaque": lambda: T.opaque(a[0], a[1], T.tlist(ins)),
     }.get(op)
     if build is None:
@@ -122,6 +125,9 @@ def decode(fn: str, args: tuple, children: tuple, enc: Encoding) -> tuple[str, t
         "concat": lambda: ("concat", (args[0],)),
         "slice": lambda: ("slice", tuple(tuple(v) for v in args)),
         "pad": lambda: ("pad", tuple(tuple(v) for v in args)),
+        "pack": lambda: ("pack", (args[0],)),
+        "unpack": lambda: ("unpack", (args[0],)),
+        "fractal_matmul": lambda: ("fractal_matmul", ()),
         "opaque": lambda: ("opaque", (args[0], args[1])),
         "kernel": lambda: ("kernel", args),  # a concrete body chosen by extract/kernels.py
     }

@@ -13,7 +13,7 @@ import numpy as np
 
 # Elementwise ops of one operand. Names follow lax primitives.
 UNARY_OPS = frozenset({
-    "neg", "abs", "sign", "floor", "ceil", "round", "exp", "exp2", "log", "log1p", "expm1", "tanh",
+    "neg", "abs", "sign", "floor", "ceil", "round", "round_even", "exp", "exp2", "log", "log1p", "expm1", "tanh",
     "logistic", "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "asin", "acos",
     "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "not", "is_finite", "square", "stop_gradient",
     "real", "imag", "conj",
@@ -46,6 +46,9 @@ STRUCTURAL_OPS = frozenset({
     "concat",       # (dimension,)
     "slice",        # (start, limit, strides)
     "pad",          # (low, high, interior) inputs (x, padding_value)
+    "pack",         # (format,) a packed layout (egraph/layout.py)
+    "unpack",       # (format,) the logical shape is the node's shape
+    "fractal_matmul",  # () ZZ-packed lhs x ZN-packed rhs -> NZ-packed result (egraph/layout.py)
     "opaque",       # (opaque_index, output_index) into Graph.opaque
     "kernel",       # (body,) one launch: body is a tuple of Nodes in topological order, `arg` k = input k
 })
@@ -97,6 +100,13 @@ class Node:
     attrs: tuple[Any, ...]
     shape: tuple[int, ...]
     dtype: str
+
+    def __hash__(self):  # kernel bodies nest nodes: hash once, not at every lookup
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.op, self.inputs, self.attrs, self.shape, self.dtype))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @property
     def size(self) -> int:

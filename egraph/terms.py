@@ -77,6 +77,17 @@ def concat(xs: TList, dimension: i64Like) -> Tensor: ...
 def slice_(x: Tensor, start: Vec[i64], limit: Vec[i64], strides: Vec[i64]) -> Tensor: ...
 @function(egg_fn="pad")
 def pad(x: Tensor, value: Tensor, low: Vec[i64], high: Vec[i64], interior: Vec[i64]) -> Tensor: ...
+@function(egg_fn="pack")
+def pack(x: Tensor, format: StringLike) -> Tensor:
+    """`x` in a packed layout (egraph/layout.py: NZ, ZZ, ZN, NC1HWC0, VNNI, B32; ND is the identity),
+    zero-padded to whole blocks."""
+@function(egg_fn="unpack")
+def unpack(x: Tensor, format: StringLike, shape: Vec[i64]) -> Tensor:
+    """The `shape` tensor that packed tensor `x` holds in `format` (its padding dropped)."""
+@function(egg_fn="fractal_matmul")
+def fractal_matmul(a: Tensor, b: Tensor, dtype: StringLike) -> Tensor:
+    """The cube's contraction on 16x16 fractals: ZZ-packed a [..., M1, K1, 16, 16] times ZN-packed b
+    [K1, N1, 16, 16] (or with a's batch) -> NZ-packed [..., N1, M1, 16, 16], accumulated in `dtype`."""
 @function(egg_fn="opaque")
 def opaque(index: i64Like, output: i64Like, args: TList) -> Tensor:
     """A primitive superopt does not model, by id into the encoding's table; lowered by binding it."""

@@ -69,7 +69,9 @@ def compute_rate(op: str, ins: list[Type], target: Target) -> float:
 NPU_VECTOR_TILE = 16 * 1024
 NPU_CUBE_TILE = (128, 128, 64)
 GPU_MATMUL_REGISTERS = 96    # a 128x128 tile over 256 threads: 64 fp32 accumulators + operand fragments (estimate)
-MOVEMENT = frozenset({"arg", "transpose", "broadcast", "reshape", "convert"})
+# pack / unpack (egraph/layout.py) are data movement too; on an NPU each is a format conversion (TransData).
+LAYOUT_OPS = frozenset({"pack", "unpack"})
+MOVEMENT = frozenset({"arg", "transpose", "broadcast", "reshape", "convert"}) | LAYOUT_OPS
 
 
 def one_op_body(op: str, attrs: tuple, ins: list[Type], out: Type) -> tuple:
@@ -128,7 +130,7 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
         if node.op in REDUCTIONS:
             k.row_reduction = True
             k.row_elements = max(k.row_elements, node_ins[0][0][-1] if node_ins[0][0] else 1)
-        if node.op == "transpose":
+        if node.op == "transpose" or node.op in LAYOUT_OPS and node.attrs[0] != "ND":
             k.strided_bytes += nbytes((node.shape, node.dtype))
         # Loads, reshapes and broadcasts of a rank-0 value (a register operand) need no buffer of their own.
         on_chip = node.op not in ("arg", "reshape") and not (node.op == "broadcast" and not body[node.inputs[0]].shape)
@@ -252,6 +254,13 @@ def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Targ
         return {"flops": 0.0, "bytes": 0, "time": 0.0}
     if op == "kernel":
         return kernel_breakdown(attrs[0], ins, out, target, attrs[1] if len(attrs) > 1 else None)
+    if op in LAYOUT_OPS and attrs[0] == "ND":
+        return {"flops": 0.0, "bytes": 0, "time": 0.0}   # the identity: a view
+    if op == "fractal_matmul":
+        # The cube does the matmul of the padded ND matrices, and moves the same bytes: charge it as that.
+        from superopt.egraph.layout import as_matmul
+        a, b, c = as_matmul(ins[0][0], ins[1][0], out[0])
+        return op_breakdown("matmul", (), [(a, ins[0][1]), (b, ins[1][1])], (c, out[1]), target)
     return kernel_breakdown(one_op_body(op, attrs, ins, out), ins, out, target)
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from superopt.egraph.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
+from superopt.egraph.layout import fractal_einsum, format_of
 
-_UNARY_FN = {"not": lax.bitwise_not, "stop_gradient": lax.stop_gradient, "round": lax.round}
+_UNARY_FN = {"not": lax.bitwise_not, "stop_gradient": lax.stop_gradient, "round": lax.round,
+             "round_even": lambda x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)}
 _BINARY_FN = {"and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor}
 _REDUCE_FN = {"reduce_sum": lax.reduce_sum_p, "reduce_max": lax.reduce_max_p, "reduce_min": lax.reduce_min_p,
               "reduce_prod": lax.reduce_prod_p, "reduce_and": lax.reduce_and_p, "reduce_or": lax.reduce_or_p}
@@ -42,6 +45,27 @@ def _reduce(node: Node, x):
     return _REDUCE_FN[node.op].bind(x, axes=tuple(node.attrs[0]))
 
 
+def _pack(node: Node, x):
+    """pad with zeros to whole blocks, split the blocked axes, transpose (egraph/layout.py)."""
+    f = format_of(node.attrs[0])
+    padded = f.padded_shape(x.shape)
+    x = lax.pad(x, np.zeros((), x.dtype), tuple((0, p - n, 0) for n, p in zip(x.shape, padded)))
+    return lax.transpose(lax.reshape(x, tuple(f.split_dims(list(padded), lambda n, b: n // b))), f.full_perm(x.ndim))
+
+
+def _unpack(node: Node, y):
+    """The inverse transpose, merge the split axes, drop the padding."""
+    f = format_of(node.attrs[0])
+    perm = f.full_perm(len(node.shape))
+    padded = f.padded_shape(node.shape)
+    x = lax.reshape(lax.transpose(y, tuple(int(i) for i in np.argsort(perm))), padded)
+    return lax.slice(x, (0,) * len(padded), node.shape)
+
+
+def _fractal_matmul(node: Node, a, b):
+    return jnp.einsum(fractal_einsum(b.ndim > 4), a, b, preferred_element_type=np.dtype(node.dtype))
+
+
 _LOWER: dict[str, Callable] = {
     "integer_pow": lambda n, x: lax.integer_pow(x, n.attrs[0]),
     "select": lambda n, p, f, t: lax.select_n(p, f, t),
@@ -54,6 +78,9 @@ _LOWER: dict[str, Callable] = {
     "concat": lambda n, *xs: lax.concatenate(xs, n.attrs[0]),
     "slice": lambda n, x: lax.slice(x, *n.attrs),
     "pad": lambda n, x, v: lax.pad(x, v, tuple(zip(*n.attrs))),
+    "pack": _pack,
+    "unpack": _unpack,
+    "fractal_matmul": _fractal_matmul,
     "iota": lambda n: lax.broadcasted_iota(np.dtype(n.dtype), n.shape, n.attrs[0]),
     "argmax": lambda n, x: lax.argmax(x, n.attrs[0], np.dtype(n.dtype)),
     "argmin": lambda n, x: lax.argmin(x, n.attrs[0], np.dtype(n.dtype)),

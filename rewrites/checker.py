@@ -17,6 +17,7 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from superopt.egraph.encode import decode
+from superopt.egraph.layout import FORMATS, LayoutError, packed_shape
 from superopt.rewrites.functions import ATTRIBUTES, FLOAT_DTYPES, PREDICATES
 from superopt.rewrites.infer import IllTyped, infer
 from superopt.rewrites.pattern import (
@@ -26,6 +27,10 @@ from superopt.rewrites.reference import evaluate_node
 from superopt.verify import as_accurate, is_float, mismatch
 
 DTYPES = ("float32", "float16", "bfloat16")
+DRAWN_ELEMENTS = 128   # larger arrays are filled from a drawn seed (`_large_arrays`)
+# Targets of a cast in a rule's left-hand side are drawn from these, independently of the operands'
+# dtype, so a cast rule is checked on real conversions (narrowing, widening, float <-> int).
+CAST_DTYPES = DTYPES + ("int8", "int32")
 UNARY = ("neg", "abs", "exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "sin", "floor", "sign", "square",
          "erf", "is_finite")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "gt", "eq")
@@ -175,11 +180,13 @@ class _Generator:
         self.types: dict = {}     # tensor leaf key -> (shape, dtype)
         self.hints: dict = {}     # tensor leaf key -> rank
         self.dtype_hints: dict = {}
+        self.row_vectors: set = set()  # leaves that broadcast as one row ([1, N]) where a matrix is wanted
         ints = []
+        cast_targets = {t for lhs, _ in rule.pairs for t in _cast_targets(lhs)}
         for lhs, _ in rule.pairs:
             for v in variables(lhs):
-                if v.sort == DTYPE:
-                    self.env[v] = self.dtype
+                if v.sort == DTYPE and v not in self.env:
+                    self.env[v] = draw(st.sampled_from(CAST_DTYPES)) if v in cast_targets else self.dtype
                 elif v.sort == FLOAT:
                     self.env[v] = draw(st.sampled_from(FLOATS))
                 elif v.sort == INT and v not in ints:
@@ -192,6 +199,8 @@ class _Generator:
                 self.hints[self.key(args[0])] = 0 if name == "scalar" else args[1].value
             if name == "has_dtype" and _is_leaf(args[0]) and isinstance(args[1], Const):
                 self.dtype_hints[self.key(args[0])] = args[1].value
+            if name == "row_vector" and _is_leaf(args[0]):
+                self.row_vectors.add(self.key(args[0]))
 
     def key(self, p):
         return p if isinstance(p, Var) else (p.fn, evaluate(p.args[0], self.env))
@@ -231,6 +240,8 @@ class _Generator:
         rank = self.hints.get(k)
         t = want or (self.shape(rank), self.dtype)
         t = (t[0], self.dtype_hints.get(k, t[1]))
+        if k in self.row_vectors and len(t[0]) == 2:
+            t = ((1, t[0][1]), t[1])
         if rank is not None and len(t[0]) != rank:
             raise Reject(f"{p!r} must have rank {rank}")
         self.types[k] = t
@@ -244,6 +255,8 @@ class _Generator:
         a = p.args
         if p.fn in _SCALAR_GEN:
             return _SCALAR_GEN[p.fn](self, p.args, shape)
+        if p.fn in _LAYOUT_GEN:
+            return _LAYOUT_GEN[p.fn](self, p.args, want)
         if p.fn == "lit":
             if shape not in (None, ()):
                 raise Reject("a literal is rank 0")
@@ -395,7 +408,8 @@ class _Generator:
 
     def values(self, numerics: str) -> None:
         for k, (shape, dtype) in sorted(self.types.items(), key=lambda kv: str(kv[0])):
-            self.env[k] = self.draw(_arrays(shape, dtype, numerics))
+            drawn = _arrays if math.prod(shape) <= DRAWN_ELEMENTS else _large_arrays
+            self.env[k] = self.draw(drawn(shape, dtype, numerics))
 
 
 def _inner_of(gen: _Generator, shape: tuple) -> tuple:
@@ -468,6 +482,94 @@ _SCALAR_GEN = {
 }
 
 
+# ---- packed layouts (egraph/layout.py) ----
+
+def _block_dims(block: int) -> tuple:
+    """Sizes drawn for an axis split into blocks: ragged (padded) ones and whole multiples of the block."""
+    return DIMS if block == 1 else (1, block - 1, block, block + 1, 2 * block)
+
+
+def _layout_shape(gen: _Generator, fmt: str) -> tuple:
+    """A logical shape format `fmt` packs: a batch axis or none, then its blocked axes."""
+    f = FORMATS[fmt]
+    if not f.blocks:
+        return gen.shape()
+    lead = () if f.rank is not None else tuple(gen.draw(st.sampled_from(DIMS)) for _ in
+                                               range(gen.draw(st.integers(0, 1))))
+    return lead + tuple(gen.draw(st.sampled_from(_block_dims(b))) for b in f.blocks)
+
+
+def _logical_for(gen: _Generator, fmt: str, packed: tuple) -> tuple:
+    """A logical shape that packs to `packed` in `fmt` (each padded axis loses 0 to block - 1 elements)."""
+    f = FORMATS[fmt]
+    rank = len(packed) - sum(b > 1 for b in f.blocks)
+    if not f.fits(rank):
+        raise Reject(f"{fmt} packs no rank-{rank} shape into {packed}")
+    split = [0] * len(packed)
+    for axis, src in enumerate(f.full_perm(rank)):
+        split[src] = packed[axis]
+    dims, i = list(split[:f.batch(rank)]), f.batch(rank)
+    for b in f.blocks:
+        if b == 1:
+            dims.append(split[i])
+            i += 1
+            continue
+        outer, inner = split[i], split[i + 1]
+        if inner != b or outer < 1:
+            raise Reject(f"{packed} is not a {fmt} array")
+        dims.append(outer * b - gen.draw(st.sampled_from((0, 0, b - 1, b // 2))))
+        i += 2
+    return tuple(dims)
+
+
+def _gen_pack(gen: _Generator, a, want):
+    x, f = a
+    if want is None:
+        fmt = gen.op(f, tuple(FORMATS))
+        known = gen.types.get(gen.key(x)) if _is_leaf(x) else None
+        logical = known[0] if known else _layout_shape(gen, fmt)
+    else:
+        fmt = gen.op(f, tuple(FORMATS))
+        logical = _logical_for(gen, fmt, want[0])
+    t = gen.gen(x, (logical, want[1] if want else gen.dtype))
+    try:
+        return packed_shape(fmt, t[0]), t[1]
+    except LayoutError as exc:
+        raise Reject(str(exc)) from exc
+
+
+def _gen_unpack(gen: _Generator, a, want):
+    y, f, s = a
+    fmt = gen.op(f, tuple(n for n, fm in FORMATS.items() if want is None or fm.fits(len(want[0]))))
+    shape = tuple(gen.vec(s, lambda: want[0] if want else _layout_shape(gen, fmt)))
+    if (want and shape != tuple(want[0])) or not FORMATS[fmt].fits(len(shape)):
+        raise Reject(f"unpack {fmt} to {shape}")
+    dtype = want[1] if want else gen.dtype
+    if isinstance(y, App) and y.fn == "pack" and gen.op(y.args[1], (fmt,)) == fmt:
+        return shape, gen.gen(y.args[0], (shape, dtype))[1]   # a round trip: the packed tensor holds `shape`
+    return shape, gen.gen(y, (packed_shape(fmt, shape), dtype))[1]
+
+
+def _gen_fractal_matmul(gen: _Generator, a, want):
+    x, y, d = a
+    if want is not None:
+        out = tuple(want[0])
+        if len(out) < 4 or out[-2:] != (16, 16):
+            raise Reject("a fractal_matmul result is [..., N1, M1, 16, 16]")
+        batch, n1, m1 = out[:-4], out[-4], out[-3]
+    else:
+        batch = tuple(gen.draw(st.sampled_from(DIMS)) for _ in range(gen.draw(st.integers(0, 1))))
+        n1, m1 = (gen.draw(st.sampled_from((1, 2))) for _ in range(2))
+    k1 = gen.draw(st.sampled_from((1, 2)))
+    gen.gen(x, (batch + (m1, k1, 16, 16), gen.dtype))
+    rhs_batch = batch if batch and gen.draw(st.booleans()) else ()
+    gen.gen(y, (rhs_batch + (k1, n1, 16, 16), gen.dtype))
+    return batch + (n1, m1, 16, 16), evaluate(d, gen.env)
+
+
+_LAYOUT_GEN = {"pack": _gen_pack, "unpack": _gen_unpack, "fractal_matmul": _gen_fractal_matmul}
+
+
 def _fixed_rank(p) -> int | None:
     """The rank an elementwise pattern must have because a convolution (the checker's are NHWC) is
     among its operands; None when any rank will do."""
@@ -476,6 +578,18 @@ def _fixed_rank(p) -> int | None:
     if isinstance(p, App) and p.fn in ("binary", "unary", "select"):
         return next((r for r in map(_fixed_rank, p.args) if r is not None), None)
     return None
+
+
+def _cast_targets(p) -> list:
+    """DTYPE variables that are the target of a cast (`convert`, `sconvert`) somewhere in `p`."""
+    out, stack = [], [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, App):
+            if q.fn in ("convert", "sconvert") and isinstance(q.args[1], Var):
+                out.append(q.args[1])
+            stack.extend(q.args)
+    return out
 
 
 def _is_leaf(p) -> bool:
@@ -494,6 +608,12 @@ def _arrays(shape, dtype: str, numerics: str):
     if dtype == "bool":
         return st.lists(st.booleans(), min_size=math.prod(shape), max_size=math.prod(shape)).map(
             lambda xs: np.array(xs, dtype=bool).reshape(shape))
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(np.dtype(dtype))
+        edges = [0, 1, -1, info.min, info.max] if info.min < 0 else [0, 1, info.max]
+        elements = st.one_of(st.sampled_from(edges), st.integers(int(info.min), int(info.max)))
+        return st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)).map(
+            lambda xs: np.array(xs, dtype=np.int64).astype(np.dtype(dtype)).reshape(shape))
     big = {"float16": 3e4, "bfloat16": 1e30, "float32": 1e30}[dtype]
     if numerics == "exact":
         elements = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, big, -big, math.inf, -math.inf, math.nan]),
@@ -502,6 +622,27 @@ def _arrays(shape, dtype: str, numerics: str):
         elements = st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-4, 4, width=32))
     return st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)).map(
         lambda xs: np.array(xs, dtype=np.float32).astype(np.dtype(dtype)).reshape(shape))
+
+
+def _large_arrays(shape, dtype: str, numerics: str):
+    """Arrays too large to draw element by element (Hypothesis caps the data one case draws; a packed
+    fractal alone is 256 elements): a seeded pseudo-random fill, with 16 values drawn as `_arrays` draws
+    them (zeros, NaN, Inf, large magnitudes) at seeded positions."""
+    n, dt = math.prod(shape), np.dtype(dtype)
+
+    def build(drawn):
+        seed, special = drawn
+        rng = np.random.default_rng(seed)
+        if dtype == "bool":
+            base = rng.random(n) < 0.5
+        elif dt.kind in "iu":
+            base = rng.integers(0 if dt.kind == "u" else -100, 100, n)
+        else:
+            base = rng.uniform(-4, 4, n) if numerics == "reals" else rng.uniform(-100, 100, n)
+        out = base.astype(np.float32).astype(dt) if dt.kind == "f" or dtype == "bfloat16" else base.astype(dt)
+        out[rng.choice(n, special.size, replace=False)] = special.reshape(-1)
+        return out.reshape(shape)
+    return st.tuples(st.integers(0, 2**32 - 1), _arrays((16,), dtype, numerics)).map(build)
 
 
 # ---- the check ----

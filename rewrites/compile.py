@@ -16,11 +16,12 @@ from egglog import rule as egg_rule
 from superopt.egraph import terms as T
 from superopt.rewrites.functions import ATTRIBUTES, PREDICATES
 from superopt.rewrites.pattern import (
-    CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, OP, SCALAR, TENSOR, VEC, App, Const, Pattern, Var,
+    CONSTRUCTORS, DTYPE, FLOAT, FORMAT, INT, LIST, OP, SCALAR, TENSOR, VEC, App, Const, Pattern, Var,
 )
 
 MAX_RANK = 6
-_EGG_SORTS = {TENSOR: T.Tensor, SCALAR: T.Scalar, LIST: T.TList, VEC: Vec[i64], DTYPE: String, OP: String, FLOAT: f64, INT: i64}
+_EGG_SORTS = {TENSOR: T.Tensor, SCALAR: T.Scalar, LIST: T.TList, VEC: Vec[i64], DTYPE: String, OP: String, FLOAT: f64, INT: i64,
+              FORMAT: String}
 _CONSTRUCTOR_FNS = {"arg": T.arg, "const": T.const, "lit": T.lit, "iota": T.iota, "unary": T.unary,
                     "binary": T.binary, "integer_pow": T.integer_pow, "select": T.select, "convert": T.convert,
                     "matmul": T.matmul, "conv": T.conv, "reduce": T.reduce, "argreduce": T.argreduce,
@@ -29,7 +30,7 @@ _CONSTRUCTOR_FNS = {"arg": T.arg, "const": T.const, "lit": T.lit, "iota": T.iota
                     "kernel": T.kernel, "sarg": T.sarg, "sunary": T.sunary, "sbinary": T.sbinary,
                     "sselect": T.sselect, "sconvert": T.sconvert, "spow": T.spow, "sbcast": T.sbcast,
                     "srow": T.srow, "sperm": T.sperm, "smm": T.smm, "sconv": T.sconv,
-                    "schain": T.schain}
+                    "schain": T.schain, "pack": T.pack, "unpack": T.unpack, "fractal_matmul": T.fractal_matmul}
 assert set(_CONSTRUCTOR_FNS) == set(CONSTRUCTORS), "every constructor needs an egglog function"
 
 
@@ -81,7 +82,7 @@ class CompileContext:
 def _constant(c: Const):
     if c.sort == VEC:
         return Vec[i64](*(i64(v) for v in c.value)) if c.value else Vec[i64].empty()
-    return {DTYPE: String, OP: String, FLOAT: f64, INT: i64}[c.sort](c.value)
+    return {DTYPE: String, OP: String, FORMAT: String, FLOAT: f64, INT: i64}[c.sort](c.value)
 
 
 def _rank_keys(rule) -> list[Pattern]:

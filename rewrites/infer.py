@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from superopt.egraph.ir import COMPARISONS
+from superopt.egraph.layout import LayoutError, fractal_matmul_shape, packed_shape
 
 Type = tuple[tuple[int, ...], str]
 
@@ -54,6 +55,22 @@ def _conv(params: dict, ins: list[Type]) -> Type:
         out[oi] = spatial[k]
     dtype = params.get("preferred_element_type")
     return tuple(out), str(np.dtype(dtype)) if dtype is not None else ld
+
+
+def _packed(fn: str, prims: tuple, ins: list[Type]) -> Type:
+    """Packed layouts (egraph/layout.py); a format that does not apply is ill typed."""
+    try:
+        if fn == "pack":
+            return packed_shape(prims[0], ins[0][0]), ins[0][1]
+        if fn == "unpack":
+            (s, d), (name, shape) = ins[0], prims
+            _need(packed_shape(name, tuple(shape)) == tuple(s), f"unpack {name}: {s} does not pack {tuple(shape)}")
+            return tuple(shape), d
+        (a, ad), (b, bd) = ins
+        _need(ad == bd, "fractal_matmul: operand dtypes differ")
+        return fractal_matmul_shape(a, b), prims[0]
+    except LayoutError as exc:
+        raise IllTyped(str(exc)) from exc
 
 
 def infer(fn: str, prims: tuple, ins: list[Type]) -> Type:
@@ -130,6 +147,8 @@ def infer(fn: str, prims: tuple, ins: list[Type]) -> Type:
         return out, d
     if fn == "conv":
         return _conv(dict(prims[0]), ins)
+    if fn in ("pack", "unpack", "fractal_matmul"):
+        return _packed(fn, prims, ins)
     if fn == "iota":
         dim, shape, dtype = prims
         _need(0 <= dim < len(shape), "iota: bad dimension")

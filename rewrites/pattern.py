@@ -12,7 +12,8 @@ from typing import Any
 # Sorts of pattern variables and constants.
 TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT = "tensor", "list", "vec", "dtype", "op", "float", "int"
 SCALAR = "scalar"  # a kernel body's value (egraph/terms.py `Scalar`)
-SORTS = (TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT, SCALAR)
+FORMAT = "format"  # a packed layout's name (egraph/layout.py)
+SORTS = (TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT, SCALAR, FORMAT)
 
 # Term constructors: name -> (argument sorts, result sort). `vec` is Vec[i64]: shapes, perms, axes.
 CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -28,6 +29,9 @@ CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "concat": ((LIST, INT), TENSOR), "slice": ((TENSOR, VEC, VEC, VEC), TENSOR),
     "pad": ((TENSOR, TENSOR, VEC, VEC, VEC), TENSOR),
     "tnil": ((), LIST), "tcons": ((TENSOR, LIST), LIST),
+    # packed layouts
+    "pack": ((TENSOR, FORMAT), TENSOR), "unpack": ((TENSOR, FORMAT, VEC), TENSOR),
+    "fractal_matmul": ((TENSOR, TENSOR, DTYPE), TENSOR),
     # kernels and the Scalar body language
     "kernel": ((SCALAR,), TENSOR), "sarg": ((TENSOR, VEC), SCALAR),
     "sunary": ((OP, SCALAR), SCALAR), "sbinary": ((OP, SCALAR, SCALAR), SCALAR),
@@ -58,6 +62,7 @@ ATTRIBUTE_FNS: dict[str, tuple[tuple[str, ...], str]] = {
     "iadd": ((INT, INT), INT),
     "fadd": ((FLOAT, FLOAT), FLOAT), "fsub": ((FLOAT, FLOAT), FLOAT), "fmul": ((FLOAT, FLOAT), FLOAT),
     "fdiv": ((FLOAT, FLOAT), FLOAT), "fmax": ((FLOAT, FLOAT), FLOAT), "fmin": ((FLOAT, FLOAT), FLOAT),
+    "last_axis_of": ((TENSOR,), VEC),      # (rank(t) - 1,)
 }
 
 
@@ -116,7 +121,7 @@ def _coerce(value, sort: str, where: str) -> Pattern:
         return value
     if sort == VEC and isinstance(value, (tuple, list)):
         return Const(tuple(int(v) for v in value), VEC)
-    if sort in (DTYPE, OP) and isinstance(value, str):
+    if sort in (DTYPE, OP, FORMAT) and isinstance(value, str):
         return Const(value, sort)
     if sort == FLOAT and isinstance(value, (int, float)):
         return Const(float(value), FLOAT)
@@ -157,6 +162,7 @@ def _declare(sort: str):
 
 tensors, vecs, dtypes, ops = _declare(TENSOR), _declare(VEC), _declare(DTYPE), _declare(OP)
 floats, ints, scalars = _declare(FLOAT), _declare(INT), _declare(SCALAR)
+formats = _declare(FORMAT)
 
 
 # ---- constructor builders (same names and argument order as egraph/terms.py) ----
@@ -177,6 +183,9 @@ def reshape(x, shape): return app("reshape", x, shape)
 def broadcast(x, shape, dims): return app("broadcast", x, shape, dims)
 def slice_(x, start, limit, strides): return app("slice", x, start, limit, strides)
 def pad(x, value, low, high, interior): return app("pad", x, value, low, high, interior)
+def pack(x, format): return app("pack", x, format)
+def unpack(x, format, shape): return app("unpack", x, format, shape)
+def fractal_matmul(a, b, dtype): return app("fractal_matmul", a, b, dtype)
 
 
 def concat(items, dimension) -> App:
@@ -220,6 +229,7 @@ def dim(t, i): return app("dim", t, i)
 def zeros_like(t): return app("zeros_like", t)
 def ones_like(t): return app("ones_like", t)
 def set_last(v, value): return app("set_last", v, value)
+def last_axis_of(t): return app("last_axis_of", t)
 def iadd(a, b): return app("iadd", a, b)
 def set_at(v, i, value): return app("set_at", v, i, value)
 def center_low(t, ref): return app("center_low", t, ref)

@@ -21,6 +21,7 @@ import ml_dtypes  # also makes np.dtype('bfloat16') resolve
 import numpy as np
 
 from superopt.egraph.ir import WINDOW_REDUCTIONS, Graph
+from superopt.egraph.layout import fractal_einsum, pack_np, unpack_np
 from superopt.verify import is_float
 
 try:  # scipy is optional; math and statistics give the same functions one element at a time
@@ -104,7 +105,7 @@ def _shift(kind: str) -> Callable:
 
 
 _UNARY: dict[str, Callable] = {
-    "neg": np.negative, "abs": np.abs, "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "round": _round,
+    "neg": np.negative, "abs": np.abs, "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "round": _round, "round_even": np.rint,
     "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
     "logistic": _logistic, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "cbrt": np.cbrt,
     "erf": _erf, "erfc": _erfc, "erf_inv": _erf_inv, "sin": np.sin, "cos": np.cos, "tan": np.tan,
@@ -211,6 +212,12 @@ def _matmul(x, y, dt):
     return np.matmul(x.astype(acc), y.astype(acc))
 
 
+def _fractal_matmul(x, y, dt):
+    """The cube's contraction on fractals (egraph/layout.py), accumulated like `_matmul`."""
+    acc = _accumulator(dt)
+    return np.einsum(fractal_einsum(y.ndim > 4), x.astype(acc), y.astype(acc))
+
+
 def _conv(params: dict, lhs, rhs, dt):
     """conv_general_dilated: to (N, C, *spatial) / (O, I, *window), dilate and pad, slide, contract."""
     if params["batch_group_count"] != 1:
@@ -269,6 +276,9 @@ EVAL: dict[str, Callable] = {
     "concat": lambda a, s, d, *xs: np.concatenate(xs, axis=a[0]),
     "slice": lambda a, s, d, x: x[tuple(slice(b, e, k) for b, e, k in zip(*a))],
     "pad": lambda a, s, d, x, v: _pad(x, v, *a),
+    "pack": lambda a, s, d, x: pack_np(x, a[0]),
+    "unpack": lambda a, s, d, x: unpack_np(x, a[0], s),
+    "fractal_matmul": lambda a, s, d, x, y: _fractal_matmul(x, y, d),
     **{op: (lambda op: lambda a, s, d, x: _pool(op, x, *a))(op) for op in WINDOW_REDUCTIONS},
 }
 

@@ -56,6 +56,10 @@ class Rule:
             free = [v for v in variables(rhs) if v not in bound]
             if free:
                 raise ValueError(f"rule {self.name!r}: right-hand side uses unbound variables {free}")
+            free = [v for v in variables(lhs) if v not in set(variables(rhs))] if self.two_way else []
+            if free:
+                raise ValueError(f"rule {self.name!r}: two-way, but its left-hand side uses {free}, which the "
+                                 "right-hand side does not bind")
         for name, _ in self.when:
             if name not in PREDICATES:
                 raise KeyError(f"rule {self.name!r}: unknown predicate {name!r}")

@@ -20,7 +20,7 @@ import re
 from superopt.egraph.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS
 from superopt.rewrites.functions import PREDICATES
 from superopt.rewrites.pattern import (
-    ATTRIBUTE_FNS, CONSTRUCTORS, DTYPE, FLOAT, INT, OP, TENSOR, VEC, App, Const, Var, app,
+    ATTRIBUTE_FNS, CONSTRUCTORS, DTYPE, FLOAT, FORMAT, INT, OP, TENSOR, VEC, App, Const, Var, app,
 )
 from superopt.rewrites.rule import Rule
 
@@ -39,7 +39,7 @@ def format_pattern(p) -> str:
     if isinstance(p, Const):
         if p.sort == VEC:
             return "[" + " ".join(str(v) for v in p.value) + "]"
-        if p.sort in (DTYPE, OP):
+        if p.sort in (DTYPE, OP, FORMAT):
             return json.dumps(p.value)
         return repr(float(p.value)) if p.sort == FLOAT else str(int(p.value))
     args = list(p.args)

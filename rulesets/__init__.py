@@ -1,10 +1,16 @@
 """Rule sets, one table per concern. `RULESETS` names every registered set; the default schedule runs
 `DEFAULT`."""
 from superopt.rulesets.algebra import ALGEBRA
+from superopt.rulesets.casts import CASTS
 from superopt.rulesets.fusion import FUSION
+from superopt.rulesets.layout import LAYOUT
+from superopt.rulesets.quant import QUANT
 
-RULESETS = {rs.name: rs for rs in (ALGEBRA, FUSION)}
-DEFAULT = ("algebra", "fusion")
+RULESETS = {rs.name: rs for rs in (ALGEBRA, CASTS, QUANT, FUSION, LAYOUT)}
+# layout joins the default: its packed alternatives cost more than the ND matmul and elementwise ops on
+# every target's model (an NPU's cube converts ND tiles to fractals on chip for free, rulesets/layout.py),
+# so they are only chosen where the model says they pay, and they add little to saturation.
+DEFAULT = ("algebra", "casts", "quant", "layout", "fusion")
 
 
 def resolve(rulesets) -> list:

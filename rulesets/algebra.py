@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from superopt.rewrites.pattern import (
     add, app, arg, binary, broadcast, compose, concat, const, conv, dim, div, dtypes, exp, floats, iadd, ints, lit, log,
-    matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_last, shape_of, slice_, sub, tensors, transpose,
-    unary, vecs, zeros_like, integer_pow,
+    last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_last, shape_of, slice_, sub, tensors,
+    transpose, unary, vecs, zeros_like, integer_pow,
 )
 from superopt.rewrites.rule import RuleSet, multi_rule, rule, when
 
@@ -37,6 +37,18 @@ def _merge_shared_lhs(leaf, n: int):
     kind = "inputs" if leaf is arg else "constants"
     return multi_rule(f"matmul-merge-{n}-shared-lhs-{kind}", pairs, *order, *(when("rank", w, 2) for w in ws),
                       numerics="reals", doc=f"x@W1..x@W{n} ({kind}) -> slices of x@concat(W1..W{n})")
+
+
+def _by_rows(op_name: str, dtype: str | None = None):
+    """A full reduction = the reduction of its row reductions. The rows are a row kernel, which takes the
+    elementwise ops before it (an unscale, an is-finite check, a square) on chip. Sums are restricted to
+    f32, whose row sums XLA also keeps in f32; in f16 or bf16 the rounded row sums lose accuracy."""
+    whole = reduce(op_name, x, p)
+    return rule(f"{op_name.replace('_', '-')}-all-by-rows", whole,
+                reduce(op_name, reshape(reduce(op_name, x, last_axis_of(x)), set_last(shape_of(x), 1)), p),
+                when("all_axes", p, x), when("long_last_axis", x), *([when("has_dtype", x, dtype)] if dtype else []),
+                numerics="reals" if op_name == "reduce_sum" else "exact",
+                doc=f"{op_name}(x) over all axes = {op_name} of the row {op_name}s of x")
 
 
 def _fold(op_name: str, symbol: str, attribute: str, *conditions):
@@ -93,6 +105,10 @@ ALGEBRA = RuleSet("algebra", {
              broadcast(binary(op, x, y), s, p), when("same_shape", x, y),
              doc="an elementwise op on two equal broadcasts = the op on their sources, broadcast once "
                  "(a per-channel constant stays per-channel)"),
+    ],
+    "reductions": [
+        _by_rows("reduce_sum", "float32"), _by_rows("reduce_max"), _by_rows("reduce_min"),
+        _by_rows("reduce_and", "bool"), _by_rows("reduce_or", "bool"),
     ],
     "identity": [
         rule("mul-one", mul(x, one), x, doc="x*1 -> x"),

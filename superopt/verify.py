@@ -84,9 +84,13 @@ def compare_outputs(expected: list, actual: list, as_dtype: str | None = None) -
 def as_accurate(expected, actual, truth, factor: float = 2.0) -> str | None:
     """None if `actual` is about as close to `truth` as `expected` is (normwise, on the finite elements
     where both agree on NaN and Inf), else a description. Used when two programs that round differently
-    disagree with each other: what matters then is that the optimized one is not less accurate."""
+    disagree with each other: what matters then is that the optimized one is not less accurate.
+
+    Integer outputs are judged the same way with no floor: where the original is exact (its value equals
+    the float64 program's) the optimized program must be too; where the original rounded a float to an
+    integer (a requantized result), the optimized one may round differently but not more often."""
     e, a = np.asarray(expected), np.asarray(actual)
-    if e.shape != a.shape or e.dtype != a.dtype or not is_float(e.dtype):
+    if e.shape != a.shape or e.dtype != a.dtype or e.dtype == np.bool_ or not (is_float(e.dtype) or e.dtype.kind in "iu"):
         return mismatch(e, a)
     e64, a64, t64 = (np.asarray(v, dtype=np.float64) for v in (e, a, truth))
     if not np.array_equal(np.isnan(e64), np.isnan(a64)):
@@ -100,7 +104,7 @@ def as_accurate(expected, actual, truth, factor: float = 2.0) -> str | None:
     err_actual = float(np.linalg.norm(a64[finite] - t64[finite]))
     # Within the dtype's normwise tolerance (the same bound the direct comparison uses) or within a
     # small factor of the original's own rounding error: a wrong program errs on the output's scale.
-    floor = TOLERANCES.get(str(e.dtype), TOLERANCES["float32"])[1] * scale
+    floor = TOLERANCES.get(str(e.dtype), TOLERANCES["float32"])[1] * scale if is_float(e.dtype) else 0.0
     if err_actual <= factor * err_expected + floor:
         return None
     return (f"error against the float64 value {err_actual:.3g} exceeds {factor}x the original's "

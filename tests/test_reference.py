@@ -56,7 +56,7 @@ def check(fn, *args, op=None):
 
 
 def check_one_node(op, x, out_dtype=None):
-    """For ops capture keeps opaque (round's and conj's params): a hand-built one-node graph."""
+    """A hand-built one-node graph (conj is kept opaque by capture; both roundings are checked here too)."""
     g = Graph(n_args=1)
     a = g.add(Node("arg", (), (0,), x.shape, str(x.dtype)))
     g.outputs = [g.add(Node(op, (a,), (), x.shape, out_dtype or str(x.dtype)))]
@@ -92,6 +92,7 @@ def test_unary(op):
 def test_bitwise_not_on_ints_and_hand_built_ops():
     check(lax.bitwise_not, ints(), op="not")
     check_one_node("round", np.array([0.5, -0.5, 1.5, 2.5, -2.5, 0.49999997, -3.7, 0.0], np.float32))
+    check_one_node("round_even", np.array([0.5, -0.5, 1.5, 2.5, -2.5, 0.49999997, -3.7, 0.0], np.float32))
     check_one_node("conj", (rand() + 1j * rand()).astype(np.complex64))
 
 

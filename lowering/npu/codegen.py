@@ -22,6 +22,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from superopt.egraph.layout import FORMATS, packed_shape
 from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
     ALIGNMENT, Buf, CopyIn, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, WaitFlag,
@@ -118,11 +119,37 @@ def insert_flags(instrs: list) -> list:
     return out
 
 
+def _gm_shape(shape3: tuple, layout: str) -> tuple:
+    """The GM tensor that holds a [batch, rows, columns] matrix in `layout` (egraph/layout.py)."""
+    if layout == "ND":
+        return shape3
+    if not FORMATS[layout].fills_blocks(shape3[1:]):
+        raise CodegenError(f"gemm: a {layout} operand is a padded matrix, not {shape3[1:]}")
+    return (shape3[0],) + packed_shape(layout, shape3[1:])
+
+
+def _gm_window(tensor: str, layout: str, start: tuple, size: tuple) -> Gm:
+    """A (batch, row, column) window of a GM matrix; in a packed layout, the same window as whole fractals
+    of the packed tensor [batch, ..., 16, 16]."""
+    if layout == "ND":
+        return Gm(tensor, start, size)
+    f = FORMATS[layout]
+    first, count = [0, 0, 0, 0], [FRACTAL] * 4
+    for axis, at, n in ((f.outer_axis(2, 0), start[1], size[1]), (f.outer_axis(2, 1), start[2], size[2])):
+        if at % FRACTAL:
+            raise CodegenError(f"gemm: a {layout} window starts inside a fractal (at {at})")
+        first[axis], count[axis] = at // FRACTAL, -(-n // FRACTAL)
+    return Gm(tensor, (start[0], *first), (size[0], *count))
+
+
 def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target: Target,
-                 relu: bool = False) -> Program:
+                 relu: bool = False, layouts: tuple = ("ND", "ND", "ND")) -> Program:
     """C = A @ B (relu optional) tiled as the Chimera model counts it. `a`, `b`, `c` are (name, shape,
     dtype) of GM tensors: A [batch, M, K], B [K, N] or [batch, K, N], C [batch, M, N] (a leading batch
-    of 1 may be left out). `order` names the loops m, n, k outermost first; `tiles` their tile sizes."""
+    of 1 may be left out). `order` names the loops m, n, k outermost first; `tiles` their tile sizes.
+    `layouts` are the GM formats of A, B and C: ND, or the cube's own (ZZ, ZN, NZ: egraph/layout.py), in
+    which case the shapes are those of the padded matrices they hold and tiles move as whole fractals (the
+    same bytes; the conversions to and from ND that MTE1 and FixPipe do are not needed)."""
     (an, ashape, adt), (bn_, bshape, bdt), (cn, cshape, cdt) = a, b, c
     a3, b3, c3 = _as3(ashape), _as3(bshape), _as3(cshape)
     batch, m, k = a3
@@ -136,7 +163,9 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     steps = {loop: math.ceil(ext[loop] / tile[loop]) for loop in "mnk"}
     tm, tn, tk = (_up(tile[x]) for x in "mnk")
     npu = target.npu
-    program = Program(inputs=[(an, a3, adt), (bn_, b3, bdt)], outputs=[(cn, c3, cdt)])
+    la_, lb_, lc_ = layouts
+    program = Program(inputs=[(an, _gm_shape(a3, la_), adt), (bn_, _gm_shape(b3, lb_), bdt)],
+                      outputs=[(cn, _gm_shape(c3, lc_), cdt)])
     alloc = Allocator(program)
     cube_dt = "int8" if adt == "int8" else ("bfloat16" if adt == "bfloat16" else "float16")
     acc_dt = "int32" if cube_dt == "int8" else "float32"
@@ -183,8 +212,9 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
         for (i, j), buf in acc[st["acc"]].items():
             size = (1, min(buf.shape[0], tile["m"] - i), min(buf.shape[1], tile["n"] - j))
             if size[1] > 0 and size[2] > 0:
-                window = Gm(cn, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)
-                instrs.append(FixPipe(core, "cube", src=buf, dst=window, relu=relu, atomic_add=not complete))
+                window = _gm_window(cn, lc_, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)
+                instrs.append(FixPipe(core, "cube", src=buf, dst=window, relu=relu, atomic_add=not complete,
+                                      layout=_packed(lc_)))
 
     def whole_k_tile(core, st, bt, idx):
         """The (m, n) tile from A and B rows gathered over all of K: one L0C block at a time, drained at once."""
@@ -202,8 +232,8 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
                     instrs.append(LoadL0(core, "MTE1", src=b_l1[0], dst=lb, at=(z, j)))
                     instrs.append(Mmad(core, "cube", a=la, b=lb, c=cbuf, accumulate=z > 0))
                 size = (1, min(rows, tile["m"] - i), min(cols, tile["n"] - j))
-                window = Gm(cn, (bt, idx["m"] * tile["m"] + i, idx["n"] * tile["n"] + j), size)
-                instrs.append(FixPipe(core, "cube", src=cbuf, dst=window, relu=relu))
+                window = _gm_window(cn, lc_, (bt, idx["m"] * tile["m"] + i, idx["n"] * tile["n"] + j), size)
+                instrs.append(FixPipe(core, "cube", src=cbuf, dst=window, relu=relu, layout=_packed(lc_)))
 
     # Cores take turns over the loops outside the reduction (the outermost other loop when the
     # reduction is outermost): every operand is reloaded when such a loop moves anyway, so the bytes do
@@ -224,12 +254,14 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
         k0 = idx["k"] * tile["k"]
         if keys["A"] != st["A"]:
             st["a"], st["A"] = (st["a"] + 1) % len(a_l1), keys["A"]
-            window = Gm(an, (bt if a3[0] > 1 else 0, idx["m"] * tile["m"], k0), (1, tile["m"], tile["k"]))
-            instrs.append(CopyIn(core, "MTE2", src=window, dst=a_l1[st["a"]], at=(0, k0) if whole_k else ()))
+            window = _gm_window(an, la_, (bt if a3[0] > 1 else 0, idx["m"] * tile["m"], k0), (1, tile["m"], tile["k"]))
+            instrs.append(CopyIn(core, "MTE2", src=window, dst=a_l1[st["a"]], at=(0, k0) if whole_k else (),
+                                 layout=_packed(la_)))
         if keys["B"] != st["B"]:
             st["b"], st["B"] = (st["b"] + 1) % len(b_l1), keys["B"]
-            window = Gm(bn_, (bt if b3[0] > 1 else 0, k0, idx["n"] * tile["n"]), (1, tile["k"], tile["n"]))
-            instrs.append(CopyIn(core, "MTE2", src=window, dst=b_l1[st["b"]], at=(k0, 0) if whole_k else ()))
+            window = _gm_window(bn_, lb_, (bt if b3[0] > 1 else 0, k0, idx["n"] * tile["n"]), (1, tile["k"], tile["n"]))
+            instrs.append(CopyIn(core, "MTE2", src=window, dst=b_l1[st["b"]], at=(k0, 0) if whole_k else (),
+                                 layout=_packed(lb_)))
         if whole_k:
             if idx["k"] == steps["k"] - 1:
                 whole_k_tile(core, st, bt, idx)
@@ -250,6 +282,11 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     program.instrs = insert_flags(instrs)
     program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
     return program
+
+
+def _packed(layout: str) -> str:
+    """The `layout` field of a move: empty for ND."""
+    return "" if layout == "ND" else layout
 
 
 def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: dict, target: Target) -> Program:

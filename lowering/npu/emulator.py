@@ -25,6 +25,7 @@ from superopt.lowering.npu.isa import (
     ALIGNMENT, Barrier, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, VecOp, WaitFlag,
 )
 from superopt.egraph.ir import BINARY_OPS, UNARY_OPS
+from superopt.egraph.layout import holds, pack_np, unpack_np
 from superopt.rewrites.reference import evaluate_node
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "logistic", "erf", "sqrt", "rsqrt", "pow", "log1p", "expm1"})
@@ -241,8 +242,11 @@ class _Machine:
     def _execute(self, core: str, ins) -> None:
         if isinstance(ins, CopyIn):
             got = self._value(core, ins.src)
-            size = ins.src.size[len(ins.src.size) - len(ins.dst.shape):]   # without leading unit axes
-            got = got.reshape(got.shape[got.ndim - len(size):])
+            if ins.layout:   # whole fractals of a packed tensor: the matrix they hold
+                got = got.reshape(got.shape[-4:])
+                got = unpack_np(got, ins.layout, holds(ins.layout, got.shape))
+            size = got.shape if ins.layout else ins.src.size[len(ins.src.size) - len(ins.dst.shape):]
+            got = got.reshape(got.shape[got.ndim - len(size):])   # without leading unit axes
             region = np.zeros(size, ins.dst.dtype)                           # zeros past the tensor's edge
             region[tuple(slice(0, d) for d in got.shape)] = self._cast(got, ins.dst.dtype, ins.dst)
             if ins.at:
@@ -271,6 +275,8 @@ class _Machine:
             if ins.relu:
                 v = np.maximum(v, 0)
             dtype = ins.dst.dtype if isinstance(ins.dst, Buf) else self.gm_shape[ins.dst.tensor][1]
+            if ins.layout:   # into a packed GM tensor, as whole fractals
+                v = pack_np(v, ins.layout)
             self._store(core, ins.dst, v if ins.atomic_add else self._cast(v, dtype, ins.dst), add=ins.atomic_add)
         elif isinstance(ins, VecOp):
             self._store(core, ins.dst, self._vector(core, ins))

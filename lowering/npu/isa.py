@@ -86,8 +86,11 @@ class _Move(Instr):
 class CopyIn(_Move):
     """MTE2: a GM window into L1 or the UB (zero padding past the tensor's edge), cast to the buffer's dtype
     when the window's dtype differs (the cube's operands become fp16). `src` is a Gm, `dst` a Buf. With
-    `at`, the window fills only its own region of `dst`, from that row and column."""
+    `at`, the window fills only its own region of `dst`, from that row and column. With `layout`, the
+    window is a block of whole fractals of a packed tensor in that format (egraph/layout.py: ZZ, ZN) and
+    lands as the matrix it holds (the cube's operands are fractal on chip anyway)."""
     at: tuple = ()
+    layout: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,9 +120,11 @@ class Mmad(Instr):
 @dataclass(frozen=True)
 class FixPipe(_Move):
     """L0C -> GM, L1 or UB, cast to the destination's dtype, with an optional relu; `atomic_add` adds
-    into GM (partial sums of a reduction split across tiles). `dst` is a Buf or a Gm."""
+    into GM (partial sums of a reduction split across tiles). `dst` is a Buf or a Gm. With `layout` (NZ,
+    L0C's own format), the block is written into a packed GM tensor as whole fractals."""
     relu: bool = False
     atomic_add: bool = False
+    layout: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,10 @@ stages, each an `isa.Program` that reads and writes GM tensors:
   residual, layer norm) are vector stages that exchange data with the cube stage through GM workspace.
   That is the 910B's own path between its cube and vector cores; on the coupled 910 it is conservative
   (the hardware could also pass the tile through the UB), so the 910 figures are an upper bound;
-- a convolution is an img2col stage (the patch matrix in GM) and a cube stage.
+- a convolution is an img2col stage (the patch matrix in GM) and a cube stage;
+- a `fractal_matmul` (egraph/layout.py) is a cube stage whose operands and result stay in the cube's own
+  fractal formats in GM (ZZ, ZN -> NZ), and a pack or unpack of a computed tensor is a format conversion
+  on the vector unit (`layout.py`); a pack of a constant is computed when the executable is built.
 
 Stages run one after another (each waits for the one before), so a kernel's cycles are the sum of its
 stages'. A reshape is a view of its operand's GM tensor. Sub-terms of constants are computed once, when
@@ -27,16 +30,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from superopt.egraph.ir import Graph, Node, body_str
+from superopt.egraph.ir import REDUCTIONS, Graph, Node, body_str
+from superopt.egraph.layout import CUBE_FORMATS, holds
 from superopt.extract.cost import one_op_body
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, cone
 from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_program
 from superopt.lowering.npu.emulator import CapacityError, check_buffers, emulate
 from superopt.lowering.npu.isa import Program
+from superopt.lowering.npu.layout import layout_program
 from superopt.lowering.npu.vector import img2col_program, vector_program
 
 VIEWS = frozenset({"reshape"})
+LAYOUT_OPS = frozenset({"pack", "unpack"})
 FREE = frozenset({"arg", "const", "lit"}) | VIEWS
 
 
@@ -45,8 +51,8 @@ class Stage:
     label: str                 # what it computes, for reports and the timeline
     kernel: int                # the graph node it belongs to
     program: Program | None    # None: a host step
-    host: Node | None = None   # the op a host step evaluates (inputs are GM names in `host_inputs`)
-    host_inputs: tuple = ()
+    host: Node | None = None   # the op a host step evaluates (inputs are (GM name, shape, dtype) in `host_inputs`:
+    host_inputs: tuple = ()    # the shape the op reads, which a reshape (a view) makes differ from the GM tensor's)
     host_output: str = ""
 
 
@@ -133,7 +139,7 @@ class NpuExecutable:
                 name = self.names[i] = self._tensor(f"t{i}", node.shape, node.dtype)
                 value = values[i] if i in values else np.asarray(node.attrs[0])
                 self.preloaded[name] = np.asarray(value).astype(node.dtype).reshape(node.shape)
-            elif node.op in VIEWS:
+            elif node.op in VIEWS or (node.op in LAYOUT_OPS and node.attrs[0] == "ND"):
                 self.names[i] = self.names[node.inputs[0]]
             else:
                 self.names[i] = self._tensor(f"t{i}", node.shape, node.dtype)
@@ -150,7 +156,15 @@ class NpuExecutable:
             body = one_op_body(node.op, node.attrs, [(s, d) for _, s, d in ins], (node.shape, node.dtype))
             tiling, label = None, f"%{i} {node.op}"
         try:
-            self.stages += KernelLowering(body, ins, out, tiling, self.target, i, label, self._tensor).stages()
+            if node.op in LAYOUT_OPS:
+                program = layout_program(ins[0], out, node.attrs[0], node.op == "pack", self.target)
+                self.stages.append(Stage(f"%{i} {node.op} {node.attrs[0]} (TransData)", i, program))
+            elif node.op == "fractal_matmul":
+                self.stages.append(fractal_stage(ins, out, self.target, i))
+            elif node.op in REDUCTIONS and len(node.attrs[0]) > 1 and len(ins[0][1]) - 1 in node.attrs[0]:
+                self._reduce_by_rows(i, node, ins[0], out)
+            else:
+                self.stages += KernelLowering(body, ins, out, tiling, self.target, i, label, self._tensor).stages()
         except CodegenError as exc:
             if node.op == "kernel":
                 raise CodegenError(f"{label}: {exc}") from exc
@@ -158,7 +172,20 @@ class NpuExecutable:
             self.host_ops.append(f"{name} ({exc})" if node.op != "opaque" else f"{name} (a primitive superopt "
                                                                                f"does not model)")
             self.stages.append(Stage(f"%{i} {name} on the host", i, None, host=node,
-                                     host_inputs=tuple(n for n, _, _ in ins), host_output=out[0]))
+                                     host_inputs=tuple(ins), host_output=out[0]))
+
+    def _reduce_by_rows(self, i: int, node: Node, x: tuple, out: tuple) -> None:
+        """A reduction over several axes, the last among them, as two vector stages: the rows (whose
+        inputs stream through the UB a box at a time), then the rest over the row results. One stage
+        would need every reduced axis in the UB at once."""
+        name, shape, dtype = x
+        last = len(shape) - 1
+        rows = (self._tensor(f"t{i}_rows", shape[:-1], node.dtype), shape[:-1], node.dtype)
+        rest = tuple(a for a in node.attrs[0] if a != last)
+        for ins, result, axes in (([x], rows, (last,)), ([rows], out, rest)):
+            body = one_op_body(node.op, (axes,), [(s, d) for _, s, d in ins], (result[1], result[2]))
+            label = f"%{i} {node.op}[{','.join(map(str, axes))}]"
+            self.stages += KernelLowering(body, ins, result, None, self.target, i, label, self._tensor).stages()
 
     # ---- running ----
     def run(self, *flat_args, symbolic: bool = False, trace: bool = True) -> Run:
@@ -192,10 +219,10 @@ class NpuExecutable:
     def _host(self, stage: Stage, gm: dict) -> np.ndarray:
         from superopt.lowering.jax import evaluate
         node = stage.host
-        args = [Node("arg", (), (k,), self.tensors[n][0], self.tensors[n][1]) for k, n in enumerate(stage.host_inputs)]
+        args = [Node("arg", (), (k,), shape, dtype) for k, (_, shape, dtype) in enumerate(stage.host_inputs)]
         sub = Graph(nodes=args + [Node(node.op, tuple(range(len(args))), node.attrs, node.shape, node.dtype)],
                     outputs=[len(args)], consts=self.graph.consts, opaque=self.graph.opaque)
-        ins = [gm[n].reshape(self.tensors[n][0]) for n in stage.host_inputs]
+        ins = [gm[n].reshape(shape) for n, shape, _ in stage.host_inputs]
         return np.asarray(evaluate(sub, ins)[len(args)])
 
     def write_timeline(self, run: Run, path: str) -> None:
@@ -348,20 +375,8 @@ class KernelLowering:
             a, av, bv, cv = self._img2col(m, a)
         else:
             av, bv, cv = self._gemm_views(self.body[node.inputs[0]], self.body[node.inputs[1]], node)
-        errors, placed = [], []
         extractors = self._extractor_tiles()
-        for order, tiles in ([extractors] if extractors else []) + gemm_candidates(*av, bv[-1], a[2], self.target):
-            try:
-                program = gemm_program((a[0], av, a[2]), (b[0], bv, b[2]), (c[0], cv, c[2]), order, tiles,
-                                       self.target)
-                check_buffers(program, self.target)
-            except (CodegenError, CapacityError) as exc:
-                errors.append(str(exc))
-                continue
-            cycles = emulate(program, self.target, symbolic=True, trace=False).cycles
-            placed.append((cycles, len(placed), order, tiles, program))
-        if not placed:
-            raise CodegenError(f"no GEMM tiling could be placed: {errors[0]}")
+        placed = place_gemm(a, b, c, (av, bv, cv), self.target, extractors)
         # The fastest placed tiling runs. The extractor's tiles minimise the bytes moved (the Chimera
         # model); on many cores a tiling with more output tiles can be faster, and the label says so.
         cycles, rank, order, tiles, program = min(placed)
@@ -412,6 +427,41 @@ class KernelLowering:
         self.gm[second] = e
 
 
+def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first: tuple | None = None,
+               layouts: tuple = ("ND", "ND", "ND")) -> list:
+    """Every tiling of C = A @ B that can be placed, as (cycles, rank, order, tiles, program): `first`
+    (the extractor's order and tiles) when given, then `gemm_candidates`. `a`, `b`, `c` are GM tensors
+    (name, shape, dtype), `views` their [batch, rows, columns] shapes, `layouts` their formats."""
+    (av, bv, cv), errors, placed = views, [], []
+    for order, tiles in ([first] if first else []) + gemm_candidates(*av, bv[-1], a[2], target):
+        try:
+            program = gemm_program((a[0], av, a[2]), (b[0], bv, b[2]), (c[0], cv, c[2]), order, tiles, target,
+                                   layouts=layouts)
+            check_buffers(program, target)
+        except (CodegenError, CapacityError) as exc:
+            errors.append(str(exc))
+            continue
+        cycles = emulate(program, target, symbolic=True, trace=False).cycles
+        placed.append((cycles, len(placed), order, tiles, program))
+    if not placed:
+        raise CodegenError(f"no GEMM tiling could be placed: {errors[0]}")
+    return placed
+
+
+def fractal_stage(ins: list, out: tuple, target: Target, node: int) -> Stage:
+    """A fractal_matmul as one cube stage: A (ZZ), B (ZN) and C (NZ) stay packed in GM, each tile moves
+    as whole fractals; the fastest placeable tiling runs. The matrices are the padded ones the operands
+    hold (their padding is zero where they were packed), with the batch of A's leading axes."""
+    (a, ashape, adt), (b, bshape, bdt) = ins
+    batch = math.prod(ashape[:-4])
+    (mp, kp), (_, np_) = holds("ZZ", ashape[-4:]), holds("ZN", bshape[-4:])
+    views = ((batch, mp, kp), (math.prod(bshape[:-4]), kp, np_), (batch, mp, np_))
+    cycles, _, order, tiles, program = min(place_gemm(ins[0], ins[1], out, views, target, layouts=CUBE_FORMATS))
+    tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
+    return Stage(f"%{node} fractal_matmul: cube {views[0]}x{views[1]} on fractals (ZZ x ZN -> NZ) order "
+                 f"{''.join(order)} {tiles_str}", node, program)
+
+
 def _round_cube_operands(nodes: list) -> tuple[list, dict]:
     """`nodes` with every float operand of a matmul rounded to fp16 first (as the cube's copy-in does;
     bf16 and int8 operands are multiplied as they are), kernel bodies included; and the id map."""
@@ -419,7 +469,7 @@ def _round_cube_operands(nodes: list) -> tuple[list, dict]:
     for i, n in enumerate(nodes):
         ins = [remap[j] for j in n.inputs]
         attrs = n.attrs
-        if n.op == "matmul":
+        if n.op in ("matmul", "fractal_matmul"):
             rounded = []
             for j in ins:
                 src = out[j]

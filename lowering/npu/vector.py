@@ -155,6 +155,9 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
         need = footprint(rank - 1, 1)
         raise CodegenError(f"vector kernel: one row of the output needs {need} bytes of UB, capacity {budget} "
                            f"({target.name}); the row is too long to keep whole")
+    if not rank and footprint(0, 1) > budget:
+        raise CodegenError(f"vector kernel: a full reduction needs {footprint(0, 1)} bytes of UB, capacity "
+                           f"{budget} ({target.name}); reduce it by rows first")
 
     program = Program(inputs=list(ins), outputs=[out])
     alloc = Allocator(program)

@@ -1,0 +1,41 @@
+"""Quantization: dequantize -> matmul -> requantize becomes an int8 kernel.
+
+A quantized linear layer is written the way users write it: int8 operands widened to f32 and scaled
+(`xq.astype(f32) * sx`, `wq.astype(f32) * sw`, a scale per tensor or per output column), an f32 matmul,
+and a requantizing tail (divide by the output scale, round, add the zero point, clip, narrow to int8).
+
+- The scales leave the matmul: per tensor by `matmul-scale-lhs` / `matmul-scale-rhs` (algebra), per
+  output column by `matmul-scale-columns` below. What remains is a matmul of two widened int8 tensors.
+- `matmul-int8` makes that an int8 x int8 matmul accumulating in int32, widened afterwards. Every
+  product of two int8 values is exact and the int32 sum is exact while it fits, so the int32 result is
+  the exact sum, which the f32 accumulation only approximates past 2**24; the legality condition bounds
+  the contraction so the int32 sum cannot overflow.
+- Nothing else is needed for the fused requantize epilogue: the scale, bias, round, zero point, clip and
+  cast are elementwise, so fusion (fusion.py) inlines them behind the matmul, and the extractor decides.
+  The result is one kernel reading int8 operands and writing int8.
+
+Asymmetric activations (a zero point subtracted before the matmul) are left as they are: moving that
+subtraction out needs a column sum of the weights, a rule not written yet.
+"""
+from __future__ import annotations
+
+from superopt.rewrites.pattern import convert, dtypes, matmul, mul, tensors
+from superopt.rewrites.rule import RuleSet, rule, when
+
+x, y, z = tensors("x y z")
+(d,) = dtypes("d")
+
+QUANT = RuleSet("quant", {
+    "int8-matmul": [
+        rule("matmul-int8", matmul(convert(x, "float32"), convert(y, "float32"), "float32"),
+             convert(matmul(x, y, "int32"), "float32"), when("has_dtype", x, "int8"), when("has_dtype", y, "int8"),
+             when("int32_accumulates", x), numerics="reals",
+             doc="an f32 matmul of widened int8 operands = the int8 matmul accumulating in int32, widened "
+                 "(exact while the int32 sum fits; the f32 sum rounds past 2**24)"),
+    ],
+    "scales": [
+        rule("matmul-scale-columns", matmul(x, mul(y, z), d), mul(matmul(x, y, d), z),
+             when("rank", x, 2), when("rank", y, 2), when("row_vector", z), when("has_dtype", y, d), numerics="reals",
+             doc="x @ (y * s) = (x @ y) * s for a per-column scale s of shape [1, N]"),
+    ],
+})

@@ -1,0 +1,88 @@
+"""Quantization: an int8 linear layer (dequantize -> matmul -> requantize) becomes one int8 kernel with
+int32 accumulation and the requantize epilogue fused, and stays as accurate as the original."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from superopt import superopt
+from superopt.rewrites.reference import evaluate
+
+f32 = jnp.float32
+
+
+def qlinear(xq, wq, w_scale, bias):
+    """Symmetric int8 activations (one scale), int8 weights with a scale per output column, f32 bias, and
+    an int8 result with scale 0.1 and zero point 3."""
+    x = xq.astype(f32) * 0.05
+    w = wq.astype(f32) * w_scale
+    y = x @ w + bias
+    return jnp.clip(jnp.round(y / 0.1) + 3, -128, 127).astype(jnp.int8)
+
+
+def _args(m, k, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(-128, 128, (m, k)).astype(np.int8), rng.integers(-128, 128, (k, n)).astype(np.int8),
+            (rng.random((n,)) * 2e-3).astype(np.float32), rng.standard_normal(n).astype(np.float32))
+
+
+def _kernels(graph):
+    return [graph.nodes[i] for i in graph.live() if graph.nodes[i].op == "kernel"]
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu-h100", "npu-910b"])
+def test_an_int8_linear_layer_runs_as_one_int8_kernel(target):
+    args = _args(64, 256, 128)
+    fn = superopt(qlinear, target=target)
+    out = np.asarray(fn(*args))
+    spec = fn.compile(*args)
+    (kernel,) = _kernels(spec.term)
+    assert spec.term.op_counts()["kernel"] == 1 and not {"matmul", "div", "round_even"} & set(spec.term.op_counts())
+    body = kernel.attrs[0]
+    (mm,) = [n for n in body if n.op == "matmul"]
+    assert mm.dtype == "int32" and all(body[j].dtype == "int8" for j in mm.inputs)   # int8 x int8 -> int32
+    assert body[-1].op == "convert" and body[-1].dtype == "int8" and kernel.dtype == "int8"
+    assert {"round_even", "max", "min", "div"} <= {n.op for n in body}                 # requantize fused
+    # Inputs read by the kernel: int8 operands, no widened copy of them in global memory.
+    assert sorted(spec.term.nodes[i].dtype for i in kernel.inputs if spec.term.nodes[i].size > 1024) == ["int8", "int8"]
+    if target.startswith("npu"):
+        assert fn.report.backend.startswith("npu emulator"), fn.report.backend
+    _assert_as_accurate(out, args)
+
+
+def _assert_as_accurate(out, args):
+    """The int32 accumulation is exact, so the result may round differently from jax.jit's f32 sum at a
+    tie, but it is at least as close to the exact (float64) requantized value."""
+    from superopt.egraph.capture import capture
+    original = np.asarray(jax.jit(qlinear)(*args)).astype(np.int64)
+    truth = np.asarray(evaluate(capture(qlinear, args).graph, list(args), precise=True)[0]).astype(np.int64)
+    got = out.astype(np.int64)
+    assert np.abs(got - original).max() <= 1
+    assert np.abs(got - truth).sum() <= 2 * np.abs(original - truth).sum()
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(m=st.integers(1, 40), k=st.integers(1, 300), n=st.integers(1, 40), seed=st.integers(0, 5))
+def test_the_int8_kernel_is_as_accurate_on_ragged_shapes(m, k, n, seed):
+    args = _args(m, k, n, seed)
+    fn = superopt(qlinear, target="cpu")
+    out = np.asarray(fn(*args))
+    assert out.dtype == np.int8
+    _assert_as_accurate(out, args)
+
+
+@pytest.mark.parametrize("k,int8", [(131072, True), (131073, False)])
+def test_a_contraction_too_long_for_int32_stays_in_f32(k, int8):
+    # 2**31 / 2**14 int8 products always fit the int32 accumulator; one more might not.
+    from superopt.egraph.capture import capture
+    from superopt.egraph.encode import encode
+    from superopt.egraph.frozen import freeze
+    from superopt.egraph.runner import saturate
+    from superopt.rewrites.schedule import Schedule
+    xq, wq = np.zeros((1, k), np.int8), np.zeros((k, 1), np.int8)
+    enc = encode(capture(lambda a, b: a.astype(f32) @ b.astype(f32), (xq, wq)).graph)
+    saturate(enc.egraph, Schedule.of("quant"))
+    frozen = freeze(enc.egraph)
+    int32_matmuls = [n for nodes in frozen.classes.values() for n in nodes if n.fn == "matmul" and "int32" in n.args]
+    assert bool(int32_matmuls) == int8

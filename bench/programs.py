@@ -257,6 +257,61 @@ def resnet_bottleneck(batch: int = 1, size: int = 56, channels: int = 256, width
 
 
 # --------------------------------------------------------------------------
+# 7. Training step: mixed-precision MLP, dynamic loss scaling, clipping, Adam
+# --------------------------------------------------------------------------
+
+ADAM = dict(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, max_norm=1.0)
+
+
+def _mlp_loss(params, x, labels):
+    """Softmax cross-entropy of a two-layer GELU MLP (f32 master weights)."""
+    h = jax.nn.gelu(x @ params["W1"] + params["b1"], approximate=True)
+    logits = h @ params["W2"] + params["b2"]
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.sum(labels * logp, axis=-1))
+
+
+def train_step_fn(params, m, v, x, labels, loss_scale, count):
+    """One step of Adam with global-norm clipping under dynamic loss scaling.
+
+    The loss is multiplied by the loss scale before differentiation; the gradients are unscaled
+    (multiplied by 1/scale), checked for Inf/NaN, clipped to a global norm and applied. A step whose
+    gradients are not finite is skipped (parameters and moments unchanged) and halves the scale;
+    a finite step keeps it (growth every N good steps is left to the caller's counter).
+    Returns (params, m, v, loss_scale, count, loss)."""
+    hp = ADAM
+    scaled_loss, grads = jax.value_and_grad(lambda p: _mlp_loss(p, x, labels) * loss_scale)(params)
+    inv = 1.0 / loss_scale
+    grads = jax.tree_util.tree_map(lambda g: g * inv, grads)                            # unscale
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]))
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
+    clip = jnp.minimum(1.0, hp["max_norm"] / (norm + 1e-6))
+    grads = jax.tree_util.tree_map(lambda g: g * clip, grads)                            # clip
+    t = count + 1.0
+    new_m = jax.tree_util.tree_map(lambda mm, g: hp["b1"] * mm + (1 - hp["b1"]) * g, m, grads)
+    new_v = jax.tree_util.tree_map(lambda vv, g: hp["b2"] * vv + (1 - hp["b2"]) * g * g, v, grads)
+    c1, c2 = 1 - hp["b1"] ** t, 1 - hp["b2"] ** t
+    new_p = jax.tree_util.tree_map(lambda p, mm, vv: p - hp["lr"] * (mm / c1) / (jnp.sqrt(vv / c2) + hp["eps"]),
+                                   params, new_m, new_v)
+    keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    return (keep(new_p, params), keep(new_m, m), keep(new_v, v), jnp.where(finite, loss_scale, loss_scale / 2),
+            jnp.where(finite, t, count), scaled_loss * inv)
+
+
+def train_step(batch: int = 256, features: int = 512, hidden: int = 1024, classes: int = 128) -> Workload:
+    keys = jax.random.split(jax.random.PRNGKey(7), 4)
+    params = {"W1": _normal(keys[0], (features, hidden), 0.05), "b1": jnp.zeros((hidden,)),
+              "W2": _normal(keys[1], (hidden, classes), 0.05), "b2": jnp.zeros((classes,))}
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    x = _normal(keys[2], (batch, features))
+    labels = jax.nn.one_hot(jax.random.randint(keys[3], (batch,), 0, classes), classes)
+    desc = (f"training step: MLP {features}-{hidden}-{classes}, batch {batch}, dynamic loss scaling, "
+            "global-norm clipping, Adam (f32)")
+    return Workload("train-step", desc, train_step_fn,
+                    (params, zeros, zeros, x, labels, jnp.float32(2.0 ** 15), jnp.float32(0.0)))
+
+
+# --------------------------------------------------------------------------
 # Registry
 # --------------------------------------------------------------------------
 
@@ -268,4 +323,5 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "bert-encoder-512": lambda: bert_encoder_layer(512),
     "transformer-block": transformer_block,
     "resnet-bottleneck": resnet_bottleneck,
+    "train-step": train_step,
 }

@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         extra += chain_tiles()
         from bench.npu import main as npu_chains
         extra += npu_chains()
+        from bench.training import main as training_step
+        extra += training_step()
     if not ns.no_ranking:
         from bench.ranking import CHAINS, rank_chain, render as render_ranking
         rankings = []

@@ -21,6 +21,13 @@ class ENode:
     children: tuple[Hashable, ...]  # e-class ids of the tensor / list arguments, in order
     eclass: Hashable
 
+    def __hash__(self):  # kernel variants carry whole bodies: hash once, not at every dict lookup
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.fn, self.args, self.children, self.eclass))
+            object.__setattr__(self, "_hash", h)
+        return h
+
 
 @dataclass
 class FrozenEGraph:

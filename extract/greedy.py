@@ -88,11 +88,19 @@ def node_costs(fz: FrozenEGraph, enc: Encoding, target: Target) -> dict[ENode, f
     return own
 
 
-def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict) -> dict:
-    """Cheapest node per class by cost sets; classes in `fixed` are already paid for and never change."""
-    best = dict(fixed)
-    queue = deque(n for n in nodes if not n.children and n in own)
-    for cls in fixed:
+def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict, previous: dict | None = None,
+            new: tuple = ()) -> dict:
+    """Cheapest node per class by cost sets; classes in `fixed` are already paid for and never change.
+    With `previous` (this function's result before the classes in `new` were fixed), only what the
+    newly free classes make cheaper is recomputed."""
+    if previous is None:
+        best = dict(fixed)
+        queue = deque(n for n in nodes if not n.children and n in own)
+        new = tuple(fixed)
+    else:
+        best = {**previous, **fixed}
+        queue = deque()
+    for cls in new:
         queue.extend(parents.get(cls, ()))
     while queue:
         n = queue.popleft()
@@ -124,22 +132,25 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
         for c in n.children:
             parents.setdefault(c, []).append(n)
     fixed: dict = {}
+    best, new = None, ()
     for k in sorted(fz.outputs):
-        best = _greedy(nodes, own, parents, fixed)
+        best = _greedy(nodes, own, parents, fixed, best, new)
         root = fz.outputs[k]
         if root not in best:
             raise ExtractionError(f"superopt: no well-typed term found for output {k}")
         # Fix the classes the current choices reach. Not `best[root].costs`: a class keeps its node
         # when a child's better choice does not make it cheaper, and then its cost set still names the
         # child's old descendants, not the new ones.
-        stack = [root]
+        stack, newly = [root], []
         while stack:
             cls = stack.pop()
             if cls in fixed:
                 continue
             b = best[cls]
             fixed[cls] = _Best(0.0, b.node, {cls: 0.0}, b.const_only)
+            newly.append(cls)
             stack.extend(b.node.children)
+        new = tuple(newly)
     choice = {cls: b.node for cls, b in fixed.items()}
     graph = build_graph(fz, enc, choice)
     cost, per_node = program_cost(graph, target)

@@ -119,6 +119,7 @@ def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, 
     def keep_original(why: str) -> Specialization:
         report.outcome = f"kept original: {why}"
         report.ops_after = report.ops_before
+        report.gradient_traffic = _gradient_traffic(original, original)
         report.cost_after = cost_before
         report.top_costs = _describe(original, original_costs, tgt)
         report.stage_seconds = stage.seconds
@@ -137,6 +138,7 @@ def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, 
     report.extraction = chosen.method
     report.declined = chosen.declined
     report.ops_after = chosen.graph.op_counts()
+    report.gradient_traffic = _gradient_traffic(original, chosen.graph)
     report.top_costs = _describe(chosen.graph, chosen.node_costs, tgt)
     if not chosen.cost < cost_before * (1 - 1e-9):
         return keep_original("no cheaper program found")
@@ -211,6 +213,13 @@ def _verify(reference: Callable, candidate: Callable, avals, original: Graph, tr
             if problem:
                 return f"output {k}: {problem}"
     return None
+
+
+def _gradient_traffic(original: Graph, chosen: Graph) -> tuple:
+    """(before, after) passes over gradient memory, or () when the program has no gradient tensors."""
+    from superopt.extract.traffic import gradient_traffic
+    before = gradient_traffic(original)
+    return (before, gradient_traffic(chosen)) if before.tensors else ()
 
 
 def _leaf_type(x) -> tuple:

@@ -29,6 +29,7 @@ class Report:
     declined: list = field(default_factory=list)   # larger fusions that were available, and why they lost
     backend: str = "jax"           # what runs the program
     npu_lines: list = field(default_factory=list)  # the NPU program's stages and emulated cycles
+    gradient_traffic: tuple = ()   # (before, after) extract.traffic.Traffic, when the program has gradients
 
     @property
     def optimized(self) -> bool:
@@ -63,6 +64,10 @@ class Report:
         diffs = [f"{op} {self.ops_before.get(op, 0)}->{self.ops_after.get(op, 0)}" for op in changed
                  if self.ops_before.get(op, 0) != self.ops_after.get(op, 0)]
         lines.append("  ops changed  : " + (", ".join(diffs) if diffs else "none"))
+        if self.gradient_traffic:
+            before, after = self.gradient_traffic
+            lines.append(f"  gradient mem : {before} -> {after} (launches that read or write gradient "
+                         f"tensors, and their bytes)")
         if self.declined:
             lines.append("  fusion declined (the largest fusion available where a smaller one was chosen):")
             lines += [f"    {text}" for text in self.declined]

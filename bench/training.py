@@ -1,0 +1,81 @@
+"""The training step (bench/programs.py `train_step`): dynamic loss scaling, global-norm clipping and
+Adam on a two-layer MLP, before and after superopt.
+
+- npu-910b: the captured program lowered op by op ("before") against the program superopt chose
+  ("after"), both through the NPU lowering and the emulator in symbolic mode: cycles and global-memory
+  bytes moved; and the passes over gradient memory (`extract/traffic.py`) of the two programs.
+- cpu: superopt's program against jax.jit of the same function, timed interleaved in one process
+  (`superopt.timing.interleaved_medians`), medians of several rounds, each of several runs.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+
+import jax
+
+from bench.programs import train_step
+from superopt import superopt
+from superopt.extract.target import load_target
+from superopt.lowering.npu.lower import NpuExecutable
+from superopt.timing import interleaved_medians
+
+
+def npu_row(target_name: str = "npu-910b") -> dict:
+    w = train_step()
+    fast = superopt(w.fn, target=target_name)
+    spec = fast.compile(*w.args)
+    target = load_target(target_name)
+    before = NpuExecutable(spec.original, target).estimate()
+    after = spec.npu.estimate() if spec.npu is not None else None
+    grads_before, grads_after = spec.report.gradient_traffic
+    return {"target": target_name, "backend": spec.report.backend, "cycles": (before.cycles, after and after.cycles),
+            "gm": (before.gm_bytes, after and after.gm_bytes), "grads": (grads_before, grads_after),
+            "host": len(spec.npu.host_ops) if spec.npu is not None else None}
+
+
+def cpu_row(rounds: int = 3, repeats: int = 9) -> dict:
+    w = train_step()
+    flat, tree = jax.tree_util.tree_flatten(w.args)
+    fast = superopt(w.fn, target="cpu")
+    spec = fast.compile(*w.args)
+    jitted = jax.jit(w.fn)
+    thunks = {"jax.jit": lambda: jitted(*w.args), "superopt": lambda: spec.run(*flat)}
+    samples = [interleaved_medians(thunks, repeats=repeats) for _ in range(rounds)]
+    jit_s = statistics.median(s["jax.jit"] for s in samples)
+    opt_s = statistics.median(s["superopt"] for s in samples)
+    return {"jit_ms": jit_s * 1e3, "opt_ms": opt_s * 1e3, "ratio": jit_s / opt_s,
+            "ratios": [s["jax.jit"] / s["superopt"] for s in samples], "grads": spec.report.gradient_traffic,
+            "outcome": spec.report.outcome, "optimize_s": sum(spec.report.stage_seconds.values())}
+
+
+def main() -> list[str]:
+    print("[training] train-step on npu-910b ...", file=sys.stderr, flush=True)
+    npu = npu_row()
+    print("[training] train-step on cpu ...", file=sys.stderr, flush=True)
+    cpu = cpu_row()
+    (cb, ca), (gb, ga), (tb, ta) = npu["cycles"], npu["gm"], npu["grads"]
+    lines = ["", "## Training step: loss scaling, clipping and Adam", "",
+             *[line.strip() for line in __doc__.split("\n\n", 1)[1].splitlines()], "",
+             f"Workload: {train_step().description}.", "",
+             "| measure | before | after | ratio |", "|---|---|---|---|"]
+    if ca is None:
+        lines.append(f"| npu-910b | not on the emulator: {npu['backend']} | | |")
+    else:
+        lines += [f"| npu-910b emulator cycles | {cb:,} | {ca:,} | {cb / ca:.2f}x |",
+                  f"| npu-910b GM bytes moved | {gb / 1e6:.1f} MB | {ga / 1e6:.1f} MB | {gb / ga:.2f}x |"]
+    lines += [f"| passes over gradient memory (npu-910b program) | {tb.passes} | {ta.passes} | |",
+              f"| gradient bytes read and written (npu-910b program) | {tb.bytes / 1e6:.2f} MB | "
+              f"{ta.bytes / 1e6:.2f} MB | {tb.bytes / max(ta.bytes, 1):.2f}x |",
+              f"| passes over gradient memory (cpu program) | {cpu['grads'][0].passes} | {cpu['grads'][1].passes} | |",
+              f"| cpu time per step, jax.jit -> superopt | {cpu['jit_ms']:.2f} ms | {cpu['opt_ms']:.2f} ms | "
+              f"{cpu['ratio']:.2f}x |", "",
+              f"CPU ratio per round (jax.jit / superopt): {', '.join(f'{r:.2f}' for r in cpu['ratios'])}; "
+              f"superopt's outcome: {cpu['outcome']}, optimize time {cpu['optimize_s']:.1f} s. "
+              f"Ops left on the host in the npu-910b program: {npu['host']}. "
+              "Reproduce with `python -m bench.training`."]
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(main()))

@@ -1,0 +1,99 @@
+"""Passes over gradient memory: how often a training step's program touches its gradients in global
+memory, counted on the captured program and on the chosen one alike.
+
+Gradient memory is defined on the program alone, with no help from the user:
+
+- a *parameter shape* is the shape of an argument that the program also returns (a training step
+  returns its parameters and optimizer moments updated), in any order of its axes (a gradient may be
+  kept transposed);
+- a *gradient tensor* is a computed tensor of a parameter shape that is not an elementwise function of
+  an argument of that shape (a moment update `b1 * m + (1 - b1) * g` reads the moment `m`, so it is
+  optimizer-state memory, not gradient memory). Weight gradients, and their unscaled, clipped or
+  is-finite forms, are gradient tensors.
+
+A *pass* is a launch (a kernel, or an op outside kernels) that reads or writes a gradient tensor;
+reshapes are views and pass through. Constants computed when the program is built are not counted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from superopt.egraph.ir import BINARY_OPS, UNARY_OPS, Graph
+
+_ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"select", "convert", "integer_pow", "broadcast", "transpose"}
+_VIEWS = frozenset({"reshape"})
+
+
+@dataclass(frozen=True)
+class Traffic:
+    passes: int          # launches that read or write gradient memory
+    bytes: int           # bytes of gradient tensors read and written by them
+    tensors: int         # gradient tensors kept in global memory
+
+    def __str__(self) -> str:
+        return f"{self.passes} passes, {self.bytes / 1e6:.2f} MB"
+
+
+def _through(graph: Graph, i: int) -> list[int]:
+    """The inputs of node i that its result is an elementwise function of (for a kernel, the inputs
+    that reach the body's result through elementwise ops, transposes and views only)."""
+    node = graph.nodes[i]
+    if node.op != "kernel":
+        return list(node.inputs) if node.op in _ELEMENTWISE | _VIEWS else []
+    body = node.attrs[0]
+    flows: list[set] = []
+    for b in body:
+        if b.op == "arg":
+            flows.append({b.attrs[0]})
+        elif b.op in _ELEMENTWISE | _VIEWS:
+            flows.append(set().union(*(flows[j] for j in b.inputs)))
+        else:
+            flows.append(set())
+    return [node.inputs[k] for k in sorted(flows[-1])]
+
+
+def _key(shape: tuple) -> tuple:
+    return tuple(sorted(shape))
+
+
+def gradient_tensors(graph: Graph) -> set[int]:
+    """Ids of the live gradient tensors (see the module docstring)."""
+    live = graph.live()
+    args = {i: _key(graph.nodes[i].shape) for i in live if graph.nodes[i].op == "arg"}
+    returned = {_key(graph.nodes[o].shape) for o in graph.outputs}
+    params = {s for s in args.values() if s in returned and len(s) > 0}
+    constant = graph.constant_nodes()
+    # reaches[i]: parameter shapes of the arguments node i is an elementwise function of
+    reaches: dict[int, set] = {}
+    out = set()
+    for i in live:
+        node = graph.nodes[i]
+        if i in args:
+            reaches[i] = {args[i]}
+            continue
+        reaches[i] = set().union(set(), *(reaches[j] for j in _through(graph, i)))
+        if _key(node.shape) in params and _key(node.shape) not in reaches[i] and i not in constant and node.op not in _VIEWS:
+            out.add(i)
+    return out
+
+
+def gradient_traffic(graph: Graph) -> Traffic:
+    grads = gradient_tensors(graph)
+    live = graph.live()
+    view_of = {}
+    for i in live:  # a reshape of a gradient tensor is that tensor
+        node = graph.nodes[i]
+        if node.op in _VIEWS and node.inputs:
+            view_of[i] = view_of.get(node.inputs[0], node.inputs[0])
+    constant = graph.constant_nodes()
+    passes, moved = 0, 0
+    for i in live:
+        node = graph.nodes[i]
+        if node.op in _VIEWS or node.op in ("arg", "const", "lit") or i in constant:
+            continue
+        touched = {view_of.get(j, j) for j in node.inputs} & grads
+        nbytes = sum(graph.nodes[j].nbytes for j in touched) + (node.nbytes if i in grads else 0)
+        if nbytes:
+            passes += 1
+            moved += nbytes
+    return Traffic(passes, moved, len(grads))

@@ -1,0 +1,78 @@
+"""A training step with dynamic loss scaling, global-norm clipping and Adam: the optimized program makes
+the same skip decisions as the original, keeps the parameters within tolerance, touches gradient memory
+fewer times, and says so in its report."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bench.programs import train_step, train_step_fn
+from superopt import superopt
+from superopt.extract.traffic import gradient_tensors, gradient_traffic
+
+
+@pytest.fixture(scope="module")
+def step():
+    w = train_step(batch=32, features=64, hidden=128, classes=16)
+    fn = superopt(train_step_fn, target="cpu")
+    fn.compile(*w.args)
+    return w, fn
+
+
+def _run(fn, args, schedule):
+    """One step per entry of `schedule`: (loss scale or None to keep the state's, corrupt the batch)."""
+    params, m, v, x, labels, scale, count = args
+    bad_x = np.asarray(x).copy()
+    bad_x[3, 5] = np.inf                                  # one overflowed activation in the batch
+    history = []
+    for forced, corrupt in schedule:
+        if forced is not None:
+            scale = jnp.float32(forced)
+        params, m, v, scale, count, loss = fn(params, m, v, bad_x if corrupt else x, labels, scale, count)
+        history.append((jax.tree_util.tree_map(np.asarray, params), float(scale), float(count)))
+    return history
+
+
+def test_the_optimized_step_makes_the_same_skip_decisions(step):
+    w, fn = step
+    # Steps whose gradients are not finite (an Inf or NaN loss scale, an overflowed batch) are skipped
+    # and halve the scale; the others are applied.
+    schedule = [(2.0 ** 15, False), (float("inf"), False), (2.0 ** 12, True), (None, False), (None, True),
+                (float("nan"), False), (2.0 ** 10, False), (None, False)]
+    want = _run(jax.jit(train_step_fn), w.args, schedule)
+    got = _run(fn, w.args, schedule)
+    applied = [b[2] > a[2] for a, b in zip([(None, None, 0.0)] + want, want)]
+    assert applied == [True, False, False, True, False, False, True, True]   # both paths are exercised
+    for (p_want, s_want, c_want), (p_got, s_got, c_got) in zip(want, got):
+        assert c_got == c_want and (s_got == s_want or (np.isnan(s_got) and np.isnan(s_want)))
+        for a, b in zip(jax.tree_util.tree_leaves(p_want), jax.tree_util.tree_leaves(p_got)):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_the_report_counts_passes_over_gradient_memory(step):
+    w, fn = step
+    report = fn.report
+    before, after = report.gradient_traffic
+    assert after.passes < before.passes and after.bytes < before.bytes
+    assert "gradient mem" in str(report) and f"{before.passes} passes" in str(report)
+
+
+def test_gradient_tensors_are_the_gradients_not_the_moments():
+    # W and its moment m have the same shape; the gradient and its unscaled form are gradient tensors,
+    # the moment update (elementwise in m) is not.
+    def fn(w, m, x):
+        g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+        g = g * 0.5
+        new_m = 0.9 * m + 0.1 * g
+        return w - 0.01 * new_m, new_m
+
+    from superopt.egraph.capture import capture
+    args = (np.ones((8, 4), np.float32), np.zeros((8, 4), np.float32), np.ones((2, 8), np.float32))
+    graph = capture(fn, args).graph
+    grads = gradient_tensors(graph)
+    ops = sorted(graph.nodes[i].op for i in grads)
+    assert "matmul" in ops or "transpose" in ops        # the weight gradient x^T @ dy
+    assert all(graph.nodes[i].shape in ((8, 4), (4, 8)) for i in grads)
+    moment = [i for i in graph.live() if graph.nodes[i].op == "add" and graph.nodes[i].shape == (8, 4)]
+    assert moment and not set(moment) & grads
+    assert gradient_traffic(graph).passes >= 2

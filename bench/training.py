@@ -21,8 +21,7 @@ from superopt.lowering.npu.lower import NpuExecutable
 from superopt.timing import interleaved_medians
 
 
-def npu_row(target_name: str = "npu-910b") -> dict:
-    w = train_step()
+def npu_row(w, target_name: str = "npu-910b") -> dict:
     fast = superopt(w.fn, target=target_name)
     spec = fast.compile(*w.args)
     target = load_target(target_name)
@@ -34,8 +33,7 @@ def npu_row(target_name: str = "npu-910b") -> dict:
             "host": len(spec.npu.host_ops) if spec.npu is not None else None}
 
 
-def cpu_row(rounds: int = 3, repeats: int = 9) -> dict:
-    w = train_step()
+def cpu_row(w, rounds: int = 3, repeats: int = 9) -> dict:
     flat, tree = jax.tree_util.tree_flatten(w.args)
     fast = superopt(w.fn, target="cpu")
     spec = fast.compile(*w.args)
@@ -50,14 +48,15 @@ def cpu_row(rounds: int = 3, repeats: int = 9) -> dict:
 
 
 def main() -> list[str]:
+    w = train_step()
     print("[training] train-step on npu-910b ...", file=sys.stderr, flush=True)
-    npu = npu_row()
+    npu = npu_row(w)
     print("[training] train-step on cpu ...", file=sys.stderr, flush=True)
-    cpu = cpu_row()
+    cpu = cpu_row(w)
     (cb, ca), (gb, ga), (tb, ta) = npu["cycles"], npu["gm"], npu["grads"]
     lines = ["", "## Training step: loss scaling, clipping and Adam", "",
              *[line.strip() for line in __doc__.split("\n\n", 1)[1].splitlines()], "",
-             f"Workload: {train_step().description}.", "",
+             f"Workload: {w.description}.", "",
              "| measure | before | after | ratio |", "|---|---|---|---|"]
     if ca is None:
         lines.append(f"| npu-910b | not on the emulator: {npu['backend']} | | |")

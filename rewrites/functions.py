@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from egglog import Vec, eq, f64, i64, ne
+from egglog import String, Vec, eq, f64, i64, ne
 
+from superopt.egraph.layout import FORMATS
 from superopt.egraph.terms import conv_channels_last, dtype as dtype_of, float_dtype
-from superopt.rewrites.pattern import DTYPE, FLOAT, INT, TENSOR, VEC, Var
+from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -55,6 +56,26 @@ def _keyed(*args):
     """The arguments whose rank must be fixed: tensor patterns, and vector variables (a constant vector's
     length is known)."""
     return tuple(a for a in args if a.sort == TENSOR or isinstance(a, Var))
+
+
+# ---- packed layouts (egraph/layout.py) ----
+
+def _fills_blocks_egg(c, s, f) -> list:
+    """One alternative per format that packs vectors of this length: it is the format, and each blocked
+    axis is a multiple of its block."""
+    r, out = c.rank(s), []
+    for fmt in FORMATS.values():
+        if not fmt.fits(r) or (isinstance(f, Const) and f.value != fmt.name):
+            continue
+        facts = [] if isinstance(f, Const) else [eq(c.expr(f)).to(String(fmt.name))]
+        lead = fmt.batch(r)
+        facts += [eq(c.expr(s)[lead + i] % i64(b)).to(i64(0)) for i, b in enumerate(fmt.blocks) if b > 1]
+        out.append(facts)
+    return out
+
+
+def _fills_blocks_py(s, f) -> bool:
+    return f in FORMATS and FORMATS[f].fills_blocks(tuple(s))
 
 
 PREDICATES: dict[str, Predicate] = {p.name: p for p in [
@@ -98,7 +119,22 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
     Predicate("conv_channels_last", (INT,), "conv params whose output and kernel features are the last axis",
               lambda c, n: [[conv_channels_last(c.expr(n))]], lambda n: _conv_channels_last_py(n)),
     Predicate("nonzero", (FLOAT,), "a nonzero constant",
-              lambda c, v: [[ne(c.expr(v)).to(f64(0.0))]], lambda v: v != 0.0),
+              lambda c, v: [[ne(c.expr(v)).to(f64(0.0))]], lambda v: v != 0.0),    Predicate("row_vector", (TENSOR,), "a rank-2 tensor with one row (a per-column vector, as broadcast)",
+              lambda c, t: [[eq(c.shape(t).length()).to(i64(2)), eq(c.shape(t)[i64(0)]).to(i64(1))]],
+              lambda t: np.ndim(t) == 2 and np.shape(t)[0] == 1),
+    Predicate("int32_accumulates", (TENSOR,), "int8 products summed over the tensor's last axis fit int32 "
+              "(at most 2**31 / 2**14 = 131072 terms)",
+              lambda c, t: [[c.shape(t)[c.rank(t) - 1] <= i64(131072)]] if c.rank(t) else [],
+              lambda t: np.ndim(t) > 0 and np.shape(t)[-1] <= 131072, lambda t: _keyed(t)),
+    Predicate("all_axes", (VEC, TENSOR), "the axis list names every axis of the tensor (a full reduction)",
+              lambda c, p, t: [[eq(c.expr(p)).to(_vec(range(c.rank(t))))]] if c.rank(t) else [],
+              lambda p, t: np.ndim(t) > 0 and tuple(p) == tuple(range(np.ndim(t))), lambda p, t: _keyed(t)),
+    Predicate("long_last_axis", (TENSOR,), "the tensor's last axis has more than one element",
+              lambda c, t: [[c.shape(t)[c.rank(t) - 1] > i64(1)]] if c.rank(t) else [],
+              lambda t: np.ndim(t) > 0 and np.shape(t)[-1] > 1, lambda t: _keyed(t)),
+    Predicate("fills_blocks", (VEC, FORMAT), "shape s divides into the blocks of format f: packing it adds "
+              "no padding, so unpacking and packing again gives back the same tensor",
+              _fills_blocks_egg, _fills_blocks_py, lambda s, f: _keyed(s)),
 ]}
 
 
@@ -156,6 +192,7 @@ ATTRIBUTES: dict[str, AttributeFn] = {f.name: f for f in [
     AttributeFn("fdiv", lambda c, a, b: c.expr(a) / c.expr(b), lambda a, b: a / b),
     AttributeFn("fmax", lambda c, a, b: c.expr(a).max(c.expr(b)), lambda a, b: max(a, b)),
     AttributeFn("fmin", lambda c, a, b: c.expr(a).min(c.expr(b)), lambda a, b: min(a, b)),
+    AttributeFn("last_axis_of", lambda c, t: _vec([c.rank(t) - 1]), lambda t: (np.ndim(t) - 1,), lambda t: _keyed(t)),
 ]}
 
 
@@ -170,57 +207,3 @@ def when(name: str, *args) -> tuple:
     return (name, tuple(_coerce(a, s, f"predicate {name} argument {i}") for i, (a, s) in
                         enumerate(zip(args, pred.sorts))))
 
-
-def _register(*predicates: Predicate) -> None:
-    for p in predicates:
-        PREDICATES[p.name] = p
-
-
-_register(
-    Predicate("row_vector", (TENSOR,), "a rank-2 tensor with one row (a per-column vector, as broadcast)",
-              lambda c, t: [[eq(c.shape(t).length()).to(i64(2)), eq(c.shape(t)[i64(0)]).to(i64(1))]],
-              lambda t: np.ndim(t) == 2 and np.shape(t)[0] == 1),
-    Predicate("int32_accumulates", (TENSOR,), "int8 products summed over the tensor's last axis fit int32 "
-              "(at most 2**31 / 2**14 = 131072 terms)",
-              lambda c, t: [[c.shape(t)[c.rank(t) - 1] <= i64(131072)]] if c.rank(t) else [],
-              lambda t: np.ndim(t) > 0 and np.shape(t)[-1] <= 131072, lambda t: _keyed(t)),
-    Predicate("all_axes", (VEC, TENSOR), "the axis list names every axis of the tensor (a full reduction)",
-              lambda c, p, t: [[eq(c.expr(p)).to(_vec(range(c.rank(t))))]] if c.rank(t) else [],
-              lambda p, t: np.ndim(t) > 0 and tuple(p) == tuple(range(np.ndim(t))), lambda p, t: _keyed(t)),
-    Predicate("long_last_axis", (TENSOR,), "the tensor's last axis has more than one element",
-              lambda c, t: [[c.shape(t)[c.rank(t) - 1] > i64(1)]] if c.rank(t) else [],
-              lambda t: np.ndim(t) > 0 and np.shape(t)[-1] > 1, lambda t: _keyed(t)),
-)
-ATTRIBUTES["last_axis_of"] = AttributeFn("last_axis_of", lambda c, t: _vec([c.rank(t) - 1]),
-                                         lambda t: (np.ndim(t) - 1,), lambda t: _keyed(t))
-
-
-# ---- packed layouts (egraph/layout.py) ----
-
-def _fills_blocks_egg(c, s, f) -> list:
-    """One alternative per format that packs vectors of this length: it is the format, and each blocked
-    axis is a multiple of its block."""
-    from egglog import String
-    from superopt.egraph.layout import FORMATS
-    from superopt.rewrites.pattern import Const
-    r, out = c.rank(s), []
-    for fmt in FORMATS.values():
-        if not fmt.fits(r) or (isinstance(f, Const) and f.value != fmt.name):
-            continue
-        facts = [] if isinstance(f, Const) else [eq(c.expr(f)).to(String(fmt.name))]
-        lead = fmt.batch(r)
-        facts += [eq(c.expr(s)[lead + i] % i64(b)).to(i64(0)) for i, b in enumerate(fmt.blocks) if b > 1]
-        out.append(facts)
-    return out
-
-
-def _fills_blocks_py(s, f) -> bool:
-    from superopt.egraph.layout import FORMATS
-    return f in FORMATS and FORMATS[f].fills_blocks(tuple(s))
-
-
-_register(
-    Predicate("fills_blocks", (VEC, "format"), "shape s divides into the blocks of format f: packing it adds "
-              "no padding, so unpacking and packing again gives back the same tensor",
-              _fills_blocks_egg, _fills_blocks_py, lambda s, f: _keyed(s)),
-)

@@ -219,7 +219,9 @@ def _gradient_traffic(original: Graph, chosen: Graph) -> tuple:
     """(before, after) passes over gradient memory, or () when the program has no gradient tensors."""
     from superopt.extract.traffic import gradient_traffic
     before = gradient_traffic(original)
-    return (before, gradient_traffic(chosen)) if before.tensors else ()
+    if not before.tensors:
+        return ()
+    return before, (before if chosen is original else gradient_traffic(chosen))
 
 
 def _leaf_type(x) -> tuple:

@@ -21,14 +21,19 @@ f16, f32 = jnp.float16, jnp.float32
 x, = tensors("x")
 
 
-def deep_counts(graph) -> dict:
-    """Op counts over the live nodes and inside every kernel body."""
-    counts: dict = {}
+def deep_nodes(graph) -> list:
+    """The live nodes and the nodes inside every kernel body."""
+    out = []
     for i in graph.live():
         node = graph.nodes[i]
-        ops = [node.op] + ([n.op for n in node.attrs[0]] if node.op == "kernel" else [])
-        for op in ops:
-            counts[op] = counts.get(op, 0) + 1
+        out += [node] + (list(node.attrs[0]) if node.op == "kernel" else [])
+    return out
+
+
+def deep_counts(graph) -> dict:
+    counts: dict = {}
+    for node in deep_nodes(graph):
+        counts[node.op] = counts.get(node.op, 0) + 1
     return counts
 
 
@@ -107,14 +112,11 @@ def test_a_mixed_precision_mlp_loses_its_redundant_casts(target):
     # What is left: the hidden layer narrowed to f16 once, and the result narrowed to f16. The matmuls
     # read their f16 operands directly and accumulate in f32 (preferred_element_type); the zero of relu
     # is a constant cast, computed when the program is built.
-    runtime = [n for i in spec.term.live() for n in ([spec.term.nodes[i]] + (
-        list(spec.term.nodes[i].attrs[0]) if spec.term.nodes[i].op == "kernel" else []))
-        if n.op == "convert" and not (n.shape == () and n.dtype == "float16")]
+    runtime = [n for n in deep_nodes(spec.term) if n.op == "convert" and not (n.shape == () and n.dtype == "float16")]
     assert len(runtime) == 2, spec.term
     assert after["convert"] < before["convert"]
     assert all(n.dtype == "float16" for n in runtime)
-    matmul_operands = [n for i in spec.term.live() for n in ([spec.term.nodes[i]] + (
-        list(spec.term.nodes[i].attrs[0]) if spec.term.nodes[i].op == "kernel" else [])) if n.op == "matmul"]
-    assert matmul_operands and all(n.dtype == "float32" for n in matmul_operands)
+    matmuls = [n for n in deep_nodes(spec.term) if n.op == "matmul"]
+    assert matmuls and all(n.dtype == "float32" for n in matmuls)
     expected = jax.jit(mixed_precision_mlp)(*args)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32), rtol=2e-2, atol=2e-2)

@@ -71,6 +71,15 @@ def cube_cores(target: Target) -> list[str]:
     return [f"{prefix}{i}" for i in range(target.npu.cores)]
 
 
+def vector_cores(target: Target) -> list[str]:
+    """The cores a vector program's boxes are dealt to: the AI cores of a coupled chip (npu-910), the
+    vector cores ("aiv", several per cube core) of a separated one (npu-910b)."""
+    npu = target.npu
+    if not npu.separated:
+        return [f"core{i}" for i in range(npu.cores)]
+    return [f"aiv{i}" for i in range(npu.cores * npu.vector_cores_per_cube)]
+
+
 def insert_flags(instrs: list) -> list:
     """The sequential program with the flags a parallel machine needs: before an instruction that reads
     a buffer another queue wrote (or writes one another queue reads or wrote), a SetFlag on that queue

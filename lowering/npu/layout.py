@@ -17,7 +17,7 @@ import numpy as np
 
 from superopt.egraph.layout import format_of
 from superopt.extract.target import Target
-from superopt.lowering.npu.codegen import Allocator, CodegenError, _view, insert_flags
+from superopt.lowering.npu.codegen import Allocator, CodegenError, _view, insert_flags, vector_cores
 from superopt.lowering.npu.isa import ALIGNMENT, CopyIn, CopyOut, Gm, Program, ScalarOp, VecOp
 
 
@@ -57,8 +57,7 @@ def layout_program(src: tuple, dst: tuple, fmt: str, pack: bool, target: Target)
     if not cols:
         raise CodegenError(f"layout: one {fmt} block row of {tuple(shape)} needs {footprint(step0, step1)} bytes "
                            f"of UB, capacity {npu.ub_bytes} ({target.name})")
-    count = npu.cores * (npu.vector_cores_per_cube if npu.separated else 1)
-    cores = [f"aiv{i}" if npu.separated else f"core{i}" for i in range(count)]
+    cores = vector_cores(target)
     program = Program(inputs=[src], outputs=[dst])
     alloc = Allocator(program)
     full, packed_full = box_shape(rows, cols), f.packed_shape(box_shape(rows, cols))

@@ -18,7 +18,7 @@ import numpy as np
 
 from superopt.egraph.ir import REDUCTIONS, Node
 from superopt.extract.target import Target
-from superopt.lowering.npu.codegen import Allocator, CodegenError, _view, insert_flags
+from superopt.lowering.npu.codegen import Allocator, CodegenError, _view, insert_flags, vector_cores
 from superopt.lowering.npu.emulator import ELEMENTWISE
 from superopt.lowering.npu.isa import ALIGNMENT, CopyIn, CopyOut, Gm, Program, ScalarOp, VecOp
 
@@ -111,9 +111,7 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
     if tuple(body[-1].shape) != tuple(oshape):
         raise CodegenError(f"vector kernel: body gives {body[-1].shape}, output is {oshape}")
     npu = target.npu
-    if cores is None:
-        count = npu.cores * (npu.vector_cores_per_cube if npu.separated else 1)
-        cores = [f"aiv{i}" if npu.separated else f"core{i}" for i in range(count)]
+    cores = vector_cores(target) if cores is None else cores
     budget = budget or npu.ub_bytes
     live = [i for i, m in enumerate(maps) if m is not None]
     rank = len(oshape)
@@ -214,8 +212,7 @@ def img2col_program(lhs: tuple, patches: tuple, window: tuple, strides: tuple, p
     (xname, (n, h, w, c), xdt), (pname, _, pdt) = lhs, patches
     (kh, kw), (sh, sw), ((pt, _), (pl, pr)), (ho, wo) = window, strides, padding, out_hw
     npu = target.npu
-    count = npu.cores * (npu.vector_cores_per_cube if npu.separated else 1)
-    cores = [f"aiv{i}" if npu.separated else f"core{i}" for i in range(count)]
+    cores = vector_cores(target)
     item, pitem = np.dtype(xdt).itemsize, np.dtype(pdt).itemsize
 
     def need(rows: int, cols: int) -> int:      # UB bytes for a box of output rows x columns, two slots

@@ -41,6 +41,7 @@ class Extraction:
     node_costs: list[float]  # per live node of `graph`, seconds per call (0 for hoisted constants)
     method: str = "greedy"   # which extractor produced it, and how it ended
     declined: list = field(default_factory=list)  # larger fusions that were available and not chosen, and why
+    memory: str = ""         # what fitting a memory budget did, when one was given
 
 
 def _node_types(fz: FrozenEGraph, node: ENode):
@@ -121,9 +122,12 @@ def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict, previous:
     return best
 
 
-def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()) -> Extraction:
+def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset(),
+            memory_budget: int | None = None) -> Extraction:
     """Outputs are extracted in order; what one output's program computes is free for the next ones.
-    Nodes in `exclude` are never chosen (used to force alternatives)."""
+    Nodes in `exclude` are never chosen (used to force alternatives). With `memory_budget` (bytes), a
+    program whose peak memory (`extract/memory.py`) is above it is re-extracted with the largest
+    intermediates recomputed in their consumers instead of stored, cheapest recompute per byte first."""
     fz = expand(fz, enc.conv_params, target)
     own = {n: c for n, c in node_costs(fz, enc, target).items() if n not in exclude}
     nodes = [n for cls in fz.classes.values() for n in cls]
@@ -131,6 +135,24 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
     for n in nodes:
         for c in n.children:
             parents.setdefault(c, []).append(n)
+
+    def choose(no_store=frozenset()) -> dict:
+        allowed = own if not no_store else {n: c for n, c in own.items() if no_store.isdisjoint(n.children)}
+        return _choose(fz, nodes, allowed, parents)
+
+    choice, memory = choose(), ""
+    if memory_budget is not None:
+        from superopt.extract.memory import fit_budget
+        choice, memory = fit_budget(choice, choose, lambda ch: _build(fz, enc, ch), own, memory_budget)
+    graph = build_graph(fz, enc, choice)
+    cost, per_node = program_cost(graph, target)
+    hoisted = _hoisted(choice)
+    return Extraction(graph, cost, per_node, declined=declined_fusions(fz, choice, own, target, hoisted),
+                      memory=memory)
+
+
+def _choose(fz: FrozenEGraph, nodes: list, own: dict, parents: dict) -> dict:
+    """E-class -> chosen e-node for everything the outputs reach."""
     fixed: dict = {}
     best, new = None, ()
     for k in sorted(fz.outputs):
@@ -151,11 +173,20 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
             newly.append(cls)
             stack.extend(b.node.children)
         new = tuple(newly)
-    choice = {cls: b.node for cls, b in fixed.items()}
-    graph = build_graph(fz, enc, choice)
-    cost, per_node = program_cost(graph, target)
-    hoisted = {cls for cls, b in fixed.items() if b.const_only}
-    return Extraction(graph, cost, per_node, declined=declined_fusions(fz, choice, own, target, hoisted))
+    return {cls: b.node for cls, b in fixed.items()}
+
+
+def _hoisted(choice: dict) -> set:
+    """The chosen classes whose sub-terms are constants computed when the program is built."""
+    const: dict = {}
+    for c in postorder(list(choice), lambda cls: choice[cls].children):
+        const[c] = hoistable(choice[c].fn, [const[k] for k in choice[c].children])
+    return {c for c, is_const in const.items() if is_const}
+
+
+def _build(fz: FrozenEGraph, enc: Encoding, choice: dict) -> tuple[Graph, dict]:
+    classes: dict = {}
+    return build_graph(fz, enc, choice, classes), classes
 
 
 def _ops(node: ENode) -> int:
@@ -214,8 +245,9 @@ def _seconds(t: float) -> str:
     return "inf" if t == float("inf") else f"{t * 1e6:.1f} us"
 
 
-def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict) -> Graph:
-    """The chosen sub-DAG as a Graph, built with an explicit stack (any depth)."""
+def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict, classes: dict | None = None) -> Graph:
+    """The chosen sub-DAG as a Graph, built with an explicit stack (any depth). `classes`, when given,
+    is filled with the e-class of every node id."""
     src = enc.graph
     graph = Graph(consts=src.consts, opaque=src.opaque, n_args=src.n_args)
     ids: dict = {}
@@ -239,6 +271,8 @@ def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict) -> Graph:
         n = choice[cls]
         op, attrs = decode(n.fn, n.args, n.children, enc)
         ids[cls] = graph.add(Node(op, tuple(ids[c] for c in tensor_children(n)), attrs, fz.shapes[cls], fz.dtypes[cls]))
+        if classes is not None:
+            classes[ids[cls]] = cls
     graph.outputs = [ids[fz.outputs[k]] for k in sorted(fz.outputs)]
     return graph
 

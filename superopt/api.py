@@ -16,6 +16,7 @@ from superopt.egraph.frozen import freeze
 from superopt.egraph.ir import Graph, pretty
 from superopt.egraph.runner import Limits, RunReport, StopReason, saturate
 from superopt.extract.greedy import ExtractionError, extract, program_cost
+from superopt.extract.memory import parse_bytes, peak_memory
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
 from superopt.report import Report
@@ -87,24 +88,24 @@ EXTRACTORS = ("greedy", "ilp")
 BACKENDS = ("jax",)          # plus "emulator" on an NPU target (its default there)
 
 
-def _extract(frozen, enc, tgt, extractor: str):
+def _extract(frozen, enc, tgt, extractor: str, memory_budget: int | None = None):
     if extractor == "ilp":
         from superopt.extract.ilp import extract_ilp
         return extract_ilp(frozen, enc, tgt)
-    return extract(frozen, enc, tgt)
+    return extract(frozen, enc, tgt, memory_budget=memory_budget)
 
 
 def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool,
-             extractor: str = "greedy", backend: str = "jax") -> Specialization:
+             extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None) -> Specialization:
     """The pipeline for one specialization; never returns a program that disagrees with `fn`."""
-    spec = _optimize(fn, args, target, rulesets, limits, check, extractor)
+    spec = _optimize(fn, args, target, rulesets, limits, check, extractor, memory_budget)
     if backend == "emulator":
         spec = on_emulator(spec, load_target(target), spec.avals, check)
     return spec
 
 
 def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool,
-              extractor: str) -> Specialization:
+              extractor: str, memory_budget: int | None = None) -> Specialization:
     tgt = load_target(target)
     stage = _Stages()
     captured = stage("capture", capture, fn, args)
@@ -120,6 +121,9 @@ def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, 
         report.outcome = f"kept original: {why}"
         report.ops_after = report.ops_before
         report.gradient_traffic = _gradient_traffic(original, original)
+        report.peak_memory = (peak_memory(original),) * 2
+        if report.memory_note:
+            report.memory_note += f"; the original runs instead (peak {report.peak_memory[0]})"
         report.cost_after = cost_before
         report.top_costs = _describe(original, original_costs, tgt)
         report.stage_seconds = stage.seconds
@@ -131,7 +135,7 @@ def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, 
         return keep_original(f"saturation failed ({run.error})")
     frozen = stage("freeze", freeze, enc.egraph)
     try:
-        chosen = stage("extract", _extract, frozen, enc, tgt, extractor)
+        chosen = stage("extract", _extract, frozen, enc, tgt, extractor, memory_budget)
     except ExtractionError as exc:
         return keep_original(str(exc))
     report.cost_after = chosen.cost
@@ -139,10 +143,15 @@ def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, 
     report.declined = chosen.declined
     report.ops_after = chosen.graph.op_counts()
     report.gradient_traffic = _gradient_traffic(original, chosen.graph)
+    report.peak_memory = (peak_memory(original), peak_memory(chosen.graph))
+    report.memory_note = chosen.memory
     report.top_costs = _describe(chosen.graph, chosen.node_costs, tgt)
-    if not chosen.cost < cost_before * (1 - 1e-9):
+    # Under a memory budget the original does not meet, a program that meets it wins at any cost.
+    fits_only_after = memory_budget is not None and \
+        report.peak_memory[1].bytes <= memory_budget < report.peak_memory[0].bytes
+    if not fits_only_after and not chosen.cost < cost_before * (1 - 1e-9):
         return keep_original("no cheaper program found")
-    if chosen.cost > cost_before * (1 - MIN_PREDICTED_GAIN):
+    if not fits_only_after and chosen.cost > cost_before * (1 - MIN_PREDICTED_GAIN):
         gain = 1 - chosen.cost / cost_before
         return keep_original(f"predicted gain {gain:.1%} is below the {MIN_PREDICTED_GAIN:.0%} threshold")
     program = stage("lower", lower, chosen.graph)
@@ -235,7 +244,7 @@ class Optimized:
     """A callable with `fn`'s signature, specialized and cached per argument shapes and dtypes."""
 
     def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool, extractor: str = "greedy",
-                 backend: str | None = None):
+                 backend: str | None = None, memory_budget: int | str | None = None):
         tgt = load_target(target)  # an unknown target fails here, listing the valid ones
         if extractor not in EXTRACTORS:
             raise ValueError(f"superopt: unknown extractor {extractor!r}; valid: {', '.join(EXTRACTORS)}")
@@ -245,6 +254,9 @@ class Optimized:
             raise ValueError(f"superopt: backend {backend!r} is not available for target {target!r}; "
                              f"valid: {', '.join(backends)}")
         self.extractor, self.backend = extractor, backend
+        self.memory_budget = None if memory_budget is None else parse_bytes(memory_budget)
+        if self.memory_budget is not None and extractor != "greedy":
+            raise ValueError(f"superopt: memory_budget works with the greedy extractor, not {extractor!r}")
         if not isinstance(rulesets, Schedule):
             rulesets = Schedule.of(*rulesets)
         self.fn, self.target, self.rulesets, self.limits, self.verify = fn, target, rulesets, limits, verify
@@ -260,7 +272,7 @@ class Optimized:
         spec = self._cache.get(key)
         if spec is None:
             spec = self._cache[key] = optimize(self.fn, args, self.target, self.rulesets, self.limits, self.verify,
-                                               self.extractor, self.backend)
+                                               self.extractor, self.backend, self.memory_budget)
         self._last = spec
         return spec, leaves
 
@@ -294,15 +306,18 @@ class Optimized:
 
 def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Sequence[Any] | Schedule = DEFAULT,
              limits: Limits | None = None, verify: bool = True, extractor: str = "greedy",
-             backend: str | None = None):
+             backend: str | None = None, memory_budget: int | str | None = None):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
 
     `rulesets` names rule sets (or gives RuleSet objects), run as one phase each in order, or is a
     `Schedule` of phases with their own limits and back-off. `extractor` is "greedy" (DAG-aware, the
     default) or "ilp" (HiGHS; optimal on small graphs, never worse than greedy). `backend` is what runs
     the chosen program: "jax" (the default on CPU and GPU targets) or, on an NPU target, "emulator" (the
-    default there: cube and vector programs on the cycle-counting emulator, `lowering/npu`)."""
+    default there: cube and vector programs on the cycle-counting emulator, `lowering/npu`).
+    `memory_budget` (bytes, or a size such as "64MB") bounds the chosen program's peak memory under the
+    model of `extract/memory.py`: intermediates are recomputed in their consumers instead of stored until
+    the peak fits, and the report says whether it did."""
     if fn is None:
         return lambda f: superopt(f, target, rulesets=rulesets, limits=limits, verify=verify, extractor=extractor,
-                                  backend=backend)
-    return Optimized(fn, target, rulesets, limits or Limits(), verify, extractor, backend)
+                                  backend=backend, memory_budget=memory_budget)
+    return Optimized(fn, target, rulesets, limits or Limits(), verify, extractor, backend, memory_budget)

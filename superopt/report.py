@@ -30,6 +30,8 @@ class Report:
     backend: str = "jax"           # what runs the program
     npu_lines: list = field(default_factory=list)  # the NPU program's stages and emulated cycles
     gradient_traffic: tuple = ()   # (before, after) extract.traffic.Traffic, when the program has gradients
+    peak_memory: tuple = ()        # (before, after) extract.memory.Peak
+    memory_note: str = ""          # what fitting the memory budget did, when one was given
 
     @property
     def optimized(self) -> bool:
@@ -68,6 +70,11 @@ class Report:
             before, after = self.gradient_traffic
             lines.append(f"  gradient mem : {before} -> {after} (launches that read or write gradient "
                          f"tensors, and their bytes)")
+        if self.peak_memory:
+            before, after = self.peak_memory
+            lines.append(f"  peak memory  : {before} -> {after} (model: program order, arguments included)")
+        if self.memory_note:
+            lines.append(f"  memory budget: {self.memory_note}")
         if self.declined:
             lines.append("  fusion declined (the largest fusion available where a smaller one was chosen):")
             lines += [f"    {text}" for text in self.declined]

@@ -433,7 +433,8 @@ def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first
     (the extractor's order and tiles) when given, then `gemm_candidates`. `a`, `b`, `c` are GM tensors
     (name, shape, dtype), `views` their [batch, rows, columns] shapes, `layouts` their formats."""
     (av, bv, cv), errors, placed = views, [], []
-    for order, tiles in ([first] if first else []) + gemm_candidates(*av, bv[-1], a[2], target):
+    batch, m, k = av
+    for order, tiles in ([first] if first else []) + gemm_candidates(batch, m, bv[-1], k, a[2], target):
         try:
             program = gemm_program((a[0], av, a[2]), (b[0], bv, b[2]), (c[0], cv, c[2]), order, tiles, target,
                                    layouts=layouts)

@@ -24,5 +24,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run
 
+# Times the Pallas kernels against jax.jit on a GPU (needs a CUDA build of jax); refuses without one.
+.PHONY: bench-gpu
+bench-gpu: $(STAMP)
+	$(PY) -m bench.gpu
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

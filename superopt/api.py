@@ -85,7 +85,7 @@ def _factors(parts: dict) -> str:
 
 
 EXTRACTORS = ("greedy", "ilp")
-BACKENDS = ("jax",)          # plus "emulator" on an NPU target (its default there)
+BACKENDS = ("jax",)          # plus "emulator" on an NPU target (its default there), "pallas" on a GPU target
 
 
 def _extract(frozen, enc, tgt, extractor: str, memory_budget: int | None = None):
@@ -101,6 +101,9 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     spec = _optimize(fn, args, target, rulesets, limits, check, extractor, memory_budget)
     if backend == "emulator":
         spec = on_emulator(spec, load_target(target), spec.avals, check)
+    elif backend == "pallas":
+        from superopt.lowering.pallas.program import on_pallas
+        spec = on_pallas(spec, load_target(target), check)
     return spec
 
 
@@ -248,7 +251,8 @@ class Optimized:
         tgt = load_target(target)  # an unknown target fails here, listing the valid ones
         if extractor not in EXTRACTORS:
             raise ValueError(f"superopt: unknown extractor {extractor!r}; valid: {', '.join(EXTRACTORS)}")
-        backends = BACKENDS + (("emulator",) if tgt.npu is not None else ())
+        backends = BACKENDS + (("emulator",) if tgt.npu is not None else ()) \
+            + (("pallas",) if tgt.kind == "gpu" else ())
         backend = backend or ("emulator" if tgt.npu is not None else "jax")
         if backend not in backends:
             raise ValueError(f"superopt: backend {backend!r} is not available for target {target!r}; "
@@ -313,7 +317,8 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
     `Schedule` of phases with their own limits and back-off. `extractor` is "greedy" (DAG-aware, the
     default) or "ilp" (HiGHS; optimal on small graphs, never worse than greedy). `backend` is what runs
     the chosen program: "jax" (the default on CPU and GPU targets) or, on an NPU target, "emulator" (the
-    default there: cube and vector programs on the cycle-counting emulator, `lowering/npu`).
+    default there: cube and vector programs on the cycle-counting emulator, `lowering/npu`) or, on a GPU
+    target, "pallas" (one Pallas kernel per kernel of the term, `lowering/pallas`; interpret mode on a CPU).
     `memory_budget` (bytes, or a size such as "64MB") bounds the chosen program's peak memory under the
     model of `extract/memory.py`: intermediates are recomputed in their consumers instead of stored until
     the peak fits, and the report says whether it did."""

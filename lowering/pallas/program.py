@@ -1,0 +1,224 @@
+"""A whole program (`ir.Graph`) on Pallas: every node that computes runs inside a pallas_call.
+
+The walk mirrors `lowering/jax.py` and composes into one `jax.jit`:
+
+- a `kernel` node runs its kind's template (`kernels.py`) with the term's tile sizes;
+- a plain op that computes (an elementwise op, a reduction, a matmul, a transpose or broadcast that
+  materialises, a cast) runs as the kernel of that one op, through the same templates;
+- sibling elementwise kernels (an optimizer's parameter and moment updates) run as one launch
+  (`optimizer.py`);
+- a `reshape` is a view (a bitcast of a dense array) and stays a JAX reshape; leaves are arguments and
+  literals; sub-terms of constants are computed once, when the program is built (as `lowering/jax.py`
+  does), so they are no work per call;
+- what no template takes (convolutions, concatenations, slices, padding, layout packing, opaque
+  primitives) runs with the JAX lowering and is listed in `in_jax`, so a report never hides it.
+
+On a CPU the kernels run in interpret mode; on a GPU they compile with Triton, whose blocks must have
+power-of-two edges (`Options.pow2`: every block is rounded up and the padding masked).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import replace
+
+import jax
+import numpy as np
+from jax import lax
+
+from superopt.egraph.ir import Graph
+from superopt.extract.cost import one_op_body, tiling_options
+from superopt.lowering.jax import evaluate as jax_evaluate
+from superopt.lowering.pallas.blocks import Options
+from superopt.lowering.pallas.kernels import Launch, kind_of, run_kernel
+from superopt.lowering.pallas.labels import ELEMENTWISE, NoTemplate
+from superopt.lowering.pallas.optimizer import merged_body, update_groups
+
+VIEWS = frozenset({"reshape"})
+BODY_OPS = ELEMENTWISE | {"broadcast", "transpose", "matmul", "reduce_sum", "reduce_max", "reduce_min",
+                          "reduce_prod", "reduce_and", "reduce_or"}
+MOVEMENT = frozenset({"concat", "slice", "pad", "pack", "unpack", "iota"})
+
+
+def default_options(target=None) -> Options:
+    """Interpret mode where there is no GPU; Triton with power-of-two blocks where there is one."""
+    if jax.default_backend() != "gpu":
+        return Options(interpret=True)
+    from jax.experimental.pallas import triton as pltriton
+    return Options(interpret=False, pow2=True, compiler_params=pltriton.CompilerParams())
+
+
+class PallasProgram:
+    """The graph lowered to Pallas kernels; calling it runs them (flat arguments -> flat outputs)."""
+
+    def __init__(self, graph: Graph, target, options: Options | None = None):
+        self.graph, self.target = graph, target
+        self.options = options or default_options(target)
+        self.launches: list[Launch] = []
+        self.in_jax: list[str] = []          # nodes run by the JAX lowering, and why
+        self._steps: list = []
+        self._build()
+        self._run = jax.jit(self._evaluate)
+
+    # ---- building ----
+    def _build(self) -> None:
+        g = self.graph
+        constant = g.constant_nodes()
+        live = g.live()
+        needed = sorted({j for i in live if i not in constant for j in g.nodes[i].inputs if j in constant}
+                        | {o for o in g.outputs if o in constant})
+        self._hoisted_ids = [i for i in needed if g.nodes[i].op != "lit"]
+        order = [i for i in live if i in constant]
+        values = jax.jit(lambda: [jax_evaluate(g, (), only=order)[i] for i in self._hoisted_ids])() \
+            if self._hoisted_ids else []
+        self._hoisted = list(values)
+        self._known = {i: np.asarray(v) for i, v in zip(self._hoisted_ids, self._hoisted) if not v.shape}
+        self._known.update({i: np.asarray(g.nodes[i].attrs[0], np.dtype(g.nodes[i].dtype))
+                            for i in needed if g.nodes[i].op == "lit"})
+        groups = update_groups(g, constant)
+        member = {i: grp for grp in groups for i in grp}
+        for i in live:
+            node = g.nodes[i]
+            if i in constant or node.op in ("arg", "const", "lit"):
+                continue
+            if node.op in VIEWS:
+                self._steps.append(self._view(i))
+            elif i in member:
+                if i == member[i][-1]:
+                    self._group(member[i])
+            else:
+                self._node(i)
+
+    def _body(self, i: int) -> tuple[tuple, object]:
+        """(body, tiling) of node i: a kernel's own, or the kernel of one op."""
+        g = self.graph
+        node = g.nodes[i]
+        ins = [(g.nodes[j].shape, g.nodes[j].dtype) for j in node.inputs]
+        if node.op == "kernel":
+            body, tiling = node.attrs[0], (node.attrs[1] if len(node.attrs) > 1 else None)
+        elif node.op in BODY_OPS:
+            body, tiling = one_op_body(node.op, node.attrs, ins, (node.shape, node.dtype)), None
+        else:
+            raise NoTemplate(f"{'data movement' if node.op in MOVEMENT else 'no template'}: {node.op}")
+        if tiling is None and any(n.op == "matmul" for n in body):
+            options, _ = tiling_options(body, ins, (node.shape, node.dtype), self.target)
+            tiling = options[0] if options else None
+        return body, tiling
+
+    def _scalars(self, loads: list[int]) -> dict:
+        """Operand positions whose values are rank-0 and known now: they become literals in the body."""
+        return {k: self._known[j].item() for k, j in enumerate(loads)
+                if j in self._known and self._known[j].shape == ()}
+
+    def _node(self, i: int) -> None:
+        g = self.graph
+        try:
+            body, tiling = self._body(i)
+            self._kernel((i,), body, list(g.nodes[i].inputs), tiling, kind_of(body, tiling), None)
+        except NoTemplate as exc:
+            self.in_jax.append(f"%{i} {g.nodes[i].op}: {exc}")
+            self._steps.append(self._jax(i))
+
+    def _group(self, group: list[int]) -> None:
+        body, roots, loads = merged_body(self.graph, group, lambda i: self._body(i)[0])
+        try:
+            self._kernel(tuple(group), body, loads, None, "fused update", roots)
+        except NoTemplate:
+            for i in group:
+                self._node(i)
+
+    def _kernel(self, ids: tuple, body: tuple, loads: list[int], tiling, kind: str, roots) -> None:
+        g, options = self.graph, self.options
+        scalars = self._scalars(loads)
+        name = f"superopt_{kind.replace(' ', '_')}_{ids[-1]}"
+        seen: list[Launch] = []
+
+        def fn(*xs):
+            outs, launch = run_kernel(body, list(xs), tiling, options, name, kind, roots, scalars)
+            seen.append(launch)
+            return outs
+        jax.eval_shape(fn, *[jax.ShapeDtypeStruct(g.nodes[j].shape, np.dtype(g.nodes[j].dtype)) for j in loads])
+        launch = seen[0]
+        launch.nodes = ids
+        self.launches.append(launch)
+
+        def step(env, args):
+            for k, out in zip(ids, fn(*[env[j] for j in loads])):
+                env[k] = out
+        self._steps.append(step)
+
+    def _view(self, i: int):
+        node = self.graph.nodes[i]
+
+        def step(env, args):
+            env[i] = lax.reshape(env[node.inputs[0]], node.shape)
+        return step
+
+    def _jax(self, i: int):
+        def step(env, args):
+            env.update(jax_evaluate(self.graph, args, env, only=[i]))
+        return step
+
+    # ---- running ----
+    def _evaluate(self, flat_args, hoisted):
+        g = self.graph
+        env = dict(zip(self._hoisted_ids, hoisted))
+        for i in g.live():
+            node = g.nodes[i]
+            if node.op == "arg":
+                env[i] = flat_args[node.attrs[0]]
+            elif node.op == "lit" and i not in env:
+                env[i] = np.asarray(node.attrs[0], np.dtype(node.dtype))
+        for step in self._steps:
+            step(env, flat_args)
+        return [env[o] for o in g.outputs]
+
+    def __call__(self, *flat_args) -> list:
+        return self._run(list(flat_args), self._hoisted)
+
+    # ---- reporting ----
+    def kinds(self) -> dict[str, int]:
+        out: dict = {}
+        for launch in self.launches:
+            out[launch.kind] = out.get(launch.kind, 0) + 1
+        return out
+
+    def summary(self) -> str:
+        mode = "interpret mode" if self.options.interpret else "compiled with Triton"
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.kinds().items(), key=lambda kv: (-kv[1], kv[0])))
+        text = f"pallas ({mode}): {len(self.launches)} kernels" + (f" [{kinds}]" if kinds else "")
+        return text + (f"; {len(self.in_jax)} ops in JAX" if self.in_jax else "")
+
+    def describe(self) -> list[str]:
+        lines = [f"    {launch}" for launch in self.launches]
+        lines += [f"    in JAX: {what}" for what in self.in_jax]
+        return lines
+
+
+def on_pallas(spec, target, check: bool):
+    """`spec` (api.Specialization) running on Pallas kernels instead of one jitted JAX program, checked
+    against the JAX program on random inputs. Where the check fails the JAX program runs instead and the
+    report says why."""
+    from superopt import verify as verification
+    report = spec.report
+    start = time.perf_counter()
+    try:
+        program = PallasProgram(spec.term, target)
+    except Exception as exc:  # a bug here must not take the user's program down: say so and run JAX
+        warnings.warn(f"superopt: the Pallas lowering failed ({type(exc).__name__}: {exc}); running JAX",
+                      RuntimeWarning, stacklevel=3)
+        report.backend = f"jax (the Pallas lowering failed: {type(exc).__name__}: {exc})"
+        return spec
+    if check:
+        args = verification.random_args(spec.avals, 0)
+        expected = [np.asarray(o) for o in spec.run(*args)]
+        actual = [np.asarray(o) for o in program(*args)]
+        problem = verification.compare_outputs(expected, actual)
+        if problem:
+            warnings.warn(f"superopt: the Pallas program differs from the JAX program ({problem}); running JAX",
+                          verification.VerificationWarning, stacklevel=3)
+            report.backend = f"jax (the Pallas program failed verification: {problem})"
+            return spec
+    report.backend = "\n".join([program.summary()] + program.describe())
+    report.stage_seconds["lower-pallas"] = time.perf_counter() - start
+    return replace(spec, run=program)

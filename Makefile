@@ -24,6 +24,13 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run
 
+# Longer fuzzing than `make test` runs (tests/test_fuzz.py): fresh random programs every run, about 200 per
+# target and backend plus 1500 extracted for every target (tens of minutes); a failure prints as source.
+# SUPEROPT_FUZZ_PER_COMBO and SUPEROPT_FUZZ_EXTRACTED change the budget.
+.PHONY: fuzz
+fuzz: $(STAMP)
+	SUPEROPT_FUZZ=long $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
+
 # Times the Pallas kernels against jax.jit on a GPU (needs a CUDA build of jax); refuses without one.
 .PHONY: bench-gpu
 bench-gpu: $(STAMP)

@@ -5,10 +5,8 @@ model chose per target and why saturation stopped, and counts kernels by kind.
 """
 from __future__ import annotations
 
-import sys
-
 from bench.programs import WORKLOADS
-from superopt import superopt
+from superopt import progress, superopt
 from superopt.egraph.ir import REDUCTIONS
 from superopt.extract.tiling import cone
 
@@ -84,10 +82,10 @@ def _declined_cell(text: str, width: int = 48) -> str:
     return f"`{body}`: {why}".replace("|", "\\|")
 
 
-def main() -> list[str]:
+def main(names=WORKLOADS_SHOWN) -> list[str]:
     rows = []
-    for name in WORKLOADS_SHOWN:
+    for name in names:
         for target in TARGETS:
-            print(f"[kernels] {name} on {target} ...", file=sys.stderr, flush=True)
+            progress.note(f"[kernels] {name} on {target}")
             rows.append(chosen(name, target))
     return render(rows)

@@ -13,7 +13,6 @@ included.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import jax
@@ -26,7 +25,7 @@ from superopt.extract.target import load_target
 from superopt.lowering.npu.codegen import chain_program, gemm_program
 from superopt.lowering.npu.emulator import emulate
 from superopt.lowering.npu.lower import NpuExecutable
-from superopt import superopt
+from superopt import progress, superopt
 
 PROGRAMS = ("bert-encoder-128", "bert-encoder-512", "transformer-block", "resnet-bottleneck")
 PROGRAM_TARGETS = ("npu-910b", "npu-910")
@@ -50,10 +49,12 @@ def unfused(b, m, n, k, l, target):
     return cycles, moved
 
 
-def rows() -> list[dict]:
+def rows(chains=None) -> list[dict]:
+    """The fused chain kernel against the two GEMMs apart, for `chains` (keys of GEMM_CHAIN_SHAPES; all)."""
     target = load_target(TARGET)
     out = []
-    for name, (b, m, n, k, l) in GEMM_CHAIN_SHAPES.items():
+    for name in chains or GEMM_CHAIN_SHAPES:
+        b, m, n, k, l = GEMM_CHAIN_SHAPES[name]
         _, tiling = chosen_kernel(name, TARGET)
         shapes = [("A", (b, m, k)), ("B", (b, k, l)), ("D", (b, l, n)), ("E", (b, m, n))]
         program = chain_program(*[(nm, s, F16) for nm, s in shapes], tiling.order, dict(tiling.tiles), target)
@@ -88,7 +89,7 @@ def program_rows(names=PROGRAMS, targets=PROGRAM_TARGETS, timeline: str | None =
         flat = jax.tree_util.tree_leaves(w.args)
         want = [np.asarray(x) for x in jax.tree_util.tree_leaves(w.fn(*w.args))]
         for target_name in targets:
-            print(f"[npu] {name} on {target_name} ...", file=sys.stderr, flush=True)
+            progress.note(f"[npu] {name} on {target_name}")
             target = load_target(target_name)
             fast = superopt(w.fn, target=target_name)
             spec = fast.compile(*w.args)
@@ -131,12 +132,19 @@ def program_markdown(rs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> list[str]:
-    """The BENCHMARKS.md section."""
-    prs = program_rows()
-    print("[npu] G1-G12 on the npu-910 emulator ...", file=sys.stderr, flush=True)
-    rs = rows()
-    speedups = sorted(r["unfused"] / r["fused"] for r in rs)
+def render(prs: list[dict], rs: list[dict], timeline: str | None = TIMELINE) -> list[str]:
+    """The BENCHMARKS.md sections for whole programs (`prs`, from `program_rows`) and chains (`rs`, from
+    `rows`); either may be empty."""
+    out = []
+    if prs:
+        out += render_programs(prs, timeline)
+    if rs:
+        out += render_chains(rs)
+    return out
+
+
+def render_programs(prs: list[dict], timeline: str | None = TIMELINE) -> list[str]:
+    shown = timeline and any(r["name"] == "bert-encoder-128" and r["target"] == "npu-910b" for r in prs)
     return ["", "## Programs on the NPU emulator", "",
             *[line.strip() for line in __doc__.split("\n\n", 2)[1].splitlines()], "",
             "Cycles are the sum of the stages' (each stage waits for the one before; launch overhead not "
@@ -146,13 +154,22 @@ def main() -> list[str]:
             "matmul are vector stages that exchange data with the cube through GM (the 910B's own path; on "
             "the 910 an upper bound). Reproduce with `python -m bench.npu`.", "",
             program_markdown(prs), "",
-            f"The timeline of BERT-128 on npu-910b (first two cube and vector cores; dotted lines between "
-            f"stages): ![timeline]({TIMELINE})", "",
-            "## GEMM chains on the NPU emulator (npu-910)", "",
+            *([f"The timeline of BERT-128 on npu-910b (first two cube and vector cores; dotted lines between "
+               f"stages): ![timeline]({timeline})", ""] if shown else [])]
+
+
+def render_chains(rs: list[dict]) -> list[str]:
+    speedups = sorted(r["unfused"] / r["fused"] for r in rs)
+    return ["", "## GEMM chains on the NPU emulator (npu-910)", "",
             *[line.strip() for line in __doc__.split("\n\n", 2)[2].splitlines()], "",
             f"Fused over unfused cycles: {speedups[0]:.2f}x to {speedups[-1]:.2f}x. The fused kernels' GM bytes "
             "equal the tiling's modelled volume exactly (tests/test_npu_emulator.py). Reproduce with "
             "`python -m bench.npu`.", "", markdown(rs)]
+
+
+def main() -> list[str]:
+    """The BENCHMARKS.md sections, all programs and chains."""
+    return render(program_rows(), rows())
 
 
 if __name__ == "__main__":

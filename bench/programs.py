@@ -13,6 +13,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -312,6 +313,213 @@ def train_step(batch: int = 256, features: int = 512, hidden: int = 1024, classe
 
 
 # --------------------------------------------------------------------------
+# 8. Decoder block: grouped-query attention, RMSNorm, SwiGLU MLP, LoRA adapters
+# --------------------------------------------------------------------------
+
+
+def _rms_norm(x, gamma, eps=1e-6):
+    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps) * gamma
+
+
+def _lora(x, w, a, b, scale):
+    """x @ w plus the low-rank update (x @ a) @ b * scale, as LoRA adds it (the base weight frozen)."""
+    return x @ w + (x @ a) @ b * scale
+
+
+def decoder_block(seq: int = 128, hidden: int = 512, q_heads: int = 8, kv_heads: int = 2, ffn: int = 1408,
+                  rank: int = 16) -> Workload:
+    """A pre-norm decoder block (LLaMA-style, no rotary embedding), batch 1: RMSNorm, causal grouped-query
+    attention (`q_heads` query heads share `kv_heads` key/value heads), RMSNorm, gated MLP
+    silu(x W_gate) * (x W_up) W_down, with LoRA adapters of rank `rank` on the Q and V projections."""
+    head = hidden // q_heads
+    group = q_heads // kv_heads
+    scale = 2.0  # LoRA alpha / rank
+
+    def fn(p, x):
+        bsz = x.shape[0]
+        h = _rms_norm(x, p["norm1"])
+        q = _lora(h, p["Wq"], p["Aq"], p["Bq"], scale).reshape(bsz, seq, kv_heads, group, head)
+        k = (h @ p["Wk"]).reshape(bsz, seq, kv_heads, head)
+        v = _lora(h, p["Wv"], p["Av"], p["Bv"], scale).reshape(bsz, seq, kv_heads, head)
+        scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k) / math.sqrt(head) + p["mask"]
+        ctx = jnp.einsum("bkgqs,bskd->bqkgd", jax.nn.softmax(scores, axis=-1), v).reshape(bsz, seq, hidden)
+        x = x + ctx @ p["Wo"]
+        h = _rms_norm(x, p["norm2"])
+        return x + (jax.nn.silu(h @ p["Wgate"]) * (h @ p["Wup"])) @ p["Wdown"]
+
+    ks = jax.random.split(jax.random.PRNGKey(11), 12)
+    sh, sf = 1.0 / math.sqrt(hidden), 1.0 / math.sqrt(ffn)
+    kv = kv_heads * head
+    causal = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), 0.0, -1e9).astype(jnp.float32)
+    params = {
+        "Wq": _normal(ks[0], (hidden, hidden), sh), "Wk": _normal(ks[1], (hidden, kv), sh),
+        "Wv": _normal(ks[2], (hidden, kv), sh), "Wo": _normal(ks[3], (hidden, hidden), sh),
+        "Aq": _normal(ks[4], (hidden, rank), sh), "Bq": _normal(ks[5], (rank, hidden), 0.01),
+        "Av": _normal(ks[6], (hidden, rank), sh), "Bv": _normal(ks[7], (rank, kv), 0.01),
+        "Wgate": _normal(ks[8], (hidden, ffn), sh), "Wup": _normal(ks[9], (hidden, ffn), sh),
+        "Wdown": _normal(ks[10], (ffn, hidden), sf),
+        "norm1": jnp.ones((hidden,), jnp.float32), "norm2": jnp.ones((hidden,), jnp.float32), "mask": causal,
+    }
+    x = _normal(ks[11], (1, seq, hidden))
+    desc = (f"decoder block: GQA {q_heads} query / {kv_heads} kv heads of {head}, RMSNorm, SwiGLU FFN {ffn}, "
+            f"LoRA rank {rank} on Q and V, d={hidden}, seq {seq} (f32)")
+    return Workload("decoder-gqa-lora", desc, fn, (params, x))
+
+
+# --------------------------------------------------------------------------
+# 9. Convolution chains C1..C8 (thesis Table 3.6)
+# --------------------------------------------------------------------------
+
+# name -> (IC, H, W, OC1, OC2, stride1, stride2, k1, k2)
+CONV_CHAIN_SHAPES: dict[str, tuple[int, ...]] = {
+    "c1": (64, 112, 112, 192, 128, 2, 1, 3, 1),
+    "c2": (32, 147, 147, 64, 80, 2, 1, 3, 1),
+    "c3": (64, 56, 56, 128, 64, 1, 1, 3, 1),
+    "c4": (128, 28, 28, 256, 128, 1, 1, 3, 1),
+    "c5": (16, 227, 227, 64, 16, 4, 1, 3, 1),
+    "c6": (64, 56, 56, 64, 64, 1, 1, 1, 3),
+    "c7": (64, 56, 56, 64, 64, 1, 1, 1, 1),
+    "c8": (256, 56, 56, 256, 64, 1, 1, 1, 1),
+}
+
+
+def _conv(x, w, stride):
+    return jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def conv_chain(name: str) -> Workload:
+    """Two back-to-back convolutions, batch 1, NHWC, SAME padding: x (1,H,W,IC) -> conv k1xk1 stride st1 to
+    OC1 channels -> conv k2xk2 stride st2 to OC2 channels. Shapes are the C1..C8 table; ``name`` is
+    "c1".."c8" (case-insensitive). Weights are arguments, as the chain's inputs."""
+    key = name.lower()
+    ic, h, w, oc1, oc2, st1, st2, k1, k2 = CONV_CHAIN_SHAPES[key]
+
+    def fn(x, w1, w2):
+        return _conv(_conv(x, w1, st1), w2, st2)
+
+    kx, k1_, k2_ = jax.random.split(jax.random.PRNGKey(200 + int(key[1:])), 3)
+    args = (_normal(kx, (1, h, w, ic)), _normal(k1_, (k1, k1, ic, oc1), 1.0 / math.sqrt(k1 * k1 * ic)),
+            _normal(k2_, (k2, k2, oc1, oc2), 1.0 / math.sqrt(k2 * k2 * oc1)))
+    desc = (f"conv chain {key.upper()}: {h}x{w}x{ic} -> {k1}x{k1}/{st1} -> {oc1} -> {k2}x{k2}/{st2} -> {oc2} "
+            "(f32)")
+    return Workload(f"conv-chain-{key}", desc, fn, args)
+
+
+# --------------------------------------------------------------------------
+# 10. YOLO v1 convolutions (FlexTensor Table 4.3), a sample
+# --------------------------------------------------------------------------
+
+# name -> (C in, K out, H = W, kernel, stride)
+YOLO_CONV_SHAPES: dict[str, tuple[int, int, int, int, int]] = {
+    "c1": (3, 64, 448, 7, 2), "c2": (64, 192, 112, 3, 1), "c3": (192, 128, 56, 1, 1), "c4": (128, 256, 56, 3, 1),
+    "c5": (256, 256, 56, 1, 1), "c6": (256, 512, 56, 3, 1), "c7": (512, 256, 28, 1, 1), "c8": (256, 512, 28, 3, 1),
+    "c9": (512, 512, 28, 1, 1), "c10": (512, 1024, 28, 3, 1), "c11": (1024, 512, 14, 1, 1),
+    "c12": (512, 1024, 14, 3, 1), "c13": (1024, 1024, 14, 3, 1), "c14": (1024, 1024, 14, 3, 2),
+    "c15": (1024, 1024, 7, 3, 1),
+}
+# The sample benchmarked: the 7x7 stride-2 stem, a 1x1 reduction, a 1x1 at 28x28 and the 3x3 stride-2
+# layer; the others take seconds per call on a small CPU.
+YOLO_SAMPLE = ("c1", "c3", "c9", "c14")
+
+
+def yolo_conv(name: str) -> Workload:
+    """One YOLO v1 layer, batch 1, NHWC: convolution (SAME padding), bias, leaky ReLU (slope 0.1), with
+    the weights and bias as constants (inference). ``name`` is "c1".."c15"."""
+    key = name.lower()
+    c, k, hw, ksize, stride = YOLO_CONV_SHAPES[key]
+    kx, kw, kb = jax.random.split(jax.random.PRNGKey(300 + int(key[1:])), 3)
+    weight = _normal(kw, (ksize, ksize, c, k), 1.0 / math.sqrt(ksize * ksize * c))
+    bias = 0.1 * _normal(kb, (k,))
+
+    def fn(x):
+        return jax.nn.leaky_relu(_conv(x, weight, stride) + bias, negative_slope=0.1)
+
+    desc = f"YOLO v1 {key.upper()}: {hw}x{hw}x{c} -> {ksize}x{ksize}/{stride} -> {k}, bias, leaky ReLU (f32)"
+    return Workload(f"yolo-{key}", desc, fn, (_normal(kx, (1, hw, hw, c)),))
+
+
+# --------------------------------------------------------------------------
+# 11. Mixed-precision MLP and an int8 quantized linear layer
+# --------------------------------------------------------------------------
+
+
+def mixed_precision_mlp_fn(x, w1, b1, w2):
+    """f16 activations and weights widened to f32 around each matmul, as autocast-style code writes it."""
+    h = x.astype(jnp.float32) @ w1.astype(jnp.float32) + b1      # f16 operands widened for an f32 matmul
+    h = jax.nn.relu(h).astype(jnp.float16)
+    h = h.astype(jnp.float32).astype(jnp.float16)                 # a layer boundary that widens and narrows again
+    y = h.astype(jnp.float32) @ w2.astype(jnp.float32)
+    return y.astype(jnp.float16)
+
+
+def mixed_precision_mlp_args(m: int = 64, k: int = 128, n: int = 256, o: int = 64, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((m, k)).astype(np.float16), (rng.standard_normal((k, n)) * 0.1).astype(np.float16),
+            rng.standard_normal((n,)).astype(np.float32), (rng.standard_normal((n, o)) * 0.1).astype(np.float16))
+
+
+def mixed_precision_mlp(m: int = 256, k: int = 512, n: int = 2048, o: int = 512) -> Workload:
+    desc = f"mixed-precision MLP {k}-{n}-{o}, batch {m}: f16 storage, f32 matmuls, redundant casts"
+    return Workload("mixed-precision-mlp", desc, mixed_precision_mlp_fn, mixed_precision_mlp_args(m, k, n, o))
+
+
+def qlinear_fn(xq, wq, w_scale, bias):
+    """Symmetric int8 activations (one scale), int8 weights with a scale per output column, f32 bias, and
+    an int8 result with scale 0.1 and zero point 3."""
+    x = xq.astype(jnp.float32) * 0.05
+    w = wq.astype(jnp.float32) * w_scale
+    y = x @ w + bias
+    return jnp.clip(jnp.round(y / 0.1) + 3, -128, 127).astype(jnp.int8)
+
+
+def qlinear_args(m: int, k: int, n: int, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+    return (rng.integers(-128, 128, (m, k)).astype(np.int8), rng.integers(-128, 128, (k, n)).astype(np.int8),
+            (rng.random((n,)) * 2e-3).astype(np.float32), rng.standard_normal(n).astype(np.float32))
+
+
+def int8_linear(m: int = 256, k: int = 1024, n: int = 1024) -> Workload:
+    desc = f"int8 linear layer {m}x{k} @ {k}x{n}: dequantize, f32 matmul, bias, requantize"
+    return Workload("int8-linear", desc, qlinear_fn, qlinear_args(m, k, n))
+
+
+# --------------------------------------------------------------------------
+# 12. NasRNN cell (the recurrent cell found by neural architecture search, Zoph & Le 2017)
+# --------------------------------------------------------------------------
+
+
+def nasrnn(steps: int = 5, hidden: int = 512, batch: int = 1) -> Workload:
+    """The NAS recurrent cell unrolled over `steps` time steps, inference (weights are constants shared
+    by every step). Each step projects the input and the state eight ways (x W_i + h U_i), combines the
+    eight through sigmoid, tanh and ReLU by sums and products in a tree, and returns tanh of the root:
+    sixteen small matmuls per step that read only two distinct left operands."""
+    keys = jax.random.split(jax.random.PRNGKey(13), 3)
+    s = 1.0 / math.sqrt(hidden)
+    W = [_normal(k, (hidden, hidden), s) for k in jax.random.split(keys[0], 8)]
+    U = [_normal(k, (hidden, hidden), s) for k in jax.random.split(keys[1], 8)]
+
+    def cell(x, h):
+        t = [x @ w + h @ u for w, u in zip(W, U)]
+        sg, th, relu = jax.nn.sigmoid, jnp.tanh, jax.nn.relu
+        a = relu(t[0]) + sg(t[3])
+        b = sg(t[1]) + th(t[2])
+        c = sg(t[4]) * th(t[5])
+        d = sg(t[6]) * relu(t[7])
+        e = sg(b) + th(c)
+        f = th(a) * th(d)
+        return th(th(e) * th(f))
+
+    def fn(xs, h):
+        for step in range(steps):
+            h = cell(xs[step], h)
+        return h
+
+    args = (_normal(keys[2], (steps, batch, hidden)), jnp.zeros((batch, hidden), jnp.float32))
+    desc = f"NasRNN cell, hidden {hidden}, batch {batch}, {steps} steps unrolled, constant weights (f32)"
+    return Workload("nasrnn", desc, fn, args)
+
+
+# --------------------------------------------------------------------------
 # Registry
 # --------------------------------------------------------------------------
 
@@ -322,6 +530,12 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "bert-encoder-128": lambda: bert_encoder_layer(128),
     "bert-encoder-512": lambda: bert_encoder_layer(512),
     "transformer-block": transformer_block,
+    "decoder-gqa-lora": decoder_block,
     "resnet-bottleneck": resnet_bottleneck,
+    **{f"conv-chain-{k}": (lambda k=k: conv_chain(k)) for k in CONV_CHAIN_SHAPES},
+    **{f"yolo-{k}": (lambda k=k: yolo_conv(k)) for k in YOLO_SAMPLE},
+    "mixed-precision-mlp": mixed_precision_mlp,
+    "int8-linear": int8_linear,
+    "nasrnn": nasrnn,
     "train-step": train_step,
 }

@@ -15,12 +15,10 @@ MC is the capacity in elements of the operands (bytes / 2 for float16); volumes 
 """
 from __future__ import annotations
 
-import sys
-
 import jax.numpy as jnp
 
 from bench.programs import GEMM_CHAIN_SHAPES, gemm_chain
-from superopt import superopt
+from superopt import progress, superopt
 from superopt.extract.cost import one_op_body, tiling_options
 from superopt.extract.models.chimera import optimal_dv_clamped, optimal_dv_mlkn, optimal_dv_tiles
 from superopt.extract.target import load_target
@@ -52,12 +50,15 @@ def unfused_dv(b, m, n, k, l, target) -> float:
     return total
 
 
-def rows() -> list[dict]:
+def rows(chains=None) -> list[dict]:
+    """Per target and chain (keys of GEMM_CHAIN_SHAPES; all by default): the tiles chosen and the volumes."""
     out = []
     for target_name in TARGETS:
         target = load_target(target_name)
         mc, a = target.tile_bytes // ITEMSIZE, target.tile_granule
-        for name, (b, m, n, k, l) in GEMM_CHAIN_SHAPES.items():
+        for name in chains or GEMM_CHAIN_SHAPES:
+            b, m, n, k, l = GEMM_CHAIN_SHAPES[name]
+            progress.note(f"[tiling] {name.upper()} on {target_name}")
             _, tiling = chosen_kernel(name, target_name)
             dv = tiling.moved_bytes / ITEMSIZE
             out.append(dict(
@@ -91,7 +92,6 @@ def render(data: list[dict]) -> list[str]:
 
 
 def main() -> list[str]:
-    print("[tiling] G1-G12 on npu-910 and gpu-a100 ...", file=sys.stderr, flush=True)
     return render(rows())
 
 

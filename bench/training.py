@@ -10,12 +10,11 @@ Adam on a two-layer MLP, before and after superopt.
 from __future__ import annotations
 
 import statistics
-import sys
 
 import jax
 
 from bench.programs import train_step
-from superopt import superopt
+from superopt import progress, superopt
 from superopt.extract.target import load_target
 from superopt.lowering.npu.lower import NpuExecutable
 from superopt.timing import interleaved_medians
@@ -49,9 +48,9 @@ def cpu_row(w, rounds: int = 3, repeats: int = 9) -> dict:
 
 def main() -> list[str]:
     w = train_step()
-    print("[training] train-step on npu-910b ...", file=sys.stderr, flush=True)
+    progress.note("[training] train-step on npu-910b")
     npu = npu_row(w)
-    print("[training] train-step on cpu ...", file=sys.stderr, flush=True)
+    progress.note("[training] train-step on cpu")
     cpu = cpu_row(w)
     (cb, ca), (gb, ga), (tb, ta) = npu["cycles"], npu["gm"], npu["grads"]
     lines = ["", "## Training step: loss scaling, clipping and Adam", "",

@@ -88,7 +88,9 @@ def encode(graph: Graph) -> Encoding:
         if len(pending) >= _BATCH:
             eg.register(*pending)
             pending = []
-    eg.register(*pending, *(T.output(k, exprs[o]) for k, o in enumerate(graph.outputs)))
+    pending += [T.output(k, exprs[o]) for k, o in enumerate(graph.outputs)]
+    if pending:  # a program with no outputs has nothing to register
+        eg.register(*pending)
     return enc
 
 

@@ -35,6 +35,7 @@ class FrozenEGraph:
     shapes: dict[Hashable, tuple] = field(default_factory=dict)
     dtypes: dict[Hashable, str] = field(default_factory=dict)
     outputs: dict[int, Hashable] = field(default_factory=dict)  # program output index -> e-class
+    growth_cut: int = 0           # kernels whose growth the work budget cut (extract/kernels.py: expand)
 
     @property
     def n_nodes(self) -> int:

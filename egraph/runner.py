@@ -3,8 +3,16 @@ reasons and a report per phase.
 
 egglog 13.2 has no node limit and cannot be interrupted from Python, so each phase takes one step at a
 time (analyses to a fixpoint, then one application of each active rule, timed) and checks size and time
-between steps; one step can overshoot the node limit. A tripped limit is a stop reason, not an
-exception: extraction still runs on what was reached.
+after each rule application. Once the e-graph holds 1/8 of its node limit, applications are bounded so
+that none takes it more than 10% past the limit: each egglog rule runs under egglog's back-off
+scheduler with a match limit of the matches it had before (applied already, they add nothing) plus the
+new ones that fit at the rows one match can add (the nodes its right-hand side builds, with their
+analysis rows). A rule held back that way ends the run with the node limit: the bound is a worst case,
+so a run that explodes stops below its limit (RELIABILITY.md gives figures). Below 1/8 of the limit an
+application is not bounded: one that grows the e-graph more than eightfold could overshoot, and the
+memory limit of `egraph/isolate.py` is what bounds that. A tripped limit is a stop reason, not an
+exception: extraction still runs on what was reached. Hard limits (time that one rule application
+overruns, memory, a crash in egglog) need a child process: `egraph/isolate.py`.
 
 Back-off works as egg's BackoffScheduler does, between steps: a rule that matched more than its limit
 in one step sits out the next `ban_length` steps, and each ban doubles both numbers for that rule. This
@@ -16,10 +24,13 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from egglog import EGraph, bindings, ruleset
+from egglog import EGraph, back_off, bindings, ruleset
+from egglog import run as egg_run
 
+from superopt import progress
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import count
+from superopt.rewrites.pattern import CONSTRUCTORS
 
 
 @dataclass(frozen=True)
@@ -27,9 +38,10 @@ class Limits:
     iterations: int = 12
     nodes: int = 60_000     # rows in all tables: e-nodes plus their shape and dtype rows
     seconds: float = 8.0
+    memory: int = 4 << 30   # bytes saturation may allocate; enforced in a child process (egraph/isolate.py)
 
     def __post_init__(self):
-        for name in ("iterations", "nodes", "seconds"):
+        for name in ("iterations", "nodes", "seconds", "memory"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
 
@@ -45,6 +57,7 @@ class StopReason(enum.Enum):
     ITERATION_LIMIT = "iteration limit"
     NODE_LIMIT = "node limit"
     TIME_LIMIT = "time limit"
+    MEMORY_LIMIT = "memory limit"
     ERROR = "error"
 
 
@@ -93,6 +106,33 @@ def _rows(egraph: EGraph) -> int:
     return sum(n for _, n in egraph.all_function_sizes())
 
 
+NODE_SLACK = 1.1          # one rule application may take the e-graph at most this far past the node limit
+GUARD_FROM = 8            # applications are bounded once the e-graph has 1/GUARD_FROM of its node limit
+ROWS_PER_NEW_NODE = 4     # an e-node and its analysis rows (shape, dtype, and one more at most)
+
+
+def _terms(pattern, into: set) -> set:
+    """The constructor applications in a pattern, each sub-term once (attribute functions compute values)."""
+    args = getattr(pattern, "args", None)
+    if args is not None:
+        if pattern.fn in CONSTRUCTORS:
+            into.add(pattern)
+        for a in args:
+            _terms(a, into)
+    return into
+
+
+def rows_per_match(rule) -> int:
+    """An upper bound on the rows one match of `rule` adds: the distinct terms one side builds that the
+    other does not already hold (either way for a two-way rule), each with its analysis rows."""
+    lhs, rhs = set(), set()
+    for left, right in rule.pairs:
+        _terms(left, lhs)
+        _terms(right, rhs)
+    built = max(len(rhs - lhs), len(lhs - rhs) if rule.two_way else 0)
+    return ROWS_PER_NEW_NODE * max(built, 1)
+
+
 class _PhaseRunner:
     def __init__(self, egraph: EGraph, phase: Phase, limits: Limits, run_start: float, run_limits: Limits):
         self.egraph, self.phase, self.limits = egraph, phase, limits
@@ -102,22 +142,66 @@ class _PhaseRunner:
         self.name_of = {egg.decl: r.name for r in phase.rules for egg in r.egg}
         self.banned_until: dict[str, int] = {}
         self._rulesets: dict[str, object] = {}
+        self.on_step = None   # called with the iteration count after each step (progress bars)
+        self.node_limit = min(limits.nodes, run_limits.nodes)
+        self.rows_per_match = {r.name: rows_per_match(r) for r in phase.rules}
+        self.decls = {r.name: [egg.decl for egg in r.egg] for r in phase.rules}
+        self.seen: dict = {}   # egglog rule -> its matches at its latest application
+        self._single: dict = {}  # egglog rule -> a rule set of it alone, for bounded applications
 
     def ruleset_of(self, rule) -> object:
         if rule.name not in self._rulesets:  # egglog compiles a rule set once; keep one per rule
             self._rulesets[rule.name] = ruleset(*rule.egg, name=f"{self.phase.name}-{len(self._rulesets)}")
         return self._rulesets[rule.name]
 
-    def step(self, active: list) -> tuple[bool, dict[str, int]]:
-        """Apply each active rule once, timing each (egglog 13.2 reports no per-rule times)."""
+    def step(self, active: list, phase_start: float) -> tuple[bool, dict[str, int], StopReason | None]:
+        """Apply each active rule once, timing each (egglog 13.2 reports no per-rule times); stop early,
+        with the reason, where a node or time limit is reached (module doc)."""
         updated, matches = False, {}
+        rows = step_start = _rows(self.egraph)
         for rule in active:
             start = time.perf_counter()
-            result = self.egraph.run(self.ruleset_of(rule))
+            if rows * GUARD_FROM > self.node_limit:
+                changed, per_decl, held = self.bounded(rule, step_start)
+            else:
+                result = self.egraph.run(self.ruleset_of(rule))
+                changed, held = result.updated, False
+                per_decl = {key: n for key, n in result.num_matches_per_rule.items() if key in self.name_of}
             self.report.rule_seconds[rule.name] += time.perf_counter() - start
+            if held:  # at worst its matches would take the e-graph past the node limit
+                return updated, matches, StopReason.NODE_LIMIT
+            self.seen.update(per_decl)
+            matches[rule.name] = sum(per_decl.values())
+            updated |= changed
+            rows = _rows(self.egraph)
+            if rows > self.node_limit:
+                return updated, matches, StopReason.NODE_LIMIT
+            now = time.perf_counter()
+            if now - phase_start > self.limits.seconds or now - self.run_start > self.run_limits.seconds:
+                return updated, matches, StopReason.TIME_LIMIT
+        return updated, matches, None
+
+    def bounded(self, rule, step_start: int) -> tuple[bool, dict, bool]:
+        """Apply `rule` one egglog rule at a time, each under a back-off scheduler whose match limit is
+        the matches it had before plus the new ones that fit below `NODE_SLACK` times the node limit
+        (the analyses of this step's new nodes, which come after the step, counted as there already).
+        Returns (updated, matches per egglog rule, held back): an egglog rule with more matches than
+        its limit applies none, which egglog reports as updated with no matches."""
+        updated, per_decl = False, {}
+        for egg in rule.egg:
+            rows = _rows(self.egraph)
+            room = int(self.node_limit * NODE_SLACK) - rows - (ROWS_PER_NEW_NODE - 1) * (rows - step_start)
+            cap = self.seen.get(egg.decl, 0) + max(room, 0) // self.rows_per_match[rule.name]
+            scheduler = back_off(match_limit=cap)
+            if egg.decl not in self._single:
+                self._single[egg.decl] = ruleset(egg, name=f"{self.phase.name}-d{len(self._single)}")
+            result = self.egraph.run(scheduler.scope(egg_run(self._single[egg.decl], scheduler=scheduler)))
+            n = sum(v for key, v in result.num_matches_per_rule.items() if key == egg.decl)
+            if result.updated and n == 0:
+                return updated, per_decl, True
+            per_decl[egg.decl] = n
             updated |= result.updated
-            matches[rule.name] = sum(n for key, n in result.num_matches_per_rule.items() if key in self.name_of)
-        return updated, matches
+        return updated, per_decl, False
 
     def run(self) -> PhaseReport:
         start, report, backoff = time.perf_counter(), self.report, self.phase.backoff
@@ -128,9 +212,11 @@ class _PhaseRunner:
             it = report.iterations
             active = [r for r in self.phase.rules if self.banned_until.get(r.name, -1) < it]
             banned = len(active) < len(self.phase.rules)
-            updated, step_matches = self.step(active)
+            updated, step_matches, stopped = self.step(active, start)
             self.egraph.run(analysis.saturate())
             report.iterations += 1
+            if self.on_step is not None:
+                self.on_step(report.iterations)
             for name, n in step_matches.items():
                 report.matches[name] += n
                 if backoff is not None:
@@ -138,10 +224,13 @@ class _PhaseRunner:
                     if n > backoff.match_limit << times:
                         report.bans[name] = times + 1
                         self.banned_until[name] = it + (backoff.ban_length << times)
+            if stopped is not None:
+                report.stop_reason = stopped
+                break
             if not updated and not banned:
                 report.stop_reason = StopReason.SATURATED
                 break
-            if _rows(self.egraph) > min(self.limits.nodes, self.run_limits.nodes):
+            if _rows(self.egraph) > self.node_limit:
                 report.stop_reason = StopReason.NODE_LIMIT
                 break
             now = time.perf_counter()
@@ -152,18 +241,25 @@ class _PhaseRunner:
         return report
 
 
-def saturate(egraph: EGraph, schedule, limits: Limits = Limits()) -> RunReport:
+def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) -> RunReport:
     """Run the phases of `schedule` (a Schedule or a list of Phases) in order; always returns a report.
 
-    A node or time limit of the whole run stops every later phase; a phase's own limit ends that phase."""
+    A node or time limit of the whole run stops every later phase; a phase's own limit ends that phase.
+    `on_step(phase name, iteration, iteration limit)` is called after each step."""
     phases = list(getattr(schedule, "phases", schedule))
     start = time.perf_counter()
     egraph.set_report_level(bindings.TimeOnly())
     report = RunReport(StopReason.SATURATED)
+    bar = progress.task("saturate", transient=True)   # a no-op unless the caller shows progress bars
     try:
         egraph.run(analysis.saturate())
         for phase in phases:
-            phase_report = _PhaseRunner(egraph, phase, phase.limits or limits, start, limits).run()
+            runner = _PhaseRunner(egraph, phase, phase.limits or limits, start, limits)
+            cap = (phase.limits or limits).iterations
+            runner.on_step = lambda it, name=phase.name, cap=cap: (bar.update(
+                f"saturate: phase {name}, iteration {it}", completed=it, total=cap),
+                on_step is not None and on_step(name, it, cap))
+            phase_report = runner.run()
             report.phases.append(phase_report)
             report.iterations += phase_report.iterations
             for name, n in phase_report.matches.items():
@@ -179,5 +275,7 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits()) -> RunReport:
         report.error = f"{type(exc).__name__}: {exc}"
     else:
         report.enodes, report.eclasses = count(egraph)
+    finally:
+        bar.close()
     report.seconds = time.perf_counter() - start
     return report

@@ -227,6 +227,7 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
         row_bytes = (out[0][-1] if out[0] else 1) * k.value_bytes
         if k.row_reduction:
             row_bytes = max(row_bytes, k.row_elements * k.value_bytes)
+        row_bytes = max(row_bytes, 1)   # the rows of an empty tensor hold no bytes
         tile = max(row_bytes, (NPU_VECTOR_TILE // row_bytes) * row_bytes)
         # A tile per computed value and per operand the vector unit reads; an operand smaller than a
         # tile (a per-channel scale) needs only its own bytes. Matmul operands live in L1/L0, not the UB.

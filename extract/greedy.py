@@ -147,8 +147,9 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
     graph = build_graph(fz, enc, choice)
     cost, per_node = program_cost(graph, target)
     hoisted = _hoisted(choice)
-    return Extraction(graph, cost, per_node, declined=declined_fusions(fz, choice, own, target, hoisted),
-                      memory=memory)
+    method = f"greedy ({fz.growth_cut} kernels grew less: growth budget spent)" if fz.growth_cut else "greedy"
+    return Extraction(graph, cost, per_node, method=method,
+                      declined=declined_fusions(fz, choice, own, target, hoisted), memory=memory)
 
 
 def _choose(fz: FrozenEGraph, nodes: list, own: dict, parents: dict) -> dict:

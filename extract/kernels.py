@@ -30,6 +30,27 @@ MAX_VARIANTS = 12                           # per growth; past it only the large
 PRODUCERS = frozenset({"smm", "sconv", "schain"})  # compute-heavy: recomputing one in two kernels doubles it
 TENSOR_OPERANDS = {"sarg": (0,), "smm": (0, 1), "sconv": (0, 1), "schain": (1,)}  # children loaded, not computed
 LOOKAHEAD = 8                               # inlining candidates compared at each growth step
+# Work bound: body nodes built while growing the kernels of one program. In a long elementwise chain every
+# op is the root of a kernel that could grow through the whole chain, rebuilding its body at each step
+# (cubic work: a 200-op chain took a minute to extract). Each kernel may build its share of what is left,
+# and at least KERNEL_FLOOR while the budget lasts, so programs of a few hundred ops are expanded as if
+# there were no budget; past it, kernels grow less (each keeps its first variant), and the extraction
+# says how many were cut.
+GROWTH_BUDGET = 300_000
+KERNEL_FLOOR = 6_000
+
+
+class GrowthBudget:
+    """Body nodes that kernel growth may still build in one expansion (`GROWTH_BUDGET`)."""
+
+    def __init__(self, kernels: int, total: int | None = None):
+        self.left, self.kernels, self.cut = GROWTH_BUDGET if total is None else total, kernels, 0
+
+    def share(self) -> int:
+        """What the next kernel may build."""
+        share = max(self.left // max(self.kernels, 1), min(KERNEL_FLOOR, self.left))
+        self.kernels -= 1
+        return share
 
 
 class BodyError(ValueError):
@@ -218,23 +239,28 @@ def _constant_classes(fz: FrozenEGraph) -> set:
     return constant
 
 
-def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_types, order: dict) -> list[ENode]:
+def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_types, order: dict,
+             budget: GrowthBudget | None = None) -> list[ENode]:
     """Concrete kernels for `kernel(root)` in tensor class `own`, growing from the root (module doc).
     Three growths: one never takes in a matmul or convolution (elementwise and row fusion only); one may,
     from the root (a matmul with a short epilogue); and one may, from the largest body of the first
-    (a matmul with everything after it that fits)."""
+    (a matmul with everything after it that fits). Growth stops where `budget`'s share is spent."""
     out: list[ENode] = []
     seen: set = set()
     built: dict = {}
+    allowance = budget.share() if budget is not None else math.inf
+    spent, cut = 0, False
 
     def build(inline: dict):
         """(body, loaded classes) for an inline set, or None if it makes no valid body; each set once."""
+        nonlocal spent
         key = frozenset(inline.items())
         if key not in built:
             try:
                 built[key] = build_body(fz, conv_params, root, inline)
             except BodyError:
                 built[key] = None
+            spent += len(built[key][0]) if built[key] is not None else 1
         return built[key]
 
     def tiled(body: tuple, loaded: list) -> list[ENode]:
@@ -247,6 +273,7 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
 
     def grow(inline: dict, producers: bool) -> dict:
         """Append the bodies of one growth to `out`; returns the largest inline set within the limits."""
+        nonlocal cut
         kept, largest, fits = 0, None, inline
         while inline is not None:
             if build(inline) is None:
@@ -268,6 +295,9 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
                 else:
                     largest = nodes        # past the cap, only the largest body is kept
             fits = inline
+            if spent >= allowance:
+                cut = True
+                break
             inline = _next_to_inline(fz, order, build, root, inline, producers)
         if largest is not None:
             out.extend(largest)
@@ -279,6 +309,9 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
         grow(start, producers=True)
         if widest is not start:
             grow(widest, producers=True)
+    if budget is not None:
+        budget.left = max(budget.left - spent, 0)
+        budget.cut += cut
     return out
 
 
@@ -340,6 +373,7 @@ def expand(fz: FrozenEGraph, conv_params, target: Target) -> FrozenEGraph:
     types = {cls: (fz.shapes[cls], fz.dtypes[cls]) for cls in fz.classes if cls in fz.shapes and cls in fz.dtypes}
     view = FrozenEGraph(shapes=fz.shapes, dtypes=fz.dtypes, outputs=fz.outputs)
     order = inline_order(fz, types)
+    budget = GrowthBudget(sum(1 for nodes in fz.classes.values() for n in nodes if n.fn == "kernel" and not n.args))
     for cls, nodes in fz.classes.items():
         if cls in scalar:
             continue
@@ -347,9 +381,10 @@ def expand(fz: FrozenEGraph, conv_params, target: Target) -> FrozenEGraph:
         for n in nodes:
             if n.fn == "kernel" and not n.args:
                 if cls in types:
-                    kept.extend(v for v in variants(fz, conv_params, cls, n.children[0], target, types, order)
-                                if v not in kept)
+                    kept.extend(v for v in variants(fz, conv_params, cls, n.children[0], target, types, order,
+                                                    budget) if v not in kept)
             else:
                 kept.append(n)
         view.classes[cls] = kept
+    view.growth_cut = budget.cut
     return view

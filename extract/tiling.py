@@ -110,6 +110,8 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
     mats = [i for i, n in enumerate(body) if n.op in MATRIX]
     if not mats:
         return None
+    if any(0 in body[j].shape for i in mats for j in (i, *body[i].inputs)):
+        raise Untileable("a matrix op with an empty operand or result: nothing to tile")
     after = []                        # for each node, the matrix ops it is computed from
     for i, n in enumerate(body):
         deps = set()

@@ -299,12 +299,13 @@ def evaluate_node(op: str, attrs: tuple, inputs, shape: tuple, dtype) -> np.ndar
     return out
 
 
-def evaluate(graph: Graph, args, precise: bool = False) -> list[np.ndarray]:
+def evaluate(graph: Graph, args, precise: bool = False, round_args: bool = True) -> list[np.ndarray]:
     """Evaluate the live nodes in order; returns the outputs as numpy arrays.
 
     With `precise=True` every floating-point value is computed and kept in float64 (inputs are first
     rounded to their declared dtype): the program's value without its rounding errors, which
-    verification measures both the original and an optimized program against."""
+    verification measures both the original and an optimized program against. A kernel's body is
+    evaluated with `round_args=False`: its inputs are values of the program, not rounded again."""
     env: dict[int, np.ndarray] = {}
     opaque_results: dict[tuple, list] = {}
 
@@ -315,7 +316,9 @@ def evaluate(graph: Graph, args, precise: bool = False) -> list[np.ndarray]:
         node = graph.nodes[i]
         ins = [env[j] for j in node.inputs]
         if node.op == "arg":
-            value = np.asarray(args[node.attrs[0]]).astype(np.dtype(node.dtype), copy=False)
+            value = np.asarray(args[node.attrs[0]])
+            if round_args:
+                value = value.astype(np.dtype(node.dtype), copy=False)
             env[i] = value.astype(compute_dtype(node.dtype), copy=False)
         elif node.op == "const":
             env[i] = np.asarray(graph.consts[node.attrs[0]]).astype(compute_dtype(node.dtype), copy=False)
@@ -323,7 +326,7 @@ def evaluate(graph: Graph, args, precise: bool = False) -> list[np.ndarray]:
             env[i] = np.asarray(node.attrs[0], dtype=compute_dtype(node.dtype))
         elif node.op == "kernel":  # one launch: its body is a small program over the kernel's inputs
             body = node.attrs[0]
-            env[i] = evaluate(Graph(nodes=list(body), outputs=[len(body) - 1]), ins, precise)[0]
+            env[i] = evaluate(Graph(nodes=list(body), outputs=[len(body) - 1]), ins, precise, round_args=False)[0]
         elif node.op == "opaque":
             key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
             if key not in opaque_results:

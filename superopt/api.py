@@ -12,9 +12,9 @@ import numpy as np
 from superopt import verify as verification
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
-from superopt.egraph.frozen import freeze
+from superopt.egraph.isolate import saturate_isolated
 from superopt.egraph.ir import Graph, pretty
-from superopt.egraph.runner import Limits, RunReport, StopReason, saturate
+from superopt.egraph.runner import Limits, RunReport, StopReason
 from superopt.extract.greedy import ExtractionError, extract, program_cost
 from superopt.extract.memory import parse_bytes, peak_memory
 from superopt.extract.target import load_target
@@ -133,10 +133,11 @@ def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, 
         return Specialization(jitted_original, report, original, original, captured.out_tree, captured.in_avals)
 
     enc = stage("encode", encode, original)
-    run = report.run = stage("saturate", saturate, enc.egraph, schedule, limits)
-    if run.stop_reason is StopReason.ERROR:
+    # In a child process: hard time and memory limits, and a crash in egglog cannot take the caller down.
+    run, frozen = stage("saturate", saturate_isolated, enc.egraph, schedule, limits)
+    report.run = run
+    if frozen is None:
         return keep_original(f"saturation failed ({run.error})")
-    frozen = stage("freeze", freeze, enc.egraph)
     try:
         chosen = stage("extract", _extract, frozen, enc, tgt, extractor, memory_budget)
     except ExtractionError as exc:

@@ -1,10 +1,34 @@
-"""The `superopt` command: `superopt rules list [--ruleset NAME]`, `superopt rules check [NAME ...]`,
-`superopt calibrate`, `superopt demo`."""
+"""The `superopt` command.
+
+    superopt optimize MODULE:FN [--target T] [--shapes 128x768 768x768:f16 ...] [--html FILE]
+    superopt explain  MODULE:FN [--target T] [--shapes ...] [--alternatives N] [--html FILE]
+    superopt emulate  MODULE:FN --target npu-910b [--shapes ...] [--timeline FILE.png|.json] [--html FILE]
+    superopt bench    [--target T] [--filter RE] ...      (regenerates BENCHMARKS.md; from a source checkout)
+    superopt rules list [--ruleset NAME] | superopt rules check [NAME ...]
+    superopt calibrate [--quick] | superopt demo
+
+MODULE is a module name (importable from the current directory) or a path to a .py file; FN is a function
+in it. Without --shapes, FN may be a workload: a `bench.programs.Workload`, or a function of no arguments
+returning one (e.g. `bench.programs:bert_encoder_layer`), whose example arguments are used. Progress bars
+show on a terminal and nowhere else.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import inspect
+import os
 import sys
+import tempfile
+from pathlib import Path
 
+DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
+          "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}
+REPO = Path(__file__).resolve().parents[1]   # the source checkout, when superopt runs from one
+
+
+# ---- rules, calibrate, demo ----
 
 def _rules_list(args) -> int:
     from superopt.rulesets import RULESETS, resolve
@@ -56,9 +80,202 @@ def _demo(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="superopt", description="equality-saturation superoptimizer for JAX")
-    sub = parser.add_subparsers(dest="command", required=True)
+# ---- loading a function and its example arguments ----
+
+def parse_shape(text: str, default_dtype: str = "float32") -> tuple[tuple, str]:
+    """`128x768`, `128x768:f16`, `scalar:i32` or `()` -> (shape, dtype name)."""
+    import jax.numpy as jnp
+    dims, _, dtype = text.partition(":")
+    dtype = DTYPES.get(dtype, dtype) or default_dtype
+    try:
+        shape = () if dims in ("", "()", "scalar") else tuple(int(d) for d in dims.lower().split("x"))
+        name = jnp.dtype(dtype).name
+    except (TypeError, ValueError):
+        raise ValueError(f"superopt: cannot read the shape {text!r}; write e.g. 128x768 or 128x768:f16 "
+                         f"(dtypes: {', '.join(DTYPES)})") from None
+    return shape, name
+
+
+def load_function(target_spec: str):
+    """`MODULE:FN` (or `path/file.py:FN`) -> the object named."""
+    module_name, _, attr = target_spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"superopt: expected MODULE:FN (e.g. bench.programs:reassoc_chain or model.py:forward), "
+                         f"got {target_spec!r}")
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = Path(module_name)
+        if not path.is_file():
+            raise ValueError(f"superopt: no file {module_name}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path:      # as `python -m` does: modules beside the caller import
+            sys.path.insert(0, os.getcwd())
+        if (REPO / module_name.split(".")[0]).is_dir() and str(REPO) not in sys.path:
+            sys.path.append(str(REPO))       # bench.programs and friends, from the checkout superopt runs from
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"superopt: cannot import {module_name!r} ({exc})") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"superopt: {module_name} has no {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _is_workload(obj) -> bool:
+    return all(hasattr(obj, a) for a in ("fn", "args", "name"))
+
+
+def function_and_args(target_spec: str, shapes: list[str] | None, dtype: str = "float32", seed: int = 0):
+    """(fn, example args, a name for titles) for a command's MODULE:FN and --shapes."""
+    obj = load_function(target_spec)
+    name = target_spec.partition(":")[2]
+    if shapes:
+        if not callable(obj):
+            raise ValueError(f"superopt: {target_spec} is not a function")
+        from superopt.verify import random_args
+        return obj, tuple(random_args([parse_shape(s, dtype) for s in shapes], seed)), name
+    if not _is_workload(obj) and callable(obj):
+        params = inspect.signature(obj).parameters.values()
+        if all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            obj = obj()
+    if _is_workload(obj):
+        return obj.fn, tuple(obj.args), obj.name
+    raise ValueError(f"superopt: give the argument shapes of {target_spec} with --shapes (e.g. --shapes 128x768 "
+                     "768x768:f16), or name a workload builder such as bench.programs:reassoc_chain")
+
+
+def _compile(args, backend: str | None = None):
+    from superopt import superopt
+    fn, example, name = function_and_args(args.function, args.shapes, args.dtype)
+    fast = superopt(fn, target=args.target, extractor=args.extractor, verify=not args.no_verify, backend=backend)
+    return fast, fast.compile(*example), example, name
+
+
+def _timeline(spec, example, path: str) -> str | None:
+    """Run the NPU program numerically on `example` with tracing and write its timeline; None off the NPU."""
+    if spec.npu is None:
+        return None
+    import jax
+    run = spec.npu.run(*jax.tree_util.tree_leaves(example))
+    spec.npu.write_timeline(run, path)
+    return path
+
+
+def _html(args, spec, example, name: str, explanation: str = "", png: str | None = None) -> None:
+    """The --html page; the NPU timeline is `png`, or drawn from a run on `example` when not given."""
+    from superopt import html
+    with tempfile.TemporaryDirectory() as tmp:
+        png = png or _timeline(spec, example, os.path.join(tmp, "timeline.png"))
+        note = spec.report.backend if args.target.startswith("npu") else \
+            f"target {args.target} runs through JAX; timelines are drawn for NPU targets (--target npu-910b)"
+        html.write(args.html, spec, f"superopt: {name} on {args.target}", timeline_png=png, note=note,
+                   explanation=explanation)
+    print(f"wrote {args.html}", file=sys.stderr)
+
+
+# ---- optimize, explain, emulate, bench ----
+
+def _optimize(args) -> int:
+    from superopt.egraph.ir import pretty
+    _, spec, example, name = _compile(args)
+    print(spec.report)
+    if args.print_term:
+        print()
+        print(pretty(spec.term))
+    if args.html:
+        _html(args, spec, example, name)
+    return 0
+
+
+def _explain(args) -> int:
+    from superopt.explain import alternatives, explain
+    fast, spec, example, name = _compile(args)
+    alts = alternatives(fast.fn, example, args.target, limit=args.alternatives) if args.alternatives else []
+    text = explain(spec, alts)
+    print(text)
+    if args.html:
+        _html(args, spec, example, name, explanation=text)
+    return 0
+
+
+def _emulate(args) -> int:
+    from superopt.extract.target import load_target
+    from superopt.lowering.npu.lower import NpuExecutable
+    if load_target(args.target).npu is None:
+        raise ValueError(f"superopt: emulate runs NPU targets (npu-910, npu-910b), not {args.target!r}")
+    _, spec, example, name = _compile(args, backend="emulator")
+    if spec.npu is None:
+        print(f"superopt: the program does not run on the emulator: {spec.report.backend}", file=sys.stderr)
+        return 1
+    timeline = args.timeline or f"{name.replace('.', '-')}-{args.target}.png"
+    _timeline(spec, example, timeline)
+    run = spec.npu.last
+    before = NpuExecutable(spec.original, load_target(args.target)).estimate().cycles
+    print(f"superopt emulate ({args.target}): {name}, {spec.report.outcome}")
+    print("\n".join(spec.npu.describe(run, before)))
+    print(f"  emulated in {run.wall_seconds:.2f} s (numeric, traced); timeline written to {timeline}")
+    if args.html:
+        _html(args, spec, example, name, png=timeline if timeline.endswith(".png") else None)
+    return 0
+
+
+def _bench_main():
+    """bench.run.main, from the source checkout superopt runs from (bench/ is not installed)."""
+    if not (REPO / "bench" / "run.py").is_file():
+        raise ValueError("superopt: `superopt bench` runs from a source checkout (bench/ is not installed)")
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from bench.run import main as bench_main
+    return bench_main
+
+
+def _bench(args) -> int:
+    return _bench_main()(args.bench_args, prog="superopt bench")
+
+
+def _add_program_options(p, target: str = "cpu", html: bool = True) -> None:
+    p.add_argument("function", metavar="MODULE:FN", help="the function, e.g. bench.programs:reassoc_chain")
+    p.add_argument("--target", default=target, help=f"cpu, gpu-a100, gpu-h100, npu-910, npu-910b (default {target})")
+    p.add_argument("--shapes", nargs="+", metavar="SHAPE",
+                   help="one per positional argument: 128x768, 128x768:f16, scalar:i32 (random inputs)")
+    p.add_argument("--dtype", default="float32", help="dtype of --shapes without one (default float32)")
+    p.add_argument("--extractor", default="greedy", choices=("greedy", "ilp"))
+    p.add_argument("--no-verify", action="store_true", help="skip the check against the original")
+    if html:
+        p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="superopt", description="equality-saturation superoptimizer for JAX")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    opt = sub.add_parser("optimize", help="optimize a function and print the report")
+    _add_program_options(opt)
+    opt.add_argument("--print-term", action="store_true", help="also print the chosen program")
+    opt.set_defaults(run=_optimize)
+
+    exp = sub.add_parser("explain", help="which rules fired and why this program won (cost per kernel)")
+    _add_program_options(exp)
+    exp.add_argument("--alternatives", type=int, default=4, metavar="N",
+                     help="price up to N programs of the e-graph (saturates again; 0: skip)")
+    exp.set_defaults(run=_explain)
+
+    emu = sub.add_parser("emulate", help="run the program on the NPU emulator and write its timeline")
+    _add_program_options(emu, target="npu-910b")
+    emu.add_argument("--timeline", metavar="FILE", help="PNG Gantt chart, or Chrome-trace JSON if FILE ends in "
+                                                        ".json (default FN-TARGET.png)")
+    emu.set_defaults(run=_emulate)
+
+    bench = sub.add_parser("bench", add_help=False, help="run the benchmarks and regenerate BENCHMARKS.md "
+                                                         "(`superopt bench --help` for its options)")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(run=_bench)
+
     rules = sub.add_parser("rules", help="inspect the registered rewrite rules")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
     listing = rules_sub.add_parser("list", help="list rules with their rule set, numerics and source")
@@ -68,14 +285,25 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("names", nargs="*", help="rule names to check")
     check.add_argument("--examples", type=int, default=60, help="bindings per rule (default 60)")
     check.set_defaults(run=_rules_check)
+
     cal = sub.add_parser("calibrate", help="measure this machine's FLOP/s and bandwidth for the cpu target")
     cal.add_argument("--quick", action="store_true", help="small sizes: seconds instead of tens of seconds")
     cal.set_defaults(run=_calibrate)
     demo = sub.add_parser("demo", help="optimize the embedded transformer block and time it")
     demo.set_defaults(run=_demo)
-    args = parser.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:   # bench has its own options (bench/run.py); pass them through untouched
+        args = argparse.Namespace(run=_bench, bench_args=argv[1:])
+    else:
+        args = parser().parse_args(argv)
+    from superopt import progress
     try:
-        return args.run(args)
+        with progress.bars():
+            return args.run(args)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench.programs import mixed_precision_mlp_args as _mlp_args  # the benchmark's MLP, small
+from bench.programs import mixed_precision_mlp_fn as mixed_precision_mlp
 from superopt import superopt
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
@@ -85,20 +87,6 @@ def test_every_listed_widening_is_exact_on_all_of_the_narrow_type(narrow, wide):
 
 def test_cast_rules_are_registered_and_default():
     assert "casts" in RULESETS and "casts" in DEFAULT
-
-
-def mixed_precision_mlp(x, w1, b1, w2):
-    h = x.astype(f32) @ w1.astype(f32) + b1          # f16 operands widened for an f32 matmul
-    h = jax.nn.relu(h).astype(f16)
-    h = h.astype(f32).astype(f16)                    # a layer boundary that widens and narrows again
-    y = h.astype(f32) @ w2.astype(f32)
-    return y.astype(f16)
-
-
-def _mlp_args(seed=0, m=64, k=128, n=256, o=64):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((m, k)).astype(np.float16), (rng.standard_normal((k, n)) * 0.1).astype(np.float16),
-            rng.standard_normal((n,)).astype(np.float32), (rng.standard_normal((n, o)) * 0.1).astype(np.float16))
 
 
 @pytest.mark.parametrize("target", ["cpu", "gpu-h100"])

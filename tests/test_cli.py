@@ -43,3 +43,214 @@ def test_rules_check_unknown_rule(capsys):
 def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "superopt.cli", "rules", "list"], capture_output=True, text=True)
     assert result.returncode == 0 and "transpose-of-transpose" in result.stdout
+
+
+# ---- optimize, explain, emulate, bench, --html ----
+
+import base64  # noqa: E402
+import json  # noqa: E402
+import xml.etree.ElementTree as ET  # noqa: E402
+from html.parser import HTMLParser  # noqa: E402
+
+import pytest  # noqa: E402
+
+from superopt import html as html_report  # noqa: E402
+from superopt.cli import function_and_args, parse_shape  # noqa: E402
+
+PROGRAM = '''
+import jax
+
+def chain(A, B, v):
+    return (A @ B) @ v
+
+def layer(x, w, b):
+    return jax.nn.relu(x @ w + b)
+'''
+
+
+@pytest.fixture
+def program(tmp_path):
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM)
+    return str(path)
+
+
+def test_shapes_are_read_with_their_dtypes():
+    assert parse_shape("128x768") == ((128, 768), "float32")
+    assert parse_shape("4x8:f16") == ((4, 8), "float16")
+    assert parse_shape("scalar:i32") == ((), "int32")
+    with pytest.raises(ValueError, match="cannot read the shape"):
+        parse_shape("4xq")
+
+
+def test_a_function_needs_shapes_unless_it_is_a_workload(program):
+    with pytest.raises(ValueError, match="--shapes"):
+        function_and_args(program + ":chain", None)
+    fn, args, name = function_and_args("bench.programs:reassoc_chain", None)
+    assert name == "reassoc-chain" and [a.shape for a in args] == [(1024, 1024), (1024, 1024), (1024, 1)]
+    with pytest.raises(ValueError, match="expected MODULE:FN"):
+        function_and_args("no_colon_here", None)
+
+
+def test_optimize_prints_the_report_and_the_chosen_program(program, capsys):
+    assert main(["optimize", program + ":chain", "--shapes", "256x256", "256x256", "256x1", "--print-term"]) == 0
+    out = capsys.readouterr().out
+    assert "superopt report (target cpu)" in out and "outcome      : optimized" in out
+    assert "matmul-assoc" in out
+    # the chosen program multiplies B @ v first: a matmul whose result is a 256x1 column, fed to the second
+    assert out.count("matmul(") >= 2 and "f32[256,1]" in out.split("return")[0]
+
+
+def test_optimize_reports_an_unknown_module(capsys):
+    assert main(["optimize", "no_such_module_xyz:f", "--shapes", "2x2"]) == 2
+    assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+
+
+def test_explain_names_rules_with_sources_and_prices_every_launch(program, capsys):
+    assert main(["explain", program + ":layer", "--shapes", "64x128", "128x256", "256", "--target", "gpu-h100",
+                 "--alternatives", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "Rules that fired, by phase" in out and "phase fusion:" in out
+    assert "rulesets/fusion.py:" in out          # where each rule that fired is declared
+    chosen = out.split("chosen program (")[1].split("original program")[0]
+    assert "kernel{" in chosen and "regs" in chosen and "occupancy" in chosen   # the GPU model's own factors
+    # the cheapest of the e-graph's programs is listed first, at 1.00x
+    listing = out.split("Programs in the e-graph")[1].splitlines()[1:]
+    assert listing[0].strip().startswith("#1") and "1.00x the cheapest" in listing[0]
+    ratios = [float(line.split("x the cheapest")[0].split()[-1]) for line in listing if "x the cheapest" in line]
+    assert ratios == sorted(ratios) and len(ratios) >= 2
+
+
+def test_emulate_writes_the_timeline(program, tmp_path, capsys):
+    png, trace = tmp_path / "t.png", tmp_path / "t.json"
+    assert main(["emulate", program + ":layer", "--shapes", "64x128", "128x256", "256", "--timeline", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "superopt emulate (npu-910b)" in out and "cycles" in out and "original program" in out
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert main(["emulate", program + ":layer", "--shapes", "64x128", "128x256", "256", "--target", "npu-910",
+                 "--timeline", str(trace)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" and e["dur"] > 0 for e in events)
+
+
+def test_emulate_refuses_a_target_that_is_not_an_npu(program, capsys):
+    assert main(["emulate", program + ":layer", "--shapes", "4x4", "4x4", "4", "--target", "cpu"]) == 2
+    assert "emulate runs NPU targets" in capsys.readouterr().err
+
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.hrefs, self.imgs, self.tables, self.stack = set(), [], [], 0, []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.ids.add(a.get("id"))
+        self.hrefs += [a["href"]] if tag == "a" and "href" in a else []
+        self.imgs += [a["src"]] if tag == "img" else []
+        self.tables += tag == "table"
+
+
+def _svgs(text: str) -> list:
+    """Each inline SVG, parsed as XML (it must be well formed)."""
+    chunks = text.split("<svg")[1:]
+    return [ET.fromstring("<svg" + c.split("</svg>")[0] + "</svg>") for c in chunks]
+
+
+@pytest.mark.parametrize("drawn_by", ["built-in layout", "graphviz"])
+def test_the_html_report_is_self_contained_with_graphs_costs_and_timeline(drawn_by, program, tmp_path, capsys,
+                                                                          monkeypatch):
+    import shutil
+    if drawn_by == "graphviz" and shutil.which("dot") is None:
+        pytest.skip("graphviz is not installed (the built-in layout is tested without it)")
+    if drawn_by == "built-in layout":
+        monkeypatch.setattr(html_report.shutil, "which", lambda name: None)
+    page = tmp_path / "report.html"
+    assert main(["emulate", program + ":layer", "--shapes", "64x128", "128x256", "256", "--timeline",
+                 str(tmp_path / "t.png"), "--html", str(page)]) == 0
+    text = page.read_text()
+    assert html_report.check(text) == []
+    parsed = _Page()
+    parsed.feed(text)
+    # every link is an anchor of the page, and every section the navigation names exists
+    assert parsed.hrefs and all(h.startswith("#") and h[1:] in parsed.ids for h in parsed.hrefs)
+    assert {"summary", "rules", "graphs", "costs", "timeline"} <= parsed.ids
+    # the timeline is an inline PNG that decodes to an image
+    (src,) = parsed.imgs
+    import io
+    import matplotlib.image
+    image = matplotlib.image.imread(io.BytesIO(base64.b64decode(src.split(",", 1)[1])), format="png")
+    assert image.shape[0] > 100 and image.shape[1] > 100
+    # the term graphs before and after, one drawn box per live node of each program
+    before, after = _svgs(text)
+    assert "matmul" in "".join(before.itertext()) and "kernel{" in "".join(after.itertext())
+    assert ("graphviz (dot)" if drawn_by == "graphviz" else "built-in layered layout") in text
+    assert "cost table" in text.lower() and parsed.tables >= 3
+    assert "rulesets/fusion.py:" in text
+
+
+def test_the_fallback_graph_drawing_has_a_box_per_node_and_an_arrow_per_edge():
+    import jax.numpy as jnp
+    from superopt.egraph.capture import capture
+    graph = capture(lambda x, w: jnp.tanh(x @ w) + x @ w, (jnp.ones((4, 8)), jnp.ones((8, 4)))).graph
+    svg, how = html_report.graph_svg(graph, use_dot=False, uid="t")
+    assert how == "the built-in layered layout"
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    live = graph.live()
+    assert len(list(root.iter(ns + "rect"))) == len(live)
+    assert len(list(root.iter(ns + "path"))) - 1 == sum(len(graph.nodes[i].inputs) for i in live)  # - the marker
+
+
+def test_the_page_checker_finds_broken_links_and_outside_images():
+    bad = '<a href="#nowhere">x</a><img src="figure.png"><script src="https://example.invalid/x.js"></script>'
+    problems = html_report.check(bad)
+    assert len(problems) == 3 and "points nowhere" in problems[0] and "not an inline PNG" in problems[1]
+
+
+def test_bench_regenerates_its_markdown_and_plots(tmp_path, capsys):
+    out, figures = tmp_path / "B.md", tmp_path / "figs"
+    assert main(["bench", "--filter", "^gemm-chain-g10$", "--sections", "table,tiling", "--repeats", "1",
+                 "--rounds", "1", "--output", str(out), "--figures", str(figures)]) == 0
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| gemm-chain-g10 | GEMM chain"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "optimized" and int(cells[5]) > 0 and float(cells[6]) > 0     # outcome, e-nodes, seconds
+    run_row = next(line for line in text.splitlines() if line.startswith("| gemm-chain-g10 | ") and line is not row
+                   and "GEMM chain" not in line)
+    assert float(run_row.split("|")[4]) > 0                                           # the measured ratio
+    assert "| npu-910 | G10 |" in text and "| gpu-a100 | G10 |" in text              # the tiling section
+    links = [part.split(")")[0] for part in text.split("](")[1:]]
+    assert len(links) == 2
+    for link in links:                                                                 # every plot exists
+        assert (out.parent / link).read_bytes().startswith(b"\x89PNG")
+
+
+def test_bench_rejects_what_matches_nothing(capsys):
+    assert main(["bench", "--filter", "^no-such-workload$", "--output", "/dev/null"]) == 2
+    assert "nothing matches" in capsys.readouterr().err
+    assert main(["bench", "--sections", "table,nonsense"]) == 2
+    assert "unknown section(s) nonsense" in capsys.readouterr().err
+
+
+def test_bench_help_lists_its_options(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "--filter" in out and "--target" in out and out.startswith("usage: superopt bench")
+
+
+def test_saturation_shows_progress_on_a_terminal_and_nothing_otherwise(program, capsys, monkeypatch):
+    from superopt import progress, superopt
+    import jax.numpy as jnp
+    args = (jnp.ones((32, 32)), jnp.ones((32, 32)), jnp.ones((32, 1)))
+    fn, _, _ = function_and_args(program + ":chain", ["32x32", "32x32", "32x1"])
+    with progress.bars():                       # stderr is captured here, not a terminal: quiet
+        superopt(fn, target="cpu").compile(*args)
+    assert capsys.readouterr().err == ""
+    seen = []
+    with progress.bars(enabled=True) as live:   # as on a terminal
+        monkeypatch.setattr(live, "update", lambda task, **kw: seen.append(kw.get("description")))
+        superopt(fn, target="cpu").compile(*args)
+    assert "saturate: phase algebra, iteration 1" in seen

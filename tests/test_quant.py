@@ -6,25 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from bench.programs import qlinear_args as _args   # the benchmark's int8 layer, any shape
+from bench.programs import qlinear_fn as qlinear
 from superopt import superopt
 from superopt.rewrites.reference import evaluate
 
 f32 = jnp.float32
-
-
-def qlinear(xq, wq, w_scale, bias):
-    """Symmetric int8 activations (one scale), int8 weights with a scale per output column, f32 bias, and
-    an int8 result with scale 0.1 and zero point 3."""
-    x = xq.astype(f32) * 0.05
-    w = wq.astype(f32) * w_scale
-    y = x @ w + bias
-    return jnp.clip(jnp.round(y / 0.1) + 3, -128, 127).astype(jnp.int8)
-
-
-def _args(m, k, n, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.integers(-128, 128, (m, k)).astype(np.int8), rng.integers(-128, 128, (k, n)).astype(np.int8),
-            (rng.random((n,)) * 2e-3).astype(np.float32), rng.standard_normal(n).astype(np.float32))
 
 
 def _kernels(graph):

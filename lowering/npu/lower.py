@@ -501,6 +501,8 @@ def gemm_candidates(batch: int, m: int, n: int, k: int, dtype: str, target: Targ
     """Loop order m, n, k with tiles the cube can run (two output tiles fit L0C, two slots of the A and B
     tiles fit L1), fastest first by a roofline of the tiles: the bytes the Chimera model counts at the
     chip's bandwidth against the cube cycles of the busiest core (output tiles dealt to the cores)."""
+    if 0 in (batch, m, n, k):
+        raise CodegenError(f"an empty matmul ({batch}x{m}x{n}x{k}): no tiles for the cube")
     npu = target.npu
     item = 1 if dtype == "int8" else 2
     up = lambda x: -(-x // 16) * 16                                            # noqa: E731

@@ -1,0 +1,175 @@
+"""Saturation in a child process: hard time and memory limits, and a crash in egglog costs only the child.
+
+One egglog call cannot be interrupted from Python and can allocate without bound, and a panic or a
+crash in Rust would take the caller's process down. So `saturate_isolated` forks: the child saturates
+(`runner.saturate`, whose limits are checked after each rule application), freezes the result into
+plain Python data and sends it back through a pipe, reporting each step on the way (progress bars).
+The parent waits until the time limit plus 10% and kills the child then; the child's address space is
+capped at its size at the fork plus `Limits.memory`. A child that is killed, runs out of memory or
+crashes yields a report with that stop reason and an error, and no e-graph: the caller keeps the
+original program.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import resource
+import select
+import signal
+import struct
+import sys
+import tempfile
+import time
+import warnings
+
+from superopt import progress
+from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
+from superopt.egraph.runner import NODE_SLACK, Limits, RunReport, StopReason, saturate
+
+_HEADER = struct.Struct("<Q")
+
+
+def portable(view: FrozenEGraph) -> FrozenEGraph:
+    """`view` with egglog's e-class values (which do not pickle) replaced by integers, in order of
+    first appearance, so the same e-graph always gets the same numbers."""
+    ids: dict = {}
+
+    def cid(value) -> int:
+        return ids.setdefault(value, len(ids))
+
+    out = FrozenEGraph(growth_cut=view.growth_cut)
+    for cls, nodes in view.classes.items():
+        out.classes[cid(cls)] = [ENode(n.fn, n.args, tuple(cid(c) for c in n.children), cid(cls)) for n in nodes]
+    out.shapes = {cid(k): v for k, v in view.shapes.items()}
+    out.dtypes = {cid(k): v for k, v in view.dtypes.items()}
+    out.outputs = {k: cid(v) for k, v in view.outputs.items()}
+    return out
+
+
+def saturate_isolated(egraph, schedule, limits: Limits = Limits()) -> tuple[RunReport, FrozenEGraph | None]:
+    """`saturate` in a child process: (report, the frozen e-graph), or (report, None) where the child
+    was killed at the time limit, ran out of memory, crashed, or saturation failed (module doc)."""
+    for phase in getattr(schedule, "phases", schedule):
+        for rule in phase.rules:
+            rule.egg  # compiled here, where the cache outlives the child (compiling takes most of a first run)
+    start = time.perf_counter()
+    read_fd, write_fd = os.pipe()
+    errors = tempfile.TemporaryFile()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # JAX warns that fork and threads do not mix: the child runs egglog only
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; coverage is not collected there
+        os.close(read_fd)
+        _child(egraph, schedule, limits, write_fd, errors.fileno())
+    os.close(write_fd)
+    bar = progress.task("saturate", transient=True)
+    deadline = start + limits.seconds * NODE_SLACK
+    try:
+        while True:
+            message = _receive(read_fd, deadline)
+            if message is None or message[0] != "step":
+                break
+            _, name, it, cap = message
+            bar.update(f"saturate: phase {name}, iteration {it}", completed=it, total=cap)
+    except BaseException:  # interrupted (Ctrl-C): the child must not outlive the call
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    finally:
+        bar.close()
+        os.close(read_fd)
+    if message is not None and message[0] == "done":
+        os.waitpid(pid, 0)
+        errors.close()
+        return message[1], message[2]
+    seconds = time.perf_counter() - start
+    timed_out = message is None and time.perf_counter() >= deadline
+    if timed_out:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    errors.seek(0)
+    stderr = errors.read().decode(errors="replace").strip()
+    errors.close()
+    report = RunReport(StopReason.ERROR, seconds=seconds)
+    if timed_out:
+        report.stop_reason = StopReason.TIME_LIMIT
+        report.error = (f"saturation did not stop within the time limit plus 10% ({limits.seconds * NODE_SLACK:.3g} s): "
+                        "the child process running egglog was killed")
+    elif (message is not None and message[0] == "memory") or "memory allocation" in stderr:
+        report.stop_reason = StopReason.MEMORY_LIMIT
+        report.error = f"saturation ran out of its memory limit ({limits.memory / 2**30:.3g} GiB)"
+    elif message is not None:
+        report.error = message[1]
+    else:
+        how = f"signal {signal.Signals(-os.waitstatus_to_exitcode(status)).name}" \
+            if os.WIFSIGNALED(status) else f"exit status {os.waitstatus_to_exitcode(status)}"
+        first = stderr.splitlines()[0] if stderr else "no message"
+        report.error = f"egglog crashed ({how}): {first}"
+    return report, None
+
+
+def _child(egraph, schedule, limits: Limits, write_fd: int, errors_fd: int) -> None:  # pragma: no cover
+    """Saturate, freeze and send; never returns (os._exit skips the parent's exit handlers)."""
+    try:
+        os.dup2(errors_fd, 2)
+        sys.stderr = open(2, "w", closefd=False)
+        if faulthandler.is_enabled():  # a crash's Python traceback goes with the rest of the child's errors
+            faulthandler.enable(sys.stderr)
+        _cap_memory(limits.memory)
+
+        def send(message) -> None:
+            payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            os.write(write_fd, _HEADER.pack(len(payload)))
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(write_fd, view):]
+
+        try:
+            with progress.bars(enabled=False):
+                report = saturate(egraph, schedule, limits, on_step=lambda *step: send(("step", *step)))
+            frozen = portable(freeze(egraph)) if report.stop_reason is not StopReason.ERROR else None
+            send(("done", report, frozen))
+        except MemoryError:
+            send(("memory",))
+        except BaseException as exc:  # noqa: BLE001 - egglog's PanicException derives from BaseException
+            send(("error", f"egglog failed: {type(exc).__name__}: {exc}"))
+    finally:
+        os._exit(0)
+
+
+def _cap_memory(extra: int) -> None:  # pragma: no cover - runs in the child
+    """Cap the address space at its current size plus `extra` bytes (Linux; elsewhere, no cap)."""
+    try:
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = current + extra
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _receive(fd: int, deadline: float):
+    """The next message from the child, or None at the deadline or where the child closed the pipe."""
+    header = _read(fd, _HEADER.size, deadline)
+    if header is None:
+        return None
+    body = _read(fd, _HEADER.unpack(header)[0], deadline)
+    return None if body is None else pickle.loads(body)
+
+
+def _read(fd: int, n: int, deadline: float) -> bytes | None:
+    chunks, left = [], n
+    while left:
+        wait = deadline - time.perf_counter()
+        if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+            return None
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

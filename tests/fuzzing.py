@@ -1,0 +1,418 @@
+"""Random well-typed JAX programs for fuzzing superopt, and the checks a program must pass.
+
+A program is data: argument types and statements of Python source, each assigning one value `v<k>`
+from earlier values, closed-over constants and literals. `Program.source` is a complete function, so
+a failing example prints as code that can be pasted, unchanged, into tests/test_regressions.py.
+
+The generator builds programs by construction, never by rejection: every op picks operands of the
+types it needs among the values so far (recent ones first, for deep chains) and, where none fits,
+adds a new argument of a fitting type. Result types come from `jax.eval_shape` of each statement, so
+the generator never has to agree with JAX's type rules. Shapes use size-1 and odd dimensions, operands
+broadcast against each other, and the dtypes are f32, f16, bf16, i32 and i8.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+from jax import lax
+
+FLOATS = ("float32", "float16", "bfloat16")
+INTS = ("int32", "int8")
+DTYPES = FLOATS + INTS
+DIMS = (1, 2, 3, 4, 5, 7, 8, 16)
+MAX_OUTPUTS = 6
+MAX_ELEMENTS = 4096             # per value: keeps every program fast on the NPU emulator and the reference
+
+_NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np}
+
+# Elementwise ops of one operand, as source templates. Ops with a restricted domain get |x| first, so
+# most values stay finite and a NaN, where it appears, is a real one.
+_FLOAT_UNARY = (
+    "-{x}", "jnp.abs({x})", "jnp.sign({x})", "jnp.floor({x})", "jnp.ceil({x})", "jnp.round({x})",
+    "lax.round({x})", "jnp.exp({x})", "jnp.log(jnp.abs({x}))", "jnp.log1p(jnp.abs({x}))", "jnp.expm1({x})",
+    "jnp.tanh({x})", "jax.nn.sigmoid({x})", "jnp.sqrt(jnp.abs({x}))", "lax.rsqrt(jnp.abs({x}) + 1)",
+    "jnp.sin({x})", "jnp.cos({x})", "jnp.square({x})", "lax.erf({x})", "jnp.arctan({x})",
+    "jax.nn.relu({x})", "{x} ** 2", "{x} ** 3", "jax.nn.gelu({x})", "jax.nn.softmax({x}, axis=-1)",
+    "jax.nn.silu({x})", "lax.stop_gradient({x})",
+)
+_INT_UNARY = ("-{x}", "jnp.abs({x})", "jnp.sign({x})", "~{x}", "{x} ** 2", "jax.nn.relu({x})")
+_FLOAT_BINARY = ("{x} + {y}", "{x} - {y}", "{x} * {y}", "{x} / {y}", "jnp.maximum({x}, {y})",
+                 "jnp.minimum({x}, {y})", "jnp.arctan2({x}, {y})")
+_INT_BINARY = ("{x} + {y}", "{x} - {y}", "{x} * {y}", "jnp.maximum({x}, {y})", "jnp.minimum({x}, {y})",
+               "{x} & {y}", "{x} | {y}", "{x} ^ {y}")
+_FLOAT_LITERALS = ("0.0", "1.0", "-1.0", "0.5", "2.0", "3.0")
+_INT_LITERALS = ("0", "1", "-1", "2", "3")
+_COMPARISONS = ("<", ">", "<=", ">=", "==", "!=")
+# Primitives superopt does not model: they must pass through as opaque nodes.
+_OPAQUE = ("jnp.cumsum({x}, axis=-1)", "jnp.flip({x}, axis=0)", "jnp.sort({x}, axis=-1)")
+
+
+@dataclass(frozen=True)
+class Value:
+    name: str
+    shape: tuple
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Program:
+    args: tuple                 # ((shape, dtype), ...) of the arguments a0, a1, ...
+    lines: tuple                # statements "v<k> = <expression>" over arguments and earlier values
+    outputs: tuple              # names of the returned values
+    exact: bool = False         # every value is an integer (or bool): outputs must match exactly
+
+    @property
+    def source(self) -> str:
+        params = ", ".join(f"a{i}" for i in range(len(self.args)))
+        body = "\n".join(f"    {line}" for line in self.lines)
+        return f"def program({params}):\n{body}\n    return {', '.join(self.outputs)}\n"
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.lines)
+
+    def function(self):
+        """The program as a Python function (its source, executed)."""
+        scope = dict(_NAMESPACE)
+        exec(compile(self.source, "<fuzzed program>", "exec"), scope)
+        return scope["program"]
+
+    def __repr__(self):  # what Hypothesis prints for a failing example
+        return f"Program(args={self.args!r}):\n{self.source}"
+
+
+def _shape_str(shape: tuple) -> str:
+    return repr(tuple(int(d) for d in shape))
+
+
+class _Builder:
+    """One program under construction; `draw` is Hypothesis's."""
+
+    def __init__(self, draw):
+        self.draw = draw
+        self.values: list[Value] = []
+        self.args: list[tuple] = []
+        self.lines: list[str] = []
+        self.computed: list[Value] = []
+        self.read: set = set()
+
+    # ---- values ----
+    def new_arg(self, shape: tuple, dtype: str) -> Value:
+        v = Value(f"a{len(self.args)}", tuple(shape), dtype)
+        self.values.append(v)
+        self.args.append((tuple(shape), dtype))
+        return v
+
+    def emit(self, expression: str, operands: list[Value]) -> Value | None:
+        """Append `v<k> = expression`, typed by tracing it; None (nothing appended) where it is too big."""
+        name = f"v{len(self.computed)}"
+        scope = dict(_NAMESPACE)
+        structs = [jax.ShapeDtypeStruct(v.shape, jnp.dtype(v.dtype)) for v in operands]
+        names = [v.name for v in operands]
+        out = jax.eval_shape(lambda *xs: eval(expression, scope, dict(zip(names, xs))), *structs)
+        v = Value(name, tuple(out.shape), str(jnp.dtype(out.dtype)))
+        if v.size > MAX_ELEMENTS:
+            return None
+        self.values.append(v)
+        self.computed.append(v)
+        self.lines.append(f"{name} = {expression}")
+        self.read.update(names)
+        return v
+
+    def pick(self, accept) -> Value | None:
+        """An existing value satisfying `accept`, recent ones first (shrinks towards the newest), and
+        half the time one that nothing reads yet, so that few values end up unused."""
+        fits = [v for v in self.values if accept(v)]
+        unread = [v for v in fits if v.name not in self.read]
+        if unread and self.draw(st.booleans()):
+            fits = unread
+        if not fits:
+            return None
+        return fits[len(fits) - 1 - self.draw(st.integers(0, len(fits) - 1))]
+
+    def shape(self, min_rank: int = 0, max_rank: int = 4) -> tuple:
+        rank = self.draw(st.integers(min_rank, max_rank))
+        return tuple(self.draw(st.lists(st.sampled_from(DIMS), min_size=rank, max_size=rank)))
+
+    def dtype(self, among=DTYPES) -> str:
+        return self.draw(st.sampled_from(among))
+
+    def operand(self, accept=lambda v: True, min_rank: int = 0, dtypes=DTYPES) -> Value:
+        """A value to operate on: usually an existing one, sometimes a fresh argument."""
+        ok = lambda v: v.dtype in dtypes and len(v.shape) >= min_rank and accept(v)
+        found = self.pick(ok) if self.draw(st.integers(0, 4)) else None
+        if found is not None:
+            return found
+        while True:
+            shape, dtype = self.shape(min_rank), self.dtype(dtypes)
+            candidate = Value("", shape, dtype)
+            if ok(candidate) and candidate.size <= MAX_ELEMENTS:
+                return self.new_arg(shape, dtype)
+
+    def partner(self, x: Value) -> Value:
+        """A value of x's dtype whose shape broadcasts with x's: x itself, an existing one, or a new
+        argument with some of x's axes set to 1 and some leading axes dropped."""
+        def broadcasts(v):
+            try:
+                return math.prod(np.broadcast_shapes(v.shape, x.shape)) <= MAX_ELEMENTS
+            except ValueError:
+                return False
+        kind = self.draw(st.integers(0, 3))
+        if kind == 0:
+            return x
+        if kind == 1:
+            found = self.pick(lambda v: v.dtype == x.dtype and v is not x and broadcasts(v))
+            if found is not None:
+                return found
+        drop = self.draw(st.integers(0, len(x.shape)))
+        shape = tuple(1 if self.draw(st.booleans()) and d != 1 and kind == 3 else d for d in x.shape[drop:])
+        return self.new_arg(shape, x.dtype)
+
+    def constant(self, shape: tuple, dtype: str) -> str:
+        seed = self.draw(st.integers(0, 99))
+        if dtype in INTS:
+            return f"np.random.default_rng({seed}).integers(-8, 9, {_shape_str(shape)}).astype(np.{dtype})"
+        return f"np.random.default_rng({seed}).standard_normal({_shape_str(shape)}).astype(jnp.{dtype})"
+
+    # ---- ops: each appends one statement (or none, where the result would be too large) ----
+    def unary(self):
+        x = self.operand()
+        template = self.draw(st.sampled_from(_FLOAT_UNARY if x.dtype in FLOATS else _INT_UNARY))
+        if "axis" in template and not x.shape:
+            template = "jnp.exp({x})"   # softmax needs an axis
+        return self.emit(template.format(x=x.name), [x])
+
+    def binary(self):
+        x = self.operand()
+        y = self.partner(x)
+        table = _FLOAT_BINARY if x.dtype in FLOATS else _INT_BINARY
+        a, b = (x, y) if self.draw(st.booleans()) else (y, x)
+        return self.emit(self.draw(st.sampled_from(table)).format(x=a.name, y=b.name), [a, b])
+
+    def literal(self):
+        x = self.operand()
+        lit = self.draw(st.sampled_from(_FLOAT_LITERALS if x.dtype in FLOATS else _INT_LITERALS))
+        op = self.draw(st.sampled_from("+-*/" if x.dtype in FLOATS else "+-*"))
+        if op == "/" and float(lit) == 0:
+            lit = "2.0"
+        text = f"{x.name} {op} {lit}" if self.draw(st.booleans()) or op == "/" else f"{lit} {op} {x.name}"
+        return self.emit(text, [x])
+
+    def constant_operand(self):
+        x = self.operand()
+        shape = x.shape[self.draw(st.integers(0, len(x.shape))):]
+        op = self.draw(st.sampled_from("+-*"))
+        return self.emit(f"{x.name} {op} {self.constant(shape, x.dtype)}", [x])
+
+    def select(self):
+        x = self.operand()
+        y = self.partner(x)
+        cmp = self.draw(st.sampled_from(_COMPARISONS))
+        a, b = (x, y) if self.draw(st.booleans()) else (y, x)
+        return self.emit(f"jnp.where({x.name} {cmp} {y.name}, {a.name}, {b.name})", [x, y])
+
+    def matmul(self):
+        x = self.operand(min_rank=1)
+        k = x.shape[-1]
+        n = self.draw(st.sampled_from(DIMS))
+        form = self.draw(st.integers(0, 3))
+        if form == 3 and len(x.shape) == 3:   # batched: [b, m, k] @ [b, k, n]
+            w = self.new_arg((x.shape[0], k, n), x.dtype)
+            return self.emit(f"{x.name} @ {w.name}", [x, w])
+        if form == 2 and len(x.shape) >= 2:   # x^T contracted on its second-to-last axis: [m', m] @ x
+            w = self.new_arg((n, x.shape[-2]), x.dtype)
+            return self.emit(f"{w.name} @ {x.name}", [x, w])
+        if form == 1 and x.dtype in ("float16", "bfloat16", "int8"):   # widened operands (mixed precision)
+            w = self.new_arg((k, n), x.dtype)
+            return self.emit(f"{x.name}.astype(jnp.float32) @ {w.name}.astype(jnp.float32)", [x, w])
+        found = self.pick(lambda v: v.dtype == x.dtype and len(v.shape) == 2 and v.shape[0] == k)
+        if found is not None and self.draw(st.booleans()):
+            return self.emit(f"{x.name} @ {found.name}", [x, found])
+        if self.draw(st.booleans()):
+            return self.emit(f"{x.name} @ {self.constant((k, n), x.dtype)}", [x])
+        w = self.new_arg((k, n), x.dtype)
+        return self.emit(f"{x.name} @ {w.name}", [x, w])
+
+    def reduce(self):
+        x = self.operand(min_rank=1)
+        rank = len(x.shape)
+        axes = tuple(sorted(self.draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank))))
+        axis = axes[0] if len(axes) == 1 else axes
+        fns = ["sum", "max", "min", "prod"] + (["mean"] if x.dtype in FLOATS else [])
+        fn = self.draw(st.sampled_from(fns + ["argmax", "argmin"]))
+        if fn in ("argmax", "argmin"):
+            return self.emit(f"jnp.{fn}({x.name}, axis={axes[0]})", [x])
+        keep = self.draw(st.booleans())
+        return self.emit(f"jnp.{fn}({x.name}, axis={axis}, keepdims={keep})", [x])
+
+    def transpose(self):
+        x = self.operand(min_rank=2)
+        perm = tuple(self.draw(st.permutations(range(len(x.shape)))))
+        return self.emit(f"jnp.transpose({x.name}, {perm})", [x])
+
+    def reshape(self):
+        x = self.operand(min_rank=1)
+        shape = list(x.shape)
+        kind = self.draw(st.integers(0, 3))
+        if kind == 0:
+            shape = [x.size]
+        elif kind == 1 and len(shape) >= 2:
+            i = self.draw(st.integers(0, len(shape) - 2))
+            shape[i:i + 2] = [shape[i] * shape[i + 1]]
+        elif kind == 2:
+            i = self.draw(st.integers(0, len(shape)))
+            shape.insert(i, 1)
+        else:
+            i = self.draw(st.integers(0, len(shape) - 1))
+            factors = [f for f in range(2, shape[i]) if shape[i] % f == 0]
+            if factors:
+                f = self.draw(st.sampled_from(factors))
+                shape[i:i + 1] = [f, shape[i] // f]
+            elif shape[i] == 1:
+                del shape[i]
+        return self.emit(f"{x.name}.reshape({_shape_str(shape)})", [x])
+
+    def broadcast(self):
+        x = self.operand()
+        lead = tuple(self.draw(st.lists(st.sampled_from(DIMS), max_size=2)))
+        shape = lead + tuple(self.draw(st.sampled_from(DIMS)) if d == 1 else d for d in x.shape)
+        if math.prod(shape) > MAX_ELEMENTS:
+            shape = x.shape
+        return self.emit(f"jnp.broadcast_to({x.name}, {_shape_str(shape)})", [x])
+
+    def slice(self):
+        x = self.operand(min_rank=1)
+        index = []
+        for d in x.shape:
+            start = self.draw(st.integers(0, d - 1))
+            stop = self.draw(st.integers(start + 1, d))
+            step = self.draw(st.sampled_from((1, 1, 2, 3)))
+            index.append(f"{start}:{stop}:{step}" if step != 1 else f"{start}:{stop}")
+        return self.emit(f"{x.name}[{', '.join(index)}]", [x])
+
+    def pad(self):
+        x = self.operand(min_rank=1)
+        widths = tuple((self.draw(st.integers(0, 2)), self.draw(st.integers(0, 2))) for _ in x.shape)
+        if self.draw(st.booleans()):
+            return self.emit(f"jnp.pad({x.name}, {widths})", [x])
+        config = tuple((lo, hi, self.draw(st.integers(0, 1))) for lo, hi in widths)
+        return self.emit(f"lax.pad({x.name}, jnp.zeros((), {x.name}.dtype), {config})", [x])
+
+    def concat(self):
+        x = self.operand(min_rank=1)
+        axis = self.draw(st.integers(0, len(x.shape) - 1))
+        same = lambda v: v.dtype == x.dtype and len(v.shape) == len(x.shape) and all(
+            a == b for i, (a, b) in enumerate(zip(v.shape, x.shape)) if i != axis)
+        y = self.pick(same) if self.draw(st.booleans()) else None
+        if y is None:
+            shape = list(x.shape)
+            shape[axis] = self.draw(st.sampled_from(DIMS))
+            y = self.new_arg(tuple(shape), x.dtype)
+        if self.draw(st.integers(0, 3)) == 0 and y.shape == x.shape:
+            return self.emit(f"jnp.stack([{x.name}, {y.name}], axis={axis})", [x, y])
+        return self.emit(f"jnp.concatenate([{x.name}, {y.name}], axis={axis})", [x, y])
+
+    def convert(self):
+        x = self.operand()
+        to = self.dtype(tuple(d for d in DTYPES if d != x.dtype))
+        return self.emit(f"{x.name}.astype(jnp.{to})", [x])
+
+    def iota(self):
+        x = self.operand(min_rank=1)
+        d = self.draw(st.integers(0, len(x.shape) - 1))
+        return self.emit(f"{x.name} + lax.broadcasted_iota(jnp.{x.dtype}, {_shape_str(x.shape)}, {d})", [x])
+
+    def pool(self):
+        x = self.operand(min_rank=2, dtypes=FLOATS)
+        window = tuple(self.draw(st.integers(1, min(d, 3))) for d in x.shape)
+        strides = tuple(self.draw(st.integers(1, 2)) for _ in x.shape)
+        if self.draw(st.booleans()):
+            init, fn = f"jnp.array(-jnp.inf, {x.name}.dtype)", "lax.max"
+        else:
+            init, fn = f"jnp.zeros((), {x.name}.dtype)", "lax.add"
+        return self.emit(f"lax.reduce_window({x.name}, {init}, {fn}, {window}, {strides}, 'VALID')", [x])
+
+    def conv(self):
+        x = self.operand(min_rank=4, dtypes=FLOATS, accept=lambda v: len(v.shape) == 4)
+        kh, kw = (self.draw(st.integers(1, min(d, 3))) for d in x.shape[1:3])
+        w = self.new_arg((kh, kw, x.shape[3], self.draw(st.sampled_from(DIMS))), x.dtype)
+        padding = self.draw(st.sampled_from(("'SAME'", "'VALID'")))
+        return self.emit(f"lax.conv_general_dilated({x.name}, {w.name}, (1, 1), {padding}, "
+                         f"dimension_numbers=('NHWC', 'HWIO', 'NHWC'))", [x, w])
+
+    def opaque(self):
+        x = self.operand(min_rank=1)
+        return self.emit(self.draw(st.sampled_from(_OPAQUE)).format(x=x.name), [x])
+
+
+# Op kinds with their weights: elementwise ops dominate real programs.
+_OPS = (("unary", 6), ("binary", 6), ("literal", 3), ("constant_operand", 1), ("select", 2), ("matmul", 3),
+        ("reduce", 3), ("transpose", 2), ("reshape", 2), ("broadcast", 1), ("slice", 1), ("pad", 1),
+        ("concat", 1), ("convert", 2), ("iota", 1), ("pool", 1), ("conv", 1), ("opaque", 1))
+_OP_NAMES = tuple(name for name, weight in _OPS for _ in range(weight))
+
+
+@st.composite
+def programs(draw, min_ops: int = 1, max_ops: int = 60) -> Program:
+    """A random program of `min_ops` to `max_ops` statements."""
+    b = _Builder(draw)
+    n_ops = draw(st.integers(min_ops, max_ops))
+    while len(b.lines) < n_ops:
+        getattr(b, draw(st.sampled_from(_OP_NAMES)))()
+    # Every value no later statement reads is an output (the newest MAX_OUTPUTS of them), so no
+    # statement is dead code.
+    sinks = [v.name for v in b.computed if v.name not in b.read]
+    outputs = tuple(sinks[-MAX_OUTPUTS:])
+    exact = all(v.dtype not in FLOATS for v in b.values)
+    return Program(tuple(b.args), tuple(b.lines), outputs, exact)
+
+
+# ---- the checks ----
+
+def agrees(expected: list, actual: list, original, args, exact: bool, as_dtype: str | None = None) -> str | None:
+    """None if `actual` (the optimized program's outputs) is the original's `expected`, as superopt's own
+    verification judges it (`superopt.verify`): within the dtype's tolerance (or `as_dtype`'s, for a
+    program that computes in a narrower type), or as accurate as the original against the float64 value
+    of the original graph. Integer programs must match exactly."""
+    from superopt.rewrites.reference import evaluate
+    from superopt.verify import as_accurate, compare_outputs
+    if exact:
+        for k, (e, a) in enumerate(zip(expected, actual)):
+            if np.asarray(e).dtype != np.asarray(a).dtype or not np.array_equal(e, a):
+                return f"output {k}: an integer program's output differs"
+        return compare_outputs(expected, actual)
+    problem = compare_outputs(expected, actual, as_dtype)
+    if problem is None:
+        return None
+    truth = evaluate(original, args, precise=True)
+    for k, (e, a, t) in enumerate(zip(expected, actual, truth)):
+        problem = as_accurate(e, a, t)
+        if problem:
+            return f"output {k}: {problem}"
+    return None
+
+
+def same_value(original, candidate, args) -> str | None:
+    """None if two graphs compute the same outputs in exact arithmetic: both evaluated by the numpy
+    reference in float64 (`evaluate(precise=True)`), where rounding differences between equal programs
+    are far below float64's tolerance, so a difference is a wrong rewrite, not rounding."""
+    from superopt.rewrites.reference import evaluate
+    from superopt.verify import compare_outputs
+    return compare_outputs(evaluate(original, args, precise=True), evaluate(candidate, args, precise=True))
+
+
+def narrowest_float(graph) -> str | None:
+    """The float type with the widest tolerance that a graph computes in, if narrower than f32: XLA keeps
+    more precision than a bf16 or f16 intermediate declares (it drops f32 -> bf16 -> f32 round trips),
+    so a program that rounds at the declared type is judged at that type's tolerance."""
+    dtypes = {graph.nodes[i].dtype for i in graph.live()}
+    return next((d for d in ("bfloat16", "float16") if d in dtypes), None)

@@ -1,0 +1,150 @@
+"""Fuzzing: random well-typed programs (tests/fuzzing.py) through superopt, for every target and backend.
+
+Two properties:
+
+1. `superopt(program)` returns what the program returns, for every target and every backend that target
+   offers (as superopt lists them: JAX everywhere, the NPU emulator on NPU targets, Pallas on GPU targets):
+   superopt.verify's notion (within the dtype's tolerance, or as accurate as the original against its
+   float64 value), exact for integer programs; on the NPU emulator, the emulator's output is the term's
+   within the fp16 cube's tolerance, as superopt itself checks it. Saturation ends without an error, and
+   no backend fails to lower a term with an error or produces a program its own check rejects.
+2. The program extracted for each target from one saturation computes the original's values in exact
+   (float64) arithmetic, whether or not superopt would choose it over the original, and one of them
+   lowered to JAX returns what the program returns: rules, extraction and kernel bodies are tested on
+   every program, not only where the cost model says a rewrite pays.
+
+CI runs a bounded budget with fixed seeds (the same programs every run): 6 programs per target and backend
+through superopt and 45 extracted for every target; `make fuzz` sets SUPEROPT_FUZZ=long for a longer
+randomized run. Programs are small and limits are tight (`FUZZ_LIMITS`) so the budget fits in CI: what is
+fuzzed is meaning, not search depth. A failing example
+prints as source; its regression test goes to tests/test_regressions.py.
+"""
+import json
+import os
+import warnings
+import zlib
+from collections import Counter
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+
+from fuzzing import agrees, narrowest_float, programs, same_value
+from superopt import Limits, StopReason, VerificationWarning, available_targets, superopt
+from superopt.egraph.capture import capture
+from superopt.egraph.encode import encode
+from superopt.egraph.frozen import freeze
+from superopt.egraph.runner import saturate
+from superopt.extract.greedy import extract
+from superopt.extract.target import load_target
+from superopt.lowering.jax import lower
+from superopt.rewrites.schedule import Schedule
+from superopt.rulesets import DEFAULT
+from superopt.verify import compare_outputs, random_args
+
+LONG = os.environ.get("SUPEROPT_FUZZ") == "long"
+FUZZ_LIMITS = Limits(iterations=4, nodes=8_000, seconds=3.0)
+TARGETS = tuple(available_targets())
+PER_COMBO = int(os.environ.get("SUPEROPT_FUZZ_PER_COMBO", "200" if LONG else "6"))
+EXTRACTED = int(os.environ.get("SUPEROPT_FUZZ_EXTRACTED", "1500" if LONG else "45"))
+STATS: dict = {"superopt": Counter(), "extracted": Counter(), "outcomes": Counter(), "stop": Counter(),
+               "ops": Counter(), "backend": Counter()}
+
+
+def _backends(target: str) -> list[str]:
+    """The backends superopt accepts for `target`, as its error for an unknown one lists them (so a new
+    backend is fuzzed as soon as it lands)."""
+    with pytest.raises(ValueError, match="valid: ") as err:
+        superopt(lambda x: x, target=target, backend="no-such-backend")
+    return str(err.value).split("valid: ", 1)[1].split(", ")
+
+
+COMBOS = [(t, b) for t in TARGETS for b in _backends(t)]
+
+
+def _settings(examples: int, salt: str):
+    """CI: a fixed seed per test (reproducible); `make fuzz`: fresh programs every run."""
+    chosen = settings(max_examples=examples, deadline=None, derandomize=False, database=None,
+                      suppress_health_check=list(HealthCheck), print_blob=True)
+    return chosen if LONG else (lambda f: seed(zlib.crc32(salt.encode()))(chosen(f)))
+
+
+def _flat(tree) -> list:
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_stats():
+    """With SUPEROPT_FUZZ_STATS=path, the counts behind RELIABILITY.md are written there."""
+    yield
+    path = os.environ.get("SUPEROPT_FUZZ_STATS")
+    if path:
+        with open(path, "w") as f:
+            json.dump({k: {" / ".join(map(str, key)) if isinstance(key, tuple) else str(key): n
+                           for key, n in v.items()} for k, v in STATS.items()}, f, indent=1, sort_keys=True)
+
+
+def check_superopt(program, target: str, backend: str) -> None:
+    fn = program.function()
+    args = random_args(program.args, 11)   # not the inputs superopt verifies on (seeds 0 and 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", VerificationWarning)
+        fast = superopt(fn, target=target, backend=backend, limits=FUZZ_LIMITS)
+        spec = fast.compile(*args)
+        actual = _flat(fast(*args))
+    report = fast.report
+    STATS["superopt"][(target, backend)] += 1
+    STATS["stop"][report.run.stop_reason.value] += 1
+    STATS["outcomes"][report.outcome.split(":")[0] + (": verification" if caught else "")] += 1
+    STATS["backend"][report.backend.split("\n")[0].split(" (")[0]] += 1
+    assert report.run.stop_reason is not StopReason.ERROR, report.run.error
+    # A backend may decline a term it cannot lower (then JAX runs it), but it must not produce a program
+    # that its own check rejects, nor fail with an error.
+    assert "failed verification" not in report.backend and "failed on random" not in report.backend, report.backend
+    assert "Pallas lowering failed" not in report.backend, report.backend
+    if spec.npu is not None:   # on the emulator: the term's values with the cube's fp16 operands
+        from superopt.lowering.npu.lower import cube_reference
+        problem = compare_outputs(cube_reference(spec.term, args), actual, as_dtype="float16")
+    elif spec.term is spec.original and backend == "jax":
+        return                  # the original program runs under jax.jit: nothing was changed
+    else:
+        problem = agrees(_flat(jax.jit(fn)(*args)), actual, spec.original, args, program.exact)
+    assert problem is None, f"{problem}\n{report}"
+
+
+@pytest.mark.parametrize("target, backend", COMBOS, ids=[f"{t}-{b}" for t, b in COMBOS])
+def test_superopt_returns_what_the_program_returns(target, backend):
+    @_settings(PER_COMBO, f"{target}/{backend}")
+    @given(program=programs())
+    def run(program):
+        check_superopt(program, target, backend)
+    run()
+
+
+def check_extracted(program) -> None:
+    fn = program.function()
+    args = random_args(program.args, 5)
+    captured = capture(fn, tuple(args))
+    enc = encode(captured.graph)
+    run = saturate(enc.egraph, Schedule.of(*DEFAULT), FUZZ_LIMITS)
+    assert run.stop_reason is not StopReason.ERROR, run.error
+    frozen = freeze(enc.egraph)
+    STATS["ops"][min(program.n_ops // 10 * 10, 60)] += 1
+    lowered = TARGETS[zlib.crc32(program.source.encode()) % len(TARGETS)]
+    for target in TARGETS:
+        chosen = extract(frozen, enc, load_target(target))
+        STATS["extracted"][target] += 1
+        problem = same_value(captured.graph, chosen.graph, args)
+        assert problem is None, f"extracted for {target}: {problem}"
+        if target == lowered:
+            actual = _flat(lower(chosen.graph)(*args))
+            problem = agrees(_flat(jax.jit(fn)(*args)), actual, captured.graph, args, program.exact,
+                             narrowest_float(captured.graph))
+            assert problem is None, f"extracted for {target}, lowered to JAX: {problem}"
+
+
+@_settings(EXTRACTED, "extracted")
+@given(program=programs())
+def test_extracted_programs_compute_the_original_values(program):
+    check_extracted(program)

@@ -22,16 +22,16 @@ TARGETS = ("cpu", "gpu-h100", "npu-910b")
 BUDGET = 0.9          # of the peak the program chosen with no budget reaches
 
 
-def mlp_grad():
+def mlp_grad(layers: int = LAYERS, batch: int = BATCH, width: int = WIDTH):
     """(jax.grad of the mean squared output of a GELU MLP, its arguments)."""
     def loss(params, x):
         h = x
         for w in params:
             h = jax.nn.gelu(h @ w)
         return jnp.mean(h * h)
-    keys = jax.random.split(jax.random.PRNGKey(0), LAYERS + 1)
-    params = [jax.random.normal(keys[i], (WIDTH, WIDTH)) * 0.05 for i in range(LAYERS)]
-    x = jax.random.normal(keys[LAYERS], (BATCH, WIDTH))
+    keys = jax.random.split(jax.random.PRNGKey(0), layers + 1)
+    params = [jax.random.normal(keys[i], (width, width)) * 0.05 for i in range(layers)]
+    x = jax.random.normal(keys[layers], (batch, width))
     return jax.grad(loss), (params, x)
 
 

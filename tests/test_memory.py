@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench.remat import mlp_grad
 from superopt import superopt
 from superopt.egraph.ir import Graph, Node
 from superopt.extract.memory import parse_bytes, peak_memory
@@ -62,15 +63,7 @@ def test_parse_bytes_rejects(bad):
 
 
 def _mlp_grad():
-    def loss(params, x):
-        h = x
-        for w in params:
-            h = jax.nn.gelu(h @ w)
-        return jnp.mean(h * h)
-    keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    params = [jax.random.normal(keys[i], (128, 128)) * 0.05 for i in range(2)]
-    x = jax.random.normal(keys[2], (1024, 128))
-    return jax.grad(loss), (params, x)
+    return mlp_grad(layers=2, batch=1024, width=128)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from jax import lax
 
 from superopt.extract.tiling import _online_softmax, _strip, cone
 from superopt.lowering.pallas.blocks import Options, Plan, accumulator, dot, evaluate, launch, loader, store
-from superopt.lowering.pallas.chain import chain_parts
+from superopt.lowering.pallas.chain import chain_parts, first_gemm_tile
 from superopt.lowering.pallas.labels import MAIN, Labelled, NoTemplate
 from superopt.lowering.pallas.matmul import loop, matrix_plan, tiles_of
 
@@ -74,11 +74,7 @@ def attention(lb: Labelled, inputs: list, tiling, options: Options, name: str) -
         def l_step(l_start, carry):
             e, running, shift_prev, total = carry
 
-            def k_step(k_start, c):
-                starts = {lab: s for lab, s in ((k, k_start), (l_, l_start)) if lab in plan.loops}
-                env = evaluate(plan, gemm1, {}, loader(plan, refs, starts), starts)
-                return c + dot(plan, first, env[a1], env[b1], starts, acc1)
-            c = loop(plan, k, k_step, jnp.zeros(plan.shape(first), acc1))
+            c = first_gemm_tile(plan, refs, l_start, k, l_, gemm1, first, (a1, b1), acc1)
             starts = {l_: l_start} if l_ in plan.loops else {}
             load = loader(plan, refs, starts)
             env = evaluate(plan, sm["s_nodes"], {first: c.astype(body[first].dtype)}, load, starts)

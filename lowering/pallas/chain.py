@@ -18,6 +18,15 @@ from superopt.lowering.pallas.labels import MAIN, MAT, Labelled, NoTemplate
 from superopt.lowering.pallas.matmul import loop, matrix_plan, roles, tiles_of
 
 
+def first_gemm_tile(plan: Plan, refs, l_start, k, l_, gemm1: list, first: int, operands: tuple, acc):
+    """The TM x TL tile of C = A @ B at `l_start`, accumulated in `acc` over a loop on K."""
+    def k_step(k_start, c):
+        starts = {lab: s for lab, s in ((k, k_start), (l_, l_start)) if lab in plan.loops}
+        env = evaluate(plan, gemm1, {}, loader(plan, refs, starts), starts)
+        return c + dot(plan, first, env[operands[0]], env[operands[1]], starts, acc)
+    return loop(plan, k, k_step, jnp.zeros(plan.shape(first), acc))
+
+
 def chain_parts(lb: Labelled) -> tuple[int, int, dict]:
     """(first matmul, second matmul, roles m, n, k, l, batch) of a two-GEMM chain, or NoTemplate."""
     mats = lb.in_region(MAT)
@@ -45,11 +54,7 @@ def chain(lb: Labelled, inputs: list, tiling, options: Options, name: str) -> tu
 
     def kernel(refs, outs):
         def l_step(l_start, e):
-            def k_step(k_start, c):
-                starts = {lab: s for lab, s in ((k, k_start), (l_, l_start)) if lab in plan.loops}
-                env = evaluate(plan, gemm1, {}, loader(plan, refs, starts), starts)
-                return c + dot(plan, first, env[a1], env[b1], starts, acc1)
-            c = loop(plan, k, k_step, jnp.zeros(plan.shape(first), acc1))
+            c = first_gemm_tile(plan, refs, l_start, k, l_, gemm1, first, (a1, b1), acc1)
             starts = {l_: l_start} if l_ in plan.loops else {}
             env = evaluate(plan, between, {first: c.astype(lb.body[first].dtype)}, loader(plan, refs, starts), starts)
             return e + dot(plan, second, env[a2], env[b2], starts, acc2)

@@ -18,7 +18,8 @@ from superopt.extract.target import load_target
 from superopt.extract.tiling import Tiling
 from superopt.lowering.jax import lower
 from superopt.lowering.pallas.blocks import Options, plural
-from superopt.lowering.pallas.program import PallasProgram
+from superopt.lowering.pallas.program import PallasProgram, compare, narrowest_floats
+from superopt.rewrites.reference import evaluate as reference
 
 H100 = load_target("gpu-h100")
 FEW = settings(max_examples=5, deadline=None)
@@ -171,6 +172,34 @@ def test_row_kernels(lead, rows, cols, which, pow2, dtype):
 
 
 @FEW
+@given(lead=st.integers(1, 3), rows=st.integers(1, 45), cols=st.integers(1, 700), pow2=st.booleans())
+@example(lead=1, rows=4, cols=2, pow2=False)      # the fuzz-found (4, 2) - (1, 2)
+def test_operands_broadcast_along_axes_of_extent_one(lead, rows, cols, pow2):
+    """Binary ops whose operands have extent 1 where the result does not ((1, 1, n), (1, m, 1) against
+    (b, m, n)), with no broadcast node in the body (the IR broadcasts them, as lax does): the operand's
+    block lacks those axes and is broadcast to the result's block."""
+    b = Body(((lead, rows, cols), F32), ((1, 1, cols), F32), ((1, rows, 1), F32), ((lead, 1, 1), F32))
+    x, bias, scale, shift = b.arg(0), b.arg(1), b.arg(2), b.arg(3)
+    y = b.add("sub", (x, bias))
+    z = b.add("mul", (y, scale))
+    b.add("max", (z, shift))
+    program = check(b.graph(), data(lead + rows + cols, *b.inputs), pow2)
+    only_launch(program, "elementwise")
+
+
+@FEW
+@given(m=st.integers(1, 50), n=st.integers(1, 70), k=st.integers(1, 40), tm=st.integers(1, 32),
+       tn=st.integers(1, 32), tk=st.integers(1, 16), pow2=st.booleans())
+def test_matmul_epilogue_with_an_operand_of_extent_one(m, n, k, tm, tn, tk, pow2):
+    """x @ W + bias with bias (1, n) and no broadcast node, then a row scale (m, 1): in the epilogue."""
+    b = Body(((m, k), F32), ((k, n), F32), ((1, n), F32), ((m, 1), F32))
+    y = b.add("add", (b.mm(b.arg(0), b.arg(1)), b.arg(2)))
+    b.add("mul", (y, b.arg(3)))
+    program = check(b.graph(tiling(m=tm, n=tn, k=tk)), data(m + n + k, *b.inputs), pow2)
+    only_launch(program, "matmul")
+
+
+@FEW
 @given(rows=st.integers(2, 50), cols=st.integers(1, 130), pow2=st.booleans())
 def test_column_reduction(rows, cols, pow2):
     """A reduction over a leading axis (a bias gradient): that axis is whole, the columns are tiled."""
@@ -229,6 +258,29 @@ def test_gemm_chain(batch, m, k, l_, n, tm, tk, tl, relu, pow2):
     launch = only_launch(program, "GEMM chain")
     if not pow2 and l_ > 1:
         assert f"TL={min(tl, l_)} ({plural(math.ceil(l_ / min(tl, l_)), 'step')})" in launch.detail
+
+
+@FEW
+@given(batch=st.integers(1, 3), m=st.integers(1, 40), k=st.integers(1, 30), l_=st.integers(1, 50),
+       n=st.integers(1, 20), tm=st.integers(1, 24), tk=st.integers(1, 16), tl=st.integers(1, 32),
+       pow2=st.booleans(), dtype=st.sampled_from([F32, "bfloat16"]), rows=st.booleans())
+@example(batch=1, m=12, k=9, l_=20, n=7, tm=8, tk=8, tl=8, pow2=False, dtype=F32, rows=False)
+@example(batch=1, m=9, k=7, l_=10, n=3, tm=4, tk=4, tl=4, pow2=False, dtype="bfloat16", rows=True)
+def test_transposed_gemm_chain(batch, m, k, l_, n, tm, tk, tl, pow2, dtype, rows):
+    """tanh(A @ B)^T @ D + bias, batched: the second GEMM contracts C's rows, so the grid runs over L by
+    TL and M is walked by TM inside (ragged M masked in the second GEMM), K by TK in each M step. With
+    `rows`, softmax over C's rows instead of tanh: L is reduced, so whole (one program per batch entry)."""
+    b = Body(((batch, m, k), dtype), ((batch, k, l_), dtype), ((batch, m, n), dtype), ((1, 1, n), F32))
+    c = b.mm(b.arg(0), b.arg(1), dtype)
+    e = b.mm(b.t(softmax(b, c) if rows else b.op("tanh", c), (0, 2, 1)), b.arg(2), dtype)
+    b.op("add", b.add("convert", (e,), dtype=F32), b.arg(3))
+    program = check(b.graph(tiling(m=tm, n=n, k=tk, l=tl)), data(m + k + l_ + n, *b.inputs), pow2, RTOL[dtype])
+    launch = only_launch(program, "GEMM chain")
+    if not pow2 and not rows:
+        grid = [batch] * (batch > 1) + [math.ceil(l_ / min(tl, l_))] * (l_ > 1)
+        assert launch.detail.startswith(f"grid {'x'.join(map(str, grid)) or '1'}"), launch.detail
+        if m > 1:
+            assert f"TM={min(tm, m)} ({plural(math.ceil(m / min(tm, m)), 'step')})" in launch.detail
 
 
 def attention_body(heads, sq, skv, d, masked_kv=0, loaded_sum=False):
@@ -319,13 +371,12 @@ def test_fused_optimizer_update(rows, cols, pow2):
 # ---- fallbacks, said out loud ----
 
 def test_body_without_template_runs_as_one_program():
-    """C transposed between the GEMMs (contracting over the first one's rows) fits no chain."""
-    b = Body(((12, 9), F32), ((9, 20), F32), ((12, 7), F32))
-    c = b.mm(b.arg(0), b.arg(1))
-    b.mm(b.t(b.op("tanh", c), (1, 0)), b.arg(2))
-    program = check(b.graph(tiling(m=8, n=7, k=8, l=8)), data(1, *b.inputs))
+    """Three matmuls in one body fit no template."""
+    b = Body(((12, 9), F32), ((9, 20), F32), ((20, 7), F32), ((7, 5), F32))
+    b.mm(b.mm(b.op("tanh", b.mm(b.arg(0), b.arg(1))), b.arg(2)), b.arg(3))
+    program = check(b.graph(), data(1, *b.inputs))
     (launch,) = program.launches
-    assert launch.detail == "one program over whole arrays" and "contract" in launch.note
+    assert launch.detail == "one program over whole arrays" and "3 matrix ops" in launch.note
 
 
 def test_convolution_is_reported_in_jax():
@@ -354,6 +405,46 @@ def test_superopt_backend_pallas(target):
     assert fast.report.backend.startswith("pallas (interpret mode)"), fast.report.backend
     program = fast.compile(*args).run
     assert isinstance(program, PallasProgram) and program.launches and not program.in_jax
+
+
+@FEW
+@given(m=st.integers(1, 30), n=st.integers(1, 40), k=st.integers(1, 60), tk=st.integers(1, 16), pow2=st.booleans())
+def test_a_bf16_value_rounds_at_its_type_inside_a_kernel(m, n, k, tk, pow2):
+    """bf16(A @ W) * s, a bf16 product, then f32 + bias, on small integers and bf16 scales: every value
+    is exact in f32, so the only rounding is the one the term declares, of the bf16 product. In interpret
+    mode XLA computes a bf16 multiply in f32 and, fused with the convert after it, keeps the f32 value;
+    the kernel must round it (`blocks.typed`) as the reference at declared types does."""
+    b = Body(((m, k), F32), ((k, n), F32), ((1, n), "bfloat16"), ((1, n), F32))
+    y = b.add("convert", (b.mm(b.arg(0), b.arg(1)),), dtype="bfloat16")
+    z = b.add("convert", (b.add("mul", (y, b.arg(2))),), dtype=F32)
+    b.add("add", (z, b.arg(3)))
+    graph = b.graph(tiling(m=16, n=16, k=tk))
+    rng = np.random.default_rng(m * n * k)
+    args = [rng.integers(-3, 4, (m, k)).astype(F32), rng.integers(-3, 4, (k, n)).astype(F32),
+            (1 + rng.integers(1, 128, (1, n)) / 128).astype(jnp.bfloat16), np.full((1, n), 0.5, F32)]
+    program = PallasProgram(graph, H100, Options(interpret=True, pow2=pow2))
+    only_launch(program, "matmul")
+    np.testing.assert_array_equal(np.asarray(program(*args)[0]), reference(graph, args)[0])
+
+
+def test_check_judges_an_output_at_the_narrowest_type_it_is_computed_through():
+    """A Pallas kernel writes a bf16 intermediate at bf16; XLA keeps it in f32 inside a fusion. The
+    backend's check allows the bf16 rounding on outputs computed through a bf16 value, only there."""
+    def fn(a, x):
+        return jnp.exp(jnp.sin(a).astype(jnp.float32)), jnp.exp(x) * 2.0
+    args = [np.linspace(0.1, 0.9, 24, dtype=np.float32).reshape(4, 6).astype(jnp.bfloat16),
+            np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)]
+    fast = superopt(fn, target="gpu-h100", backend="pallas")
+    got = fast(*args)
+    assert fast.report.backend.startswith("pallas (interpret mode)"), fast.report.backend
+    rounded = np.exp(np.asarray(jnp.sin(args[0]), np.float32))      # sin rounded to bf16, as declared
+    assert_close(got[0], rounded, 1e-6)
+    graph = fast.compile(*args).term
+    assert narrowest_floats(graph) == ["bfloat16", None]
+    want = [np.exp(np.sin(args[0].astype(np.float32))), np.exp(args[1]) * 2]
+    off = [want[0], want[1] * np.float32(1 + 3e-4)]                  # 3e-4 off on the f32-only output
+    assert compare(graph, want, [rounded, want[1]]) is None
+    assert "output 1" in compare(graph, want, off)
 
 
 def test_pallas_backend_needs_a_gpu_target():

@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 
 from superopt.extract.tiling import _online_softmax, _strip, cone
-from superopt.lowering.pallas.blocks import Options, Plan, accumulator, dot, evaluate, launch, loader, store
+from superopt.lowering.pallas.blocks import Options, Plan, accumulator, dot, evaluate, launch, loader, store, typed
 from superopt.lowering.pallas.chain import chain_parts, first_gemm_tile
 from superopt.lowering.pallas.labels import MAIN, Labelled, NoTemplate
 from superopt.lowering.pallas.matmul import loop, matrix_plan, tiles_of
@@ -77,7 +77,7 @@ def attention(lb: Labelled, inputs: list, tiling, options: Options, name: str) -
             c = first_gemm_tile(plan, refs, l_start, k, l_, gemm1, first, (a1, b1), acc1)
             starts = {l_: l_start} if l_ in plan.loops else {}
             load = loader(plan, refs, starts)
-            env = evaluate(plan, sm["s_nodes"], {first: c.astype(body[first].dtype)}, load, starts)
+            env = evaluate(plan, sm["s_nodes"], {first: typed(plan, c, body[first].dtype)}, load, starts)
             tile_max = evaluate(plan, [sm["row_max"]], env, load, starts)[sm["row_max"]]
             running = jnp.maximum(running, tile_max)
             env[sm["row_max"]] = running
@@ -103,7 +103,7 @@ def attention(lb: Labelled, inputs: list, tiling, options: Options, name: str) -
             env = evaluate(plan, [sm["den"]], {}, loader(plan, refs))
             total = env[sm["den"]].astype(jnp.float32).reshape(row_shape)
         e = e / _along(plan, sm["shift_row"], second, total, e.shape)
-        env = evaluate(plan, lb.in_region(MAIN), {second: e.astype(body[second].dtype)}, loader(plan, refs))
+        env = evaluate(plan, lb.in_region(MAIN), {second: typed(plan, e, body[second].dtype)}, loader(plan, refs))
         store(plan, outs, env)
 
     return launch(plan, kernel, inputs, options, name), plan

@@ -37,6 +37,9 @@ class Options:
     compiler_params: object = None
 
 
+NARROW = frozenset({"bfloat16", "float16"})   # float types narrower than float32
+
+
 def fit(extent: int, tile: int, pow2: bool) -> int:
     """The block edge for a tile along an axis of `extent`: at most the extent (padded up to a power of two
     with `pow2`)."""
@@ -53,6 +56,7 @@ class Plan:
     squeezed: frozenset = frozenset()    # grid labels of block 1 dropped from blocks and values
     notes: list = field(default_factory=list)
     names: dict = field(default_factory=dict)   # label -> its role in a matrix kernel ("m", "n", "k", "l")
+    interpret: bool = False              # the kernel runs in interpret mode (XLA on the host): see `typed`, `dot`
 
     # ---- per value ----
     def kept(self, i: int) -> list[int]:
@@ -151,16 +155,41 @@ def dot(plan: Plan, m: int, a, b, starts: dict, out_dtype=None):
     contract = ([ka.index(ca)], [kb.index(cb)]) if ca in ka and cb in kb else ([], [])
     batch = ([ka.index(x) for x in range(rb - 2) if x in ka], [kb.index(x) for x in range(rb - 2) if x in kb]) \
         if rb > 2 else ([], [])
+    out_dtype = out_dtype or accumulator(node.dtype)
+    if plan.interpret and np.dtype(out_dtype) == np.float32:
+        # XLA on the host has no bf16 x bf16 -> f32 product for some operand layouts; widening first is
+        # the same product (a bf16 or f16 product is exact in f32) with the same f32 accumulation
+        a, b = (x.astype(np.float32) if np.dtype(x.dtype).name in NARROW else x for x in (a, b))
     if contract[0]:
         mask_a = valid(plan, ia, contract[0], a.shape, starts)
         if mask_a is not None:
             a = jnp.where(mask_a, a, jnp.zeros((), a.dtype))
             b = jnp.where(valid(plan, ib, contract[1], b.shape, starts), b, jnp.zeros((), b.dtype))
-    return lax.dot_general(a, b, (contract, batch), preferred_element_type=out_dtype or accumulator(node.dtype))
+    return lax.dot_general(a, b, (contract, batch), preferred_element_type=out_dtype)
 
 
-def _like(x, shape: tuple):
-    return jnp.broadcast_to(x, shape) if jnp.ndim(x) == 0 and shape else x
+def typed(plan: Plan, x, dtype):
+    """`x` at `dtype`, the type the body declares for it. A GPU kernel holds a bfloat16 value as
+    bfloat16; in interpret mode XLA fuses the kernel and drops float32 -> bfloat16 -> float32 round trips
+    (it keeps excess precision), so in interpret mode a narrow float value goes through an optimization
+    barrier, which XLA cannot see through: the kernel rounds where the term says, as on a GPU."""
+    x = x.astype(dtype)
+    if plan.interpret and np.dtype(dtype).name in NARROW:
+        x = lax.optimization_barrier(x)
+    return x
+
+
+def spread(plan: Plan, j: int, i: int, x, shape: tuple):
+    """Block `x` of body value j, an operand of elementwise node i whose block has `shape`, broadcast to
+    that block. In the IR an operand broadcasts along its axes of extent 1 ((1, n) against (m, n), as lax
+    does) or is rank-0; a block drops axes of extent 1 (they have no label), so such an operand's block
+    has fewer axes than the result's: its kept axes sit at the result's axes they are tied to."""
+    out_rank, in_rank = len(plan.lb.body[i].shape), len(plan.lb.body[j].shape)
+    k_out = plan.kept(i)
+    dims = tuple(k_out.index(a + out_rank - in_rank) for a in plan.kept(j))
+    if tuple(jnp.shape(x)) == tuple(shape) and dims == tuple(range(len(shape))):
+        return x
+    return lax.broadcast_in_dim(x, shape, dims)
 
 
 def evaluate(plan: Plan, order, env: dict, load: Callable, starts: dict | None = None) -> dict:
@@ -179,7 +208,8 @@ def evaluate(plan: Plan, order, env: dict, load: Callable, starts: dict | None =
         elif op == "lit":
             env[i] = jnp.full(shape, node.attrs[0], np.dtype(node.dtype))
         elif op in ELEMENTWISE:
-            env[i] = JAX_OPS[op](node, *(_like(x, shape) for x in ins))
+            env[i] = typed(plan, JAX_OPS[op](node, *(spread(plan, j, i, x, shape) for j, x in zip(node.inputs, ins))),
+                           node.dtype)
         elif op == "broadcast":
             k_in, k_out = plan.kept(node.inputs[0]), plan.kept(i)
             dims = tuple(k_out.index(node.attrs[0][a]) for a in k_in)
@@ -196,9 +226,9 @@ def evaluate(plan: Plan, order, env: dict, load: Callable, starts: dict | None =
             mask = valid(plan, node.inputs[0], list(axes), x.shape, starts)
             if mask is not None:
                 x = jnp.where(mask, x, jnp.asarray(_identity(op, x.dtype), x.dtype))
-            env[i] = JAX_OPS[op](Node(op, (), (axes,), shape, node.dtype), x) if axes else x
+            env[i] = typed(plan, JAX_OPS[op](Node(op, (), (axes,), shape, node.dtype), x), node.dtype) if axes else x
         elif op == "matmul":
-            env[i] = dot(plan, i, ins[0], ins[1], starts).astype(node.dtype)
+            env[i] = typed(plan, dot(plan, i, ins[0], ins[1], starts), node.dtype)
         else:
             raise NoTemplate(f"no block evaluation of {op!r}")
     return env

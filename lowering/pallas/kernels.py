@@ -6,13 +6,14 @@
 | row kernel      | no matrix op; reductions (softmax, layer/RMS norm)  | `elementwise.py`  |
 | matmul          | one matmul, with prologues and an epilogue          | `matmul.py`       |
 | GEMM chain      | two matmuls, the first feeding the second's left    | `chain.py`        |
+|                 | (C @ D, or C^T @ D: the second contracts C's rows)  |                   |
 | attention       | a GEMM chain with a softmax between the two         | `chain.py`        |
 | flash attention | attention whose tiling says online softmax          | `attention.py`    |
 | fused update    | sibling elementwise kernels (an optimizer step)     | `optimizer.py`    |
 
 (`optimizer.py` finds the siblings and merges their bodies; the elementwise template runs them.)
 
-A body the kind's template cannot run (three matrix ops, a transposed intermediate between two GEMMs)
+A body the kind's template cannot run (three matrix ops, two GEMMs the chain template does not take)
 runs as one Pallas program over whole arrays (`whole`), and the launch says why; under Triton, which
 takes power-of-two blocks only, it raises `NoTemplate` instead. Convolutions have no template: always
 `NoTemplate`. The program runs a node that raised it with the JAX lowering and lists it.
@@ -23,13 +24,14 @@ from dataclasses import dataclass
 
 import jax
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 
 from superopt.egraph.ir import REDUCTIONS, Graph, Node
 from superopt.extract.tiling import _online_softmax
 from superopt.lowering.jax import evaluate as jax_evaluate
 from superopt.lowering.pallas.attention import attention
-from superopt.lowering.pallas.blocks import Options
+from superopt.lowering.pallas.blocks import NARROW, Options
 from superopt.lowering.pallas.chain import chain
 from superopt.lowering.pallas.elementwise import pointwise
 from superopt.lowering.pallas.labels import MATRIX, NoTemplate, label
@@ -106,7 +108,11 @@ def whole(body: tuple, inputs: list, options: Options, name: str, roots: tuple |
         loaded = {k: ref[...] for k, ref in zip(used, refs[:len(used)])}
         args = [loaded.get(k) for k in range(max(used, default=-1) + 1)]
         graph = Graph(nodes=list(body), outputs=list(roots))
-        env = jax_evaluate(graph, args)
+        env: dict = {}
+        for i in graph.live():      # one node at a time: a bf16 value rounds at its type (`blocks.typed`)
+            env = jax_evaluate(graph, args, env, only=[i])
+            if options.interpret and body[i].op not in ("arg", "lit") and body[i].dtype in NARROW:
+                env[i] = lax.optimization_barrier(env[i])
         for r, out in zip(roots, refs[len(used):]):
             out[...] = env[r].astype(out.dtype)
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from superopt.lowering.pallas.blocks import (
-    Options, Plan, accumulator, dot, evaluate, fit, launch, loader, store, whole_block,
+    Options, Plan, accumulator, dot, evaluate, fit, launch, loader, store, typed, whole_block,
 )
 from superopt.lowering.pallas.labels import MAIN, MAT, Labelled, NoTemplate
 
@@ -70,7 +70,7 @@ def matrix_plan(lb: Labelled, role: dict, tiles: dict, grid_roles: tuple, loop_r
             continue
         block[lab] = fit(lb.extent[lab], tiles.get(r, DEFAULT_TILES[r]), options.pow2)
         (grid.append(lab) if r in grid_roles else loops.add(lab))
-    return Plan(lb, tuple(grid), block, frozenset(loops), frozenset(squeezed), notes, named)
+    return Plan(lb, tuple(grid), block, frozenset(loops), frozenset(squeezed), notes, named, options.interpret)
 
 
 def loop(plan: Plan, lab, step, init):
@@ -99,7 +99,7 @@ def matmul(lb: Labelled, inputs: list, tiling, options: Options, name: str) -> t
             env = evaluate(plan, prologue, {}, loader(plan, refs, starts), starts)
             return acc + dot(plan, m, env[a], env[b], starts, acc_dtype)
         acc = loop(plan, k, step, jnp.zeros(plan.shape(m), acc_dtype))
-        env = evaluate(plan, lb.in_region(MAIN), {m: acc.astype(lb.body[m].dtype)}, loader(plan, refs))
+        env = evaluate(plan, lb.in_region(MAIN), {m: typed(plan, acc, lb.body[m].dtype)}, loader(plan, refs))
         store(plan, outs, env)
 
     return launch(plan, kernel, inputs, options, name), plan

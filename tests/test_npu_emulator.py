@@ -1,6 +1,7 @@
 """The NPU emulator and its code generator: numerics against numpy, the Chimera byte count, capacity,
 alignment, races and deadlocks as clear errors, symbolic mode and the timeline."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -229,3 +230,81 @@ def test_thesis_chains_run_with_the_tiles_the_extractor_chose_and_move_what_the_
         program = chain_program(*[(nm, s, "float16") for nm, s in shapes], tiling.order, dict(tiling.tiles), target)
         result = emulate(program, target, symbolic=True, trace=False)
         assert result.gm_bytes == tiling.moved_bytes, name
+
+
+def _softmax_then_transpose(g, q, s):
+    """softmax over the last axis of x [g, q, s], written out as [s, g, q]: the reduced axis is the
+    output's first (as in grouped-query attention's softmax between two transposes)."""
+    shape, row = (g, q, s), (g, q, 1)
+    return (Node("arg", (), (0,), shape, "float32"),
+            Node("reduce_max", (0,), ((2,),), (g, q), "float32"), Node("reshape", (1,), (), row, "float32"),
+            Node("broadcast", (2,), ((0, 1, 2),), shape, "float32"), Node("sub", (0, 3), (), shape, "float32"),
+            Node("exp", (4,), (), shape, "float32"),
+            Node("reduce_sum", (5,), ((2,),), (g, q), "float32"), Node("reshape", (6,), (), row, "float32"),
+            Node("broadcast", (7,), ((0, 1, 2),), shape, "float32"), Node("div", (5, 8), (), shape, "float32"),
+            Node("transpose", (9,), ((2, 0, 1),), (s, g, q), "float32"))
+
+
+def test_a_reduced_axis_before_the_chunked_one_stays_whole_and_the_axes_after_it_are_chunked():
+    """decoder-gqa-lora's softmax: the reduced axis is not the output's last. A box keeps it whole and
+    chunks an axis after it; the error names what the smallest such box needs (it once counted one
+    element per value, 736 bytes, and gave up although rows of 128 fit)."""
+    g, q, s = 4, 32, 64
+    x = np.random.default_rng(4).standard_normal((g, q, s)).astype(np.float32)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)).transpose(2, 0, 1)
+    target = load_target("npu-910b")
+    body, ins, out = _softmax_then_transpose(g, q, s), [("x", x.shape, "float32")], ("o", (s, g, q), "float32")
+    program = vector_program(body, ins, out, target, budget=16 * 1024)   # a whole [s, g, q] box needs 160 KB
+    result = emulate(program, target, {"x": x})
+    np.testing.assert_allclose(result.outputs["o"], want, rtol=1e-5, atol=1e-6)
+    assert result.bytes_by_path["GM->UB"] == x.nbytes and result.bytes_by_path["UB->GM"] == x.nbytes
+    with pytest.raises(CodegenError, match="smallest box") as info:
+        vector_program(body, ins, out, target, budget=2048)
+    need = int(re.search(r"needs (\d+) bytes", str(info.value)).group(1))
+    assert need > 5 * s * 4                              # at least a whole row of each value
+    vector_program(body, ins, out, target, budget=need)  # and that is exactly what it takes
+    with pytest.raises(CodegenError):
+        vector_program(body, ins, out, target, budget=need - 1)
+
+
+def test_a_small_vector_kernel_is_spread_over_the_cores():
+    """nasrnn's cell: an output of one 512-wide row fits the UB in one box, but one core moves only its
+    share of the bandwidth and pays every copy's latency alone; boxes over several cores are faster."""
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((1, 512)).astype(np.float32) for _ in range(4)]
+    target = load_target("npu-910b")
+    shape = (1, 512)
+    body = tuple(Node("arg", (), (k,), shape, "float32") for k in range(4)) + (
+        Node("add", (0, 1), (), shape, "float32"), Node("tanh", (4,), (), shape, "float32"),
+        Node("mul", (2, 3), (), shape, "float32"), Node("logistic", (6,), (), shape, "float32"),
+        Node("mul", (5, 7), (), shape, "float32"))
+    ins = [(f"x{k}", shape, "float32") for k in range(4)]
+    spread = vector_program(body, ins, ("o", shape, "float32"), target)
+    one = vector_program(body, ins, ("o", shape, "float32"), target, cores=["aiv0"])   # one box, one core
+    fast, slow = emulate(spread, target, dict(zip(["x0", "x1", "x2", "x3"], xs))), emulate(one, target, symbolic=True)
+    assert len(spread.cores) > 1 and fast.cycles < slow.cycles
+    want = np.tanh(xs[0] + xs[1]) * (1 / (1 + np.exp(-(xs[2] * xs[3]))))
+    np.testing.assert_allclose(fast.outputs["o"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_img2col_in_channel_blocks_when_one_patch_row_does_not_fit_the_ub():
+    """yolo-c14 (14x14x1024, 3x3 stride 2): not even one patch of all channels fits the UB beside its
+    input rows. The patches are laid out a block of channels at a time, each block's columns written
+    per kernel tap, and every buffer fits (the emulator checks)."""
+    import dataclasses
+    from superopt.lowering.npu.vector import img2col_program
+    base = load_target("npu-910b")
+    target = dataclasses.replace(base, npu=dataclasses.replace(base.npu, ub_bytes=4 * 1024))
+    n, h, w, c, k, s = 1, 7, 6, 64, 3, 2
+    ho, wo = -(-h // s), -(-w // s)
+    pads = tuple((max((o - 1) * s + k - d, 0) // 2, max((o - 1) * s + k - d, 0) - max((o - 1) * s + k - d, 0) // 2)
+                 for o, d in ((ho, h), (wo, w)))
+    x = np.random.default_rng(7).standard_normal((n, h, w, c)).astype(np.float32)
+    program = img2col_program(("x", x.shape, "float32"), ("p", (n * ho * wo, k * k * c), "float16"), (k, k), (s, s),
+                              pads, (ho, wo), target)
+    result = emulate(program, target, {"x": x})
+    padded = np.pad(x[0], (pads[0], pads[1], (0, 0)))
+    want = np.stack([padded[i * s:i * s + k, j * s:j * s + k].reshape(-1) for i in range(ho) for j in range(wo)])
+    np.testing.assert_array_equal(result.outputs["p"], want.astype(np.float16))
+    assert any(isinstance(i, CopyOut) and i.at for i in program.instrs)    # channel blocks, a run per tap

@@ -117,7 +117,7 @@ def test_convolution_through_img2col_with_a_batch_norm_epilogue(size, cin, cout,
 def test_img2col_lays_out_patches_in_weight_order():
     """The patch row of output (i, j) is the input window in (kh, kw, c) order, zero outside."""
     x = np.arange(1 * 4 * 5 * 2, dtype=np.float32).reshape(1, 4, 5, 2)
-    patches = img2col(x, 3, 3, 1, 1, 1, 1, 1, 4, 0, 5)      # SAME padding, all 4 rows and 5 columns
+    patches = img2col(x, 3, 3, 1, 1, 1, 1, 4, 5)      # SAME padding, all 4 rows and 5 columns
     padded = np.pad(x[0], ((1, 1), (1, 1), (0, 0)))
     for i in range(4):
         for j in range(5):
@@ -203,3 +203,35 @@ def test_a_bert_base_layer_runs_on_the_emulator(target):
     fast = check(w.fn, w.args, target, ["cube matmul", "epilogue"])
     assert fast.report.optimized and fast.npu.last.cycles < NpuExecutable(fast.compile(*w.args).original,
                                                                             load_target(target)).estimate().cycles
+
+
+def test_grouped_query_attention_softmax_between_transposes_runs_on_the_npu():
+    """decoder-gqa-lora's attention, small: the softmax's reduced axis (keys) is not the last axis of the
+    kernel's transposed output, and [keys, groups, queries] of one kv head does not fit the UB whole. It
+    once fell back to JAX ("one row of the output needs 736 bytes")."""
+    rng = np.random.default_rng(8)
+    seq, kv, group, head = 64, 2, 4, 16
+    q, k, v = normal(rng, 1, seq, kv, group, head), normal(rng, 1, seq, kv, head), normal(rng, 1, seq, kv, head)
+    mask = np.where(np.tril(np.ones((seq, seq), bool)), 0.0, -1e9).astype(np.float32)
+
+    def fn(q, k, v, mask):
+        scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k) / np.sqrt(head) + mask
+        return jnp.einsum("bkgqs,bskd->bqkgd", jax.nn.softmax(scores, axis=-1), v).reshape(1, seq, -1)
+
+    check(fn, (q, k, v, mask), "npu-910b", ["vector", "cube matmul"])
+
+
+def test_a_convolution_with_many_input_channels_runs_its_img2col_in_channel_blocks():
+    """yolo-c14's shape class: one patch row of all 2048 channels and its input rows do not fit the UB;
+    the img2col stage tiles the channels (it once failed: "one patch needs ... bytes of UB")."""
+    rng = np.random.default_rng(9)
+    x = normal(rng, 1, 4, 4, 2048)
+    w = normal(rng, 3, 3, 2048, 16, scale=(9 * 2048) ** -0.5)
+
+    def fn(x):
+        y = jax.lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.nn.leaky_relu(y, negative_slope=0.1)
+
+    fast = check(fn, (x,), "npu-910b", ["img2col", "cube matmul"])
+    img2col_stage = next(s for s in fast.npu.stages if "img2col" in s.label)
+    assert any(getattr(i, "at", ()) for i in img2col_stage.program.instrs if type(i).__name__ == "CopyOut")

@@ -281,7 +281,13 @@ class _Machine:
         elif isinstance(ins, VecOp):
             self._store(core, ins.dst, self._vector(core, ins))
         elif isinstance(ins, CopyOut):
-            self._store(core, ins.dst, self._value(core, ins.src), add=ins.atomic_add)
+            value = self._value(core, ins.src)
+            if ins.at:   # a block of the buffer: its trailing axes from `at`, of the window's trailing sizes
+                size = ins.dst.size[len(ins.dst.size) - len(ins.at):]
+                if any(o + d > n for o, d, n in zip(ins.at, size, value.shape[value.ndim - len(ins.at):])):
+                    raise EmulatorError(f"CopyOut reads {size} at {ins.at} of {ins.src}: outside the buffer")
+                value = value[(...,) + tuple(slice(o, o + d) for o, d in zip(ins.at, size))]
+            self._store(core, ins.dst, value, add=ins.atomic_add)
 
     def _vector(self, core: str, ins: VecOp):
         """An IR op on the operands' buffers, with the destination's shape: elementwise ops broadcast

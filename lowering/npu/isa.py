@@ -146,8 +146,11 @@ class VecOp(Instr):
 
 @dataclass(frozen=True)
 class CopyOut(_Move):
-    """MTE3: a UB buffer into a GM window (the part inside the tensor); `atomic_add` adds into GM."""
+    """MTE3: a UB buffer into a GM window (the part inside the tensor); `atomic_add` adds into GM. With
+    `at`, only the block of `src` from that row and column, of the window's size, is copied (a strided
+    read of the UB, as DataCopy's source stride gives)."""
     atomic_add: bool = False
+    at: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,12 @@ output at a time.
 Every body value is a view of the output's index space: an elementwise op keeps its operands' axes, a
 broadcast adds axes of size one, a transpose permutes them, a row reduction removes the last one (and
 needs it whole). `_axis_maps` follows these from the output back to the loads, so for any box of the
-output (a range on one axis, single indices before it, whole axes after it) each value's box, and each
-input's GM window, is known. The box is as large as fits the UB: inputs and the output get two slots
-each (the next box's copy-in overlaps this box's compute), intermediates one. Boxes are dealt to the
-cores in turn; inputs that do not depend on the box (a bias row, a scalar) are copied in once per core.
+output (a range on one axis, single indices before it except the axes a reduction needs whole, whole
+axes after it) each value's box, and each input's GM window, is known. The box is as large as fits the
+UB: inputs and the output get two slots each (the next box's copy-in overlaps this box's compute),
+intermediates one. Boxes are dealt to the cores in turn; inputs that do not depend on the box (a bias
+row, a scalar) are copied in once per core. When that leaves cores idle, smaller boxes over more cores
+run instead if the emulator finds them faster.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import numpy as np
 from superopt.egraph.ir import REDUCTIONS, Node
 from superopt.extract.target import Target
 from superopt.lowering.npu.codegen import Allocator, CodegenError, _view, insert_flags, vector_cores
-from superopt.lowering.npu.emulator import ELEMENTWISE
+from superopt.lowering.npu.emulator import ELEMENTWISE, emulate
 from superopt.lowering.npu.isa import ALIGNMENT, CopyIn, CopyOut, Gm, Program, ScalarOp, VecOp
 
 VECTOR_OPS = ELEMENTWISE | REDUCTIONS | {"broadcast", "transpose", "reshape", "arg"}
@@ -97,6 +99,10 @@ def _box(node: Node, m: tuple, box: tuple) -> tuple:
     return tuple(box[w] if w is not None else (0, d) for w, d in zip(m, node.shape))
 
 
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _bytes(shape: tuple, dtype: str) -> int:
     return math.prod(shape) * (1 if dtype == "bool" else np.dtype(dtype).itemsize)
 
@@ -116,8 +122,16 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
     live = [i for i, m in enumerate(maps) if m is not None]
     rank = len(oshape)
 
-    def varies(i: int, upto: int) -> bool:    # does node i's box change when axes 0..upto move?
-        return any(w is not None and w <= upto and body[i].shape[a] > 1 for a, w in enumerate(maps[i]))
+    def extent(axis: int, size: int) -> tuple:
+        """The box (start, size per output axis) chunked along `axis`: single indices on the axes before it
+        except the ones a reduction needs whole (those are whole wherever they are), `size` indices of
+        `axis`, the axes after it whole."""
+        return tuple((0, d) if w > axis or (w < axis and w in whole) else ((0, size) if w == axis else (0, 1))
+                     for w, d in enumerate(oshape))
+
+    def varies(i: int, axis: int) -> bool:    # does node i's box change from one box to the next?
+        moving = [w for w in range(min(axis, rank - 1) + 1) if w == axis or w not in whole]
+        return any(w in moving and body[i].shape[a] > 1 for a, w in enumerate(maps[i]))
 
     def slots(i: int, axis: int) -> int:      # inputs that change per box and the output: ping-pong
         return 2 if (body[i].op == "arg" and varies(i, axis)) or i == len(body) - 1 else 1
@@ -126,19 +140,17 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
         return tuple(n for _, n in _box(body[i], maps[i], box))
 
     def footprint(axis: int, size: int) -> int:
-        box = tuple((0, 1) if w < axis else ((0, size) if w == axis else (0, d)) for w, d in enumerate(oshape))
-        total = 0
+        box, total = extent(axis, size), 0
         for i in live:
             if body[i].op == "reshape":
                 continue
             total += slots(i, axis) * (-(-_bytes(sizes(i, box), body[i].dtype) // ALIGNMENT["UB"]) * ALIGNMENT["UB"])
         return total
 
-    # The largest box that fits: the outermost axis that can be chunked, as many of its indices as fit.
+    # The largest box that fits: the outermost axis that can be chunked, as many of its indices as fit
+    # (an axis a reduction needs whole is kept whole, before the chunked axis as well as after it).
     axis, size = rank, 1
     for a in range(rank):
-        if any(w < a and oshape[w] > 1 for w in whole):
-            break
         fit = oshape[a] if footprint(a, oshape[a]) <= budget else 0
         if not fit and a not in whole:
             lo, hi = 0, oshape[a]
@@ -150,50 +162,91 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
             axis, size = a, fit
             break
     if rank and axis == rank:
-        need = footprint(rank - 1, 1)
-        raise CodegenError(f"vector kernel: one row of the output needs {need} bytes of UB, capacity {budget} "
-                           f"({target.name}); the row is too long to keep whole")
+        last = max((a for a in range(rank) if a not in whole), default=rank - 1)
+        need = footprint(last, 1 if last not in whole else oshape[last])
+        axes = ", ".join(str(w) for w in sorted(whole)) or "none"
+        raise CodegenError(f"vector kernel: the smallest box of the output needs {need} bytes of UB (output axes "
+                           f"kept whole for a reduction: {axes}), capacity {budget} ({target.name}); the reduced "
+                           f"axis is too long to keep whole")
     if not rank and footprint(0, 1) > budget:
         raise CodegenError(f"vector kernel: a full reduction needs {footprint(0, 1)} bytes of UB, capacity "
                            f"{budget} ({target.name}); reduce it by rows first")
 
-    program = Program(inputs=list(ins), outputs=[out])
-    alloc = Allocator(program)
-    boxes = [tuple((i, 1) for i in idx) + ((c0, min(size, oshape[axis] - c0)),) + tuple((0, d) for d in
-             oshape[axis + 1:]) for idx in product(*(range(d) for d in oshape[:axis]))
-             for c0 in range(0, oshape[axis], size)] if rank else [()]
-    full = boxes[0] if rank == 0 else (tuple((0, 1) for _ in oshape[:axis]) + ((0, size),) +
-                                       tuple((0, d) for d in oshape[axis + 1:]))
-    bufs: dict = {}
-    for i in live:   # a reshape that only adds or drops unit axes is a view of its operand's buffer
-        if body[i].op == "reshape":
-            bufs[i] = [_as(b, sizes(i, full)) for b in bufs[body[i].inputs[0]]]
-        else:
-            bufs[i] = [alloc(f"v{i}_{s}", "UB", sizes(i, full), body[i].dtype) for s in range(slots(i, axis))]
+    def outer(axis: int) -> list:            # the axes before the chunked one that step by one
+        return [w for w in range(axis) if w not in whole]
 
-    instrs: list = []
-    loaded: set = set()
-    for t, box in enumerate(boxes):
-        core = cores[t % len(cores)]
-        instrs.append(ScalarOp(core, "scalar", cycles=8, note="vector box"))
-        step = t // len(cores)
-        def buf(j: int):   # body value j's buffer for this box
-            return _as(bufs[j][step % len(bufs[j])], sizes(j, box))
-        for i in live:
-            node = body[i]
-            if node.op == "arg":
-                if not varies(i, axis) and (core, i) in loaded:
-                    continue
-                loaded.add((core, i))
-                start = tuple(s for s, _ in _box(node, maps[i], box))
-                instrs.append(CopyIn(core, "MTE2", src=Gm(ins[node.attrs[0]][0], start, sizes(i, box)), dst=buf(i)))
-            elif node.op != "reshape":
-                instrs.append(VecOp(core, "vector", op=node.op, dst=buf(i), srcs=tuple(buf(j) for j in node.inputs),
-                                    attrs=node.attrs))
-        dst = Gm(oname, tuple(s for s, _ in box), tuple(n for _, n in box))
-        instrs.append(CopyOut(core, "MTE3", src=buf(len(body) - 1), dst=dst))
-    program.instrs = insert_flags(instrs)
-    program.cores = tuple(c for c in cores if any(i.core == c for i in program.instrs))
+    def build(axis: int, size: int) -> Program:
+        """The program for boxes chunked along `axis`, `size` indices each (`extent`)."""
+        program = Program(inputs=list(ins), outputs=[out])
+        alloc = Allocator(program)
+        boxes = []
+        for idx in product(*(range(oshape[w]) for w in outer(axis))):
+            at = dict(zip(outer(axis), idx))
+            for c0 in range(0, oshape[axis], size) if rank else ():
+                boxes.append(tuple((at[w], 1) if w in at else ((c0, min(size, oshape[axis] - c0)) if w == axis else
+                                                               (0, d)) for w, d in enumerate(oshape)))
+        if not rank:
+            boxes = [()]
+        full = boxes[0] if rank == 0 else extent(axis, size)
+        bufs: dict = {}
+        for i in live:   # a reshape that only adds or drops unit axes is a view of its operand's buffer
+            if body[i].op == "reshape":
+                bufs[i] = [_as(b, sizes(i, full)) for b in bufs[body[i].inputs[0]]]
+            else:
+                bufs[i] = [alloc(f"v{i}_{s}", "UB", sizes(i, full), body[i].dtype) for s in range(slots(i, axis))]
+
+        instrs: list = []
+        loaded: set = set()
+        for t, box in enumerate(boxes):
+            core = cores[t % len(cores)]
+            instrs.append(ScalarOp(core, "scalar", cycles=8, note="vector box"))
+            step = t // len(cores)
+            def buf(j: int):   # body value j's buffer for this box
+                return _as(bufs[j][step % len(bufs[j])], sizes(j, box))
+            for i in live:
+                node = body[i]
+                if node.op == "arg":
+                    if not varies(i, axis) and (core, i) in loaded:
+                        continue
+                    loaded.add((core, i))
+                    start = tuple(s for s, _ in _box(node, maps[i], box))
+                    instrs.append(CopyIn(core, "MTE2", src=Gm(ins[node.attrs[0]][0], start, sizes(i, box)), dst=buf(i)))
+                elif node.op != "reshape":
+                    instrs.append(VecOp(core, "vector", op=node.op, dst=buf(i), srcs=tuple(buf(j) for j in node.inputs),
+                                        attrs=node.attrs))
+            dst = Gm(oname, tuple(s for s, _ in box), tuple(n for _, n in box))
+            instrs.append(CopyOut(core, "MTE3", src=buf(len(body) - 1), dst=dst))
+        program.instrs = insert_flags(instrs)
+        program.cores = tuple(c for c in cores if any(i.core == c for i in program.instrs))
+        return program
+
+    def spread(axis: int, size: int, want: int) -> tuple:
+        """(axis, size) of boxes within those of `size` indices along `axis` that number about `want`: the
+        outermost axis from `axis` on that has as many indices (a last-axis chunk in 32-byte runs)."""
+        chunkable = [a for a in range(axis, rank) if a not in whole]
+        for a in chunkable:
+            steps = math.prod(oshape[w] for w in outer(a))
+            if steps * oshape[a] >= want or a == chunkable[-1]:
+                part = _ceil(oshape[a], _ceil(want, steps))
+                if a == rank - 1:
+                    run = max(1, ALIGNMENT["UB"] // (1 if odt == "bool" else np.dtype(odt).itemsize))
+                    part = min(oshape[a], _ceil(part, run) * run)
+                part = max(1, part)
+                return (a, min(part, size) if a == axis else part)
+        return (axis, size)
+
+    program = build(axis, size)
+    count = math.prod(oshape[w] for w in outer(axis)) * _ceil(oshape[axis], size) if rank else 1
+    if rank and 0 < count < len(cores):   # an empty output has no boxes to spread
+        # Few boxes leave cores idle, and a core moves only its share of the chip's bandwidth: boxes
+        # spread over more cores, when the emulator finds them faster (each box pays the DMA latency).
+        options, seen = [program], {(axis, size)}
+        for want in sorted({len(cores) >> s for s in range(4)} - {0}):
+            plan = spread(axis, size, want)
+            if plan not in seen and footprint(*plan) <= budget:
+                seen.add(plan)
+                options.append(build(*plan))
+        program = min(options, key=lambda p: emulate(p, target, symbolic=True, trace=False).cycles)
     return program
 
 
@@ -205,58 +258,113 @@ def _as(buf, shape: tuple):
 def img2col_program(lhs: tuple, patches: tuple, window: tuple, strides: tuple, padding: tuple, out_hw: tuple,
                     target: Target) -> Program:
     """The patch matrix of a 2-D convolution, [N * Ho * Wo, KH * KW * C] in (kh, kw, c) order, from an
-    NHWC input: per box of output rows the input rows it needs are copied in, the vector unit lays out
-    the patches (zero padding included) and MTE3 writes them to GM, in the patch matrix's dtype (the
-    cube's fp16). The hardware's MTE1 does this between L1 and L0A (load3d) without the GM round trip,
-    so this stage is an upper bound on its cost."""
+    NHWC input: per box of output rows (or of columns of one row) and of input channels, the input window
+    it needs (rows, columns and channels) is copied in, the vector unit lays out the patches (zero
+    padding included) and MTE3 writes them to GM, in the patch matrix's dtype (the cube's fp16). A box of
+    all channels is one run of whole patch rows; a block of channels is KH * KW runs of columns, one per
+    kernel tap, each a strided read of the UB. Boxes are as large as fit the UB with two slots each side;
+    when no box of all channels fits, the fastest of the boxes that fit (emulated) runs. The hardware's
+    MTE1 does this between L1 and L0A (load3d) without the GM round trip, so this stage is an upper bound
+    on its cost."""
     (xname, (n, h, w, c), xdt), (pname, _, pdt) = lhs, patches
-    (kh, kw), (sh, sw), ((pt, _), (pl, pr)), (ho, wo) = window, strides, padding, out_hw
+    (kh, kw), (sh, sw), ((pt, _), (pl, _)), (ho, wo) = window, strides, padding, out_hw
     npu = target.npu
-    cores = vector_cores(target)
     item, pitem = np.dtype(xdt).itemsize, np.dtype(pdt).itemsize
 
-    def need(rows: int, cols: int) -> int:      # UB bytes for a box of output rows x columns, two slots
-        in_rows = (rows - 1) * sh + kh
-        return 2 * (in_rows * w * c * item + rows * cols * kh * kw * c * pitem) + 4 * ALIGNMENT["UB"]
-    rows = max((r for r in range(1, ho + 1) if need(r, wo) <= npu.ub_bytes), default=0)
-    cols = wo if rows else max((q for q in range(1, wo + 1) if need(1, q) <= npu.ub_bytes), default=0)
-    if not cols:
-        raise CodegenError(f"img2col: one patch needs {need(1, 1)} bytes of UB, capacity {npu.ub_bytes} "
-                           f"({target.name})")
-    rows = max(rows, 1)
+    def aligned(nbytes: int) -> int:
+        return -(-nbytes // ALIGNMENT["UB"]) * ALIGNMENT["UB"]
+
+    def need(rows: int, cols: int, depth: int) -> int:   # UB bytes for a box, two slots of input and patches
+        in_rows, in_cols = min((rows - 1) * sh + kh, h), min((cols - 1) * sw + kw, w)
+        return 2 * (aligned(in_rows * in_cols * depth * item) + aligned(rows * cols * kh * kw * depth * pitem))
+
+    def most(fits, hi: int) -> int:                      # the largest x in 1..hi with fits(x) (monotone), or 0
+        lo = 0
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
+
+    def fit(rows: int, cols: int, depth: int) -> bool:
+        return need(rows, cols, depth) <= npu.ub_bytes
+
+    def even(most_: int, extent: int) -> int:             # boxes of even size, no more of them than `most_` gives
+        return _ceil(extent, _ceil(extent, most_))
+
+    # Whole output rows of all channels; else columns of one row of all channels, or channel blocks (of 16,
+    # the cube's C0) of one output row or of its columns, whichever the emulator finds faster.
+    rows = most(lambda r: fit(r, wo, c), ho)
+    if rows:
+        candidates = [(even(rows, ho), wo, c)]
+    else:
+        candidates = []
+        cols = most(lambda q: fit(1, q, c), wo)
+        if cols:
+            candidates.append((1, even(cols, wo), c))
+        unit = 16
+        if c > unit:
+            cols = wo if fit(1, wo, unit) else even(most(lambda q: fit(1, q, unit), wo), wo)
+            if cols:
+                blocks = _ceil(c, unit * most(lambda u: fit(1, cols, unit * u), _ceil(c, unit) - 1))
+                candidates.append((1, cols, _ceil(_ceil(c, blocks), unit) * unit))   # blocks of even size
+        if not candidates:
+            raise CodegenError(f"img2col: one patch of {min(c, unit)} channels needs {need(1, 1, min(c, unit))} "
+                               f"bytes of UB, capacity {npu.ub_bytes} ({target.name})")
+    programs = [_img2col_boxes(lhs, patches, window, strides, padding, out_hw, box, target) for box in candidates]
+    if len(programs) == 1:
+        return programs[0]
+    return min(programs, key=lambda prog: emulate(prog, target, symbolic=True, trace=False).cycles)
+
+
+def _img2col_boxes(lhs: tuple, patches: tuple, window: tuple, strides: tuple, padding: tuple, out_hw: tuple,
+                   box: tuple, target: Target) -> Program:
+    """`img2col_program` with boxes of `rows` output rows x `cols` output columns x `depth` channels."""
+    (xname, (n, h, w, c), xdt), (pname, _, pdt) = lhs, patches
+    (kh, kw), (sh, sw), ((pt, _), (pl, _)), (ho, wo) = window, strides, padding, out_hw
+    rows, cols, depth = box
+    cores = vector_cores(target)
     program = Program(inputs=[lhs], outputs=[patches])
     alloc = Allocator(program)
-    in_rows = (rows - 1) * sh + kh
-    xin = [alloc(f"x{s}", "UB", (1, in_rows, w, c), xdt) for s in range(2)]
-    pat = [alloc(f"p{s}", "UB", (rows * cols, kh * kw * c), pdt) for s in range(2)]
+    in_rows, in_cols = min((rows - 1) * sh + kh, h), min((cols - 1) * sw + kw, w)
+    xin = [alloc(f"x{s}", "UB", (1, in_rows, in_cols, depth), xdt) for s in range(2)]
+    pat = [alloc(f"p{s}", "UB", (rows * cols, kh * kw * depth), pdt) for s in range(2)]
     instrs = []
-    boxes = [(b, r0, c0) for b in range(n) for r0 in range(0, ho, rows) for c0 in range(0, wo, cols)]
-    for t, (b, r0, c0) in enumerate(boxes):
+    boxes = [(b, r0, c0, ch0) for b in range(n) for r0 in range(0, ho, rows) for c0 in range(0, wo, cols)
+             for ch0 in range(0, c, depth)]
+    for t, (b, r0, c0, ch0) in enumerate(boxes):
         core, slot = cores[t % len(cores)], (t // len(cores)) % 2
-        here, span = min(rows, ho - r0), min(cols, wo - c0)
-        first = r0 * sh - pt                                  # the box's first input row (may be padding)
-        lo, hi = max(first, 0), min(first + (here - 1) * sh + kh, h)
+        here, span, chans = min(rows, ho - r0), min(cols, wo - c0), min(depth, c - ch0)
+        top, left = r0 * sh - pt, c0 * sw - pl              # the box's first (padded) input row and column
+        lo, hi = max(top, 0), max(min(top + (here - 1) * sh + kh, h), max(top, 0))
+        first, last = max(left, 0), max(min(left + (span - 1) * sw + kw, w), max(left, 0))
         instrs.append(ScalarOp(core, "scalar", cycles=8, note="img2col box"))
-        block = _view(xin[slot], (1, hi - lo, w, c))
-        instrs.append(CopyIn(core, "MTE2", src=Gm(xname, (b, lo, 0, 0), (1, hi - lo, w, c)), dst=block))
-        out = _view(pat[slot], (here * span, kh * kw * c))
-        geometry = (kh, kw, sh, sw, lo - first, pl, pr, here, c0, span)
+        block = _view(xin[slot], (1, hi - lo, last - first, chans))
+        instrs.append(CopyIn(core, "MTE2", src=Gm(xname, (b, lo, first, ch0), (1, hi - lo, last - first, chans)),
+                             dst=block))
+        out = _view(pat[slot], (here * span, kh * kw * chans))
+        geometry = (kh, kw, sh, sw, lo - top, first - left, here, span)
         instrs.append(VecOp(core, "vector", op="img2col", dst=out, srcs=(block,), attrs=geometry))
         start = (b * ho + r0) * wo + c0
         # a box is whole output rows, or part of one row: its patches are consecutive rows of the matrix
-        instrs.append(CopyOut(core, "MTE3", src=out, dst=Gm(pname, (start, 0), (here * span, kh * kw * c))))
+        if chans == c:
+            instrs.append(CopyOut(core, "MTE3", src=out, dst=Gm(pname, (start, 0), (here * span, kh * kw * c))))
+        else:   # a channel block: one run of columns per kernel tap
+            for tap in range(kh * kw):
+                instrs.append(CopyOut(core, "MTE3", src=out, at=(0, tap * chans),
+                                      dst=Gm(pname, (start, tap * c + ch0), (here * span, chans))))
     program.instrs = insert_flags(instrs)
     program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
     return program
 
 
-def img2col(block: np.ndarray, kh: int, kw: int, sh: int, sw: int, top: int, pl: int, pr: int, rows: int,
-            c0: int, cols: int) -> np.ndarray:
-    """The patches of output columns c0 .. c0 + cols of `rows` output rows, from an input block
-    [1, r, W, C] whose first row is `top` rows below the box's first (padded) input row."""
-    _, r, w, c = block.shape
-    padded = np.zeros(((rows - 1) * sh + kh, w + pl + pr, c), block.dtype)
-    padded[top:top + r, pl:pl + w] = block[0]
+def img2col(block: np.ndarray, kh: int, kw: int, sh: int, sw: int, top: int, left: int, rows: int,
+            cols: int) -> np.ndarray:
+    """The patches of `rows` x `cols` output positions, from an input block [1, r, q, C] whose first row
+    is `top` rows below the box's first (padded) input row and whose first column is `left` columns right
+    of its first (padded) input column; zeros elsewhere (the padding)."""
+    _, r, q, c = block.shape
+    padded = np.zeros(((rows - 1) * sh + kh, (cols - 1) * sw + kw, c), block.dtype)
+    padded[top:top + r, left:left + q] = block[0]
     win = np.lib.stride_tricks.sliding_window_view(padded, (kh, kw), axis=(0, 1))   # [R', W', C, kh, kw]
-    win = win[::sh, ::sw][:rows, c0:c0 + cols]
+    win = win[::sh, ::sw][:rows, :cols]
     return win.transpose(0, 1, 3, 4, 2).reshape(rows * cols, kh * kw * c)

@@ -36,6 +36,9 @@ class FrozenEGraph:
     dtypes: dict[Hashable, str] = field(default_factory=dict)
     outputs: dict[int, Hashable] = field(default_factory=dict)  # program output index -> e-class
     growth_cut: int = 0           # kernels whose growth the work budget cut (extract/kernels.py: expand)
+    # kernel variant -> the tensor classes whose matmul or convolution it recomputes in its body
+    # (extract/kernels.py: expand), so extraction can see a producer computed in several kernels
+    recomputes: dict = field(default_factory=dict)
 
     @property
     def n_nodes(self) -> int:

@@ -2,7 +2,7 @@
 
 Peak FLOP/s is a large f32 matmul under jax.jit (what XLA's CPU GEMM reaches, not the datasheet peak);
 memory bandwidth is a streaming elementwise op over an array much larger than the caches, counting the
-bytes read and written. Each figure is the best of several timed runs after a warm-up. The cache is a
+bytes read and written, and cache bandwidth the same op over a few MiB. Each figure is the best of several timed runs after a warm-up. The cache is a
 small TOML file keyed to the machine (processor and core count), in $SUPEROPT_CACHE_DIR or
 ~/.cache/superopt.
 """
@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 
 CACHE_ENV = "SUPEROPT_CACHE_DIR"
-FIELDS = ("peak_flops", "matrix_flops", "mem_bandwidth")
+FIELDS = ("peak_flops", "matrix_flops", "mem_bandwidth", "cache_bandwidth")
 
 
 def cache_path() -> Path:
@@ -51,19 +51,23 @@ def _best_time(fn, args, repeats: int) -> float:
     return min(times)
 
 
-def calibrate(matmul_size: int = 2048, stream_mib: int = 256, repeats: int = 5) -> dict:
-    """Measure, cache and return {peak_flops, matrix_flops, mem_bandwidth} for this machine."""
+def calibrate(matmul_size: int = 2048, stream_mib: int = 256, cache_mib: int = 4, repeats: int = 5) -> dict:
+    """Measure, cache and return {peak_flops, matrix_flops, mem_bandwidth, cache_bandwidth} for this machine
+    (the last on a `cache_mib` array, which stays in the caches)."""
     import jax
     import jax.numpy as jnp
     a = jnp.ones((matmul_size, matmul_size), jnp.float32)
     flops = 2.0 * matmul_size ** 3 / _best_time(jax.jit(lambda x, y: x @ y), (a, a), repeats)
     x = jnp.ones((stream_mib * 1024 * 1024 // 4,), jnp.float32)
-    bandwidth = 2.0 * x.nbytes / _best_time(jax.jit(lambda v: v * 1.5), (x,), repeats)
-    figures = {"peak_flops": flops, "matrix_flops": flops, "mem_bandwidth": bandwidth}
+    stream = jax.jit(lambda v: v * 1.5)
+    bandwidth = 2.0 * x.nbytes / _best_time(stream, (x,), repeats)
+    small = jnp.ones((cache_mib * 1024 * 1024 // 4,), jnp.float32)
+    cached = 2.0 * small.nbytes / _best_time(stream, (small,), 3 * repeats)
+    figures = {"peak_flops": flops, "matrix_flops": flops, "mem_bandwidth": bandwidth, "cache_bandwidth": cached}
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [f'machine = "{machine_key()}"', f'measured = "{time.strftime("%Y-%m-%d %H:%M:%S")}"',
-             f"matmul_size = {matmul_size}", f"stream_mib = {stream_mib}"]
+             f"matmul_size = {matmul_size}", f"stream_mib = {stream_mib}", f"cache_mib = {cache_mib}"]
     lines += [f"{k} = {v:.6g}" for k, v in figures.items()]
     path.write_text("\n".join(lines) + "\n")
     return figures

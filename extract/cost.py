@@ -68,6 +68,7 @@ def compute_rate(op: str, ins: list[Type], target: Target) -> float:
 # Vector kernels on an NPU stream tiles of about this many bytes per buffer, whole rows at least.
 NPU_VECTOR_TILE = 16 * 1024
 NPU_CUBE_TILE = (128, 128, 64)
+STRIDED_CPU_FACTOR = 2      # a transposed f32 read inside an XLA CPU loop fusion: cache lines re-read (estimate)
 GPU_MATMUL_REGISTERS = 96    # a 128x128 tile over 256 threads: 64 fp32 accumulators + operand fragments (estimate)
 # pack / unpack (egraph/layout.py) are data movement too; on an NPU each is a format conversion (TransData).
 LAYOUT_OPS = frozenset({"pack", "unpack"})
@@ -96,6 +97,9 @@ class KernelShape:
     row_reduction: bool = False
     row_elements: int = 1            # length of the longest reduced row
     strided_bytes: float = 0.0       # bytes accessed with a permuted (transposed) pattern, where it costs
+    prologue_bytes: float = 0.0      # bytes of matmul/conv operands the body computes (not plain loads)
+    epilogue_compute: int = 0        # of the epilogue ops, those that compute (not transposes or views)
+    loop_strided_bytes: float = 0.0  # transposed bytes an elementwise loop walks (not a matmul's operand or result)
     pure_movement: bool = False      # only loads, transposes, broadcasts, reshapes and casts
     value_bytes: int = 4
 
@@ -110,6 +114,7 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
         for j in node.inputs:
             last_use[j] = i
             users.setdefault(j, set()).add(node.op)
+    users_of = [users.get(i, {"output"}) for i in range(len(body))]
     live = live_ops = 0
     buffered = [False] * len(body)
     for i, node in enumerate(body):
@@ -121,10 +126,14 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
             k.matrix_flops += work
             k.matmul_bytes += nbytes((node.shape, node.dtype))
             after_matmul[i] = True
+            k.prologue_bytes += sum(nbytes((body[j].shape, body[j].dtype)) for j in set(node.inputs)
+                                    if not _loaded(body, j))
         elif feeds:
             after_matmul[i] = True
             if node.op not in ("reshape",):
                 k.epilogue_ops += 1
+            if node.op not in ("reshape", "transpose", "broadcast"):
+                k.epilogue_compute += 1
             if node.op in REDUCTIONS:
                 k.reduce_after_matmul = True
         if node.op in REDUCTIONS:
@@ -132,6 +141,9 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
             k.row_elements = max(k.row_elements, node_ins[0][0][-1] if node_ins[0][0] else 1)
         if node.op == "transpose" or node.op in LAYOUT_OPS and node.attrs[0] != "ND":
             k.strided_bytes += nbytes((node.shape, node.dtype))
+            if node.op == "transpose" and body[node.inputs[0]].op not in MATRIX_OPS \
+                    and not users_of[i] <= MATRIX_OPS:
+                k.loop_strided_bytes += nbytes((node.shape, node.dtype))
         # Loads, reshapes and broadcasts of a rank-0 value (a register operand) need no buffer of their own.
         on_chip = node.op not in ("arg", "reshape") and not (node.op == "broadcast" and not body[node.inputs[0]].shape)
         buffered[i] = on_chip
@@ -148,6 +160,14 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
                            if n.op == "arg" and n.shape and not users.get(i, set()) <= MATRIX_OPS)
     k.value_bytes = max(1, max((nbytes(((1,), n.dtype)) for n in body), default=4))
     return k
+
+
+def _loaded(body: tuple, j: int) -> bool:
+    """Whether body value j is an operand as loaded: an `arg`, seen through views and transposes (a
+    matmul takes either orientation of its operands as they are stored)."""
+    while body[j].op in ("reshape", "transpose", "broadcast") and body[j].inputs:
+        j = body[j].inputs[0]
+    return body[j].op == "arg"
 
 
 def penalty_notes(parts: dict) -> list[str]:
@@ -245,8 +265,23 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
             kernel = NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
                                transdata_bytes=k.strided_bytes)
         return breakdown(kernel, target)
+    # On a CPU the program runs through XLA, which fuses elementwise ops with each other but not into a
+    # dot: what a kernel computes before its matmul (a prologue) and the matmul's result that an epilogue
+    # computes on are written out and read back. A dot takes and gives either orientation for free, but
+    # an elementwise loop that reads a transposed operand walks it across cache lines (charged as that
+    # many bytes again, `STRIDED_CPU_FACTOR` times).
+    unfused = 2 * (k.prologue_bytes + (k.matmul_bytes if k.epilogue_compute else 0.0)) if k.matrix_flops else 0.0
+    strided = 0.0 if k.pure_movement else k.loop_strided_bytes * STRIDED_CPU_FACTOR
+    moved += unfused + strided
     compute = k.matrix_flops / matrix_rate + other / target.peak_flops
-    return {"flops": k.flops, "bytes": moved, "time": max(compute, moved / target.mem_bandwidth) + target.launch_overhead}
+    cached = target.cache_bandwidth and moved <= target.cache_resident_bytes
+    bandwidth = target.cache_bandwidth if cached else target.mem_bandwidth
+    parts = {"flops": k.flops, "bytes": moved, "time": max(compute, moved / bandwidth) + target.launch_overhead}
+    if unfused:
+        parts["unfused_bytes"] = unfused
+    if strided:
+        parts["strided_bytes"] = strided
+    return parts
 
 
 def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> dict:

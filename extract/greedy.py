@@ -136,11 +136,19 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
         for c in n.children:
             parents.setdefault(c, []).append(n)
 
-    def choose(no_store=frozenset()) -> dict:
-        allowed = own if not no_store else {n: c for n, c in own.items() if no_store.isdisjoint(n.children)}
+    def choose(no_store=frozenset(), no_recompute=frozenset()) -> dict:
+        allowed = own
+        if no_store or no_recompute:
+            allowed = {n: c for n, c in own.items() if no_store.isdisjoint(n.children)
+                       and no_recompute.isdisjoint(fz.recomputes.get(n, ()))}
         return _choose(fz, nodes, allowed, parents)
 
-    choice, memory = choose(), ""
+    choice, no_recompute, shared = share_producers(fz, choose,
+                                                   lambda ch: program_cost(_build(fz, enc, ch)[0], target)[0])
+    if no_recompute or shared:
+        unshared = choose
+        choose = lambda no_store=frozenset(): unshared(no_store | shared, no_recompute)  # noqa: E731
+    memory = ""
     if memory_budget is not None:
         from superopt.extract.memory import fit_budget
         choice, memory = fit_budget(choice, choose, lambda ch: _build(fz, enc, ch), own, memory_budget)
@@ -175,6 +183,82 @@ def _choose(fz: FrozenEGraph, nodes: list, own: dict, parents: dict) -> dict:
             stack.extend(b.node.children)
         new = tuple(newly)
     return {cls: b.node for cls, b in fixed.items()}
+
+
+MAX_SHARING_TRIALS = 24  # re-extractions that try a producer computed once, most used first
+
+
+def share_producers(fz: FrozenEGraph, choose, cost) -> tuple[dict, frozenset, frozenset]:
+    """Greedy choice, plus the producers it should compute once: (choice, no_recompute, no_store).
+
+    Each class's choice is cheapest for that class alone, so every consumer of a matmul may prefer
+    to recompute it in its own kernel where loading it would cost a little more, or to read its own
+    orientation of it, stored separately: five kernels then run the same matmul five times, a cost no
+    single choice sees. A producer here is a matmul or convolution together with the transposes of it
+    that the e-graph knows. For each producer used more than once (recomputed in a kernel, or stored),
+    extract again with no kernel recomputing it, and with each stored orientation in turn as the only
+    one stored, and keep the cheapest if the whole program's cost (`cost(choice)`) is lower.
+    `choose(no_store=, no_recompute=)` extracts with no e-node loading a class in `no_store` and no
+    kernel recomputing one in `no_recompute`."""
+    choice = choose()
+    if not fz.recomputes:
+        return choice, frozenset(), frozenset()
+    transposes: dict = {}   # tensor class -> the classes of its transposes
+    for cls, nodes in fz.classes.items():
+        for n in nodes:
+            if n.fn == "transpose" and n.children:
+                transposes.setdefault(n.children[0], set()).add(cls)
+                transposes.setdefault(cls, set()).add(n.children[0])
+
+    def producers(ch: dict) -> list[frozenset]:
+        uses: dict = {}
+        for n in ch.values():
+            for c in fz.recomputes.get(n, ()):
+                uses[c] = uses.get(c, 0) + 1
+        for c, n in ch.items():   # a producer stored in two orientations
+            if transposes.get(c, set()) & ch.keys() and _computes_matrix(n):
+                uses.setdefault(c, 0)
+        groups, seen = [], set()
+        for c in sorted(uses, key=lambda c: (-uses[c], str(c))):
+            if c in seen:
+                continue
+            group = frozenset({c} | transposes.get(c, set()))
+            seen |= group
+            if sum(uses.get(g, 0) + (g in ch) for g in group) >= 2:
+                groups.append(group)
+        return groups
+
+    best, no_recompute, no_store, tried, refused = cost(choice), frozenset(), frozenset(), 0, set()
+    while tried < MAX_SHARING_TRIALS:
+        # after a kept trial, a producer refused before may pay (its consumers changed): try it again
+        group = next((g for g in producers(choice) if g not in refused), None)
+        if group is None:
+            break
+        refused.add(group)
+        stored = sorted((c for c in group if c in choice), key=str)
+        options = [frozenset()] + [frozenset(group) - {c} for c in stored] if len(stored) > 1 else [frozenset()]
+        found = None
+        for forbid in options:
+            if tried == MAX_SHARING_TRIALS:
+                break
+            tried += 1
+            try:
+                trial = choose(no_store=no_store | forbid, no_recompute=no_recompute | group)
+            except ExtractionError:
+                continue
+            trial_cost = cost(trial)
+            if trial_cost < best * (1 - 1e-9):
+                best, found = trial_cost, (trial, forbid)
+        if found is not None:
+            choice, no_recompute, no_store = found[0], no_recompute | group, no_store | found[1]
+            refused.clear()
+    return choice, no_recompute, no_store
+
+
+def _computes_matrix(n: ENode) -> bool:
+    if n.fn == "kernel":
+        return any(b.op in ("matmul", "conv") for b in n.args[0])
+    return n.fn in ("matmul", "conv", "fractal_matmul")
 
 
 def _hoisted(choice: dict) -> set:

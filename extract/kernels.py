@@ -240,11 +240,12 @@ def _constant_classes(fz: FrozenEGraph) -> set:
 
 
 def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_types, order: dict,
-             budget: GrowthBudget | None = None) -> list[ENode]:
+             budget: GrowthBudget | None = None, recomputes: dict | None = None) -> list[ENode]:
     """Concrete kernels for `kernel(root)` in tensor class `own`, growing from the root (module doc).
     Three growths: one never takes in a matmul or convolution (elementwise and row fusion only); one may,
     from the root (a matmul with a short epilogue); and one may, from the largest body of the first
-    (a matmul with everything after it that fits). Growth stops where `budget`'s share is spent."""
+    (a matmul with everything after it that fits). Growth stops where `budget`'s share is spent.
+    `recomputes`, when given, is filled with the producers each variant recomputes (`_recomputed`)."""
     out: list[ENode] = []
     seen: set = set()
     built: dict = {}
@@ -263,13 +264,16 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
             spent += len(built[key][0]) if built[key] is not None else 1
         return built[key]
 
-    def tiled(body: tuple, loaded: list) -> list[ENode]:
+    def tiled(body: tuple, loaded: list, inline: dict) -> list[ENode]:
         """The kernel as e-nodes: one per tiling offered when the body has matrix ops (`extract/tiling.py`)."""
         children = tuple(loaded)
         options, _ = tiling_options(body, [tensor_types[c] for c in loaded], tensor_types[own], target)
-        if not options:
-            return [ENode("kernel", (body,), children, own)]
-        return [ENode("kernel", (body, t), children, own) for t in options]
+        nodes = [ENode("kernel", (body,), children, own)] if not options else \
+            [ENode("kernel", (body, t), children, own) for t in options]
+        redone = _recomputed(fz, inline, own)
+        if redone and recomputes is not None:
+            recomputes.update((n, redone) for n in nodes)
+        return nodes
 
     def grow(inline: dict, producers: bool) -> dict:
         """Append the bodies of one growth to `out`; returns the largest inline set within the limits."""
@@ -283,7 +287,7 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
                 break   # the kernel would read its own result
             if (body, tuple(loaded)) not in seen:
                 seen.add((body, tuple(loaded)))
-                nodes = tiled(body, loaded)
+                nodes = tiled(body, loaded, inline)
                 cost = min(op_cost("kernel", n.args, [tensor_types[c] for c in loaded], tensor_types[own], target)
                            for n in nodes)
                 if math.isinf(cost) and (out or largest):
@@ -313,6 +317,16 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
         budget.left = max(budget.left - spent, 0)
         budget.cut += cut
     return out
+
+
+def _recomputed(fz: FrozenEGraph, inline: dict, own) -> frozenset:
+    """The tensor classes other than `own` whose matmul or convolution the body computes in place: an
+    inlined producer whose Scalar class can also be loaded names the tensor it would load."""
+    out = set()
+    for cls, node in inline.items():
+        if node.fn in PRODUCERS and (load := _load_node(fz, cls)) is not None and load.children[0] != own:
+            out.add(load.children[0])
+    return frozenset(out)
 
 
 def _frontier(root, inline: dict):
@@ -382,7 +396,7 @@ def expand(fz: FrozenEGraph, conv_params, target: Target) -> FrozenEGraph:
             if n.fn == "kernel" and not n.args:
                 if cls in types:
                     kept.extend(v for v in variants(fz, conv_params, cls, n.children[0], target, types, order,
-                                                    budget) if v not in kept)
+                                                    budget, view.recomputes) if v not in kept)
             else:
                 kept.append(n)
         view.classes[cls] = kept

@@ -57,6 +57,8 @@ class Target:
     npu: NpuSpec | None = None
     calibrated: bool = False
     cache_bytes: int = 0       # cpu: the cache a tiled matmul keeps its tiles in
+    cache_bandwidth: float = 0.0     # cpu: bytes/s of a kernel whose traffic stays in the caches
+    cache_resident_bytes: int = 0    # cpu: the most bytes (read plus written) a kernel moves at that rate
 
     @property
     def tile_bytes(self) -> int:

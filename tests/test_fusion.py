@@ -310,3 +310,41 @@ def test_the_checker_catches_a_scale_folded_along_the_wrong_axis():
                  conv(x, binary("mul", y, broadcast(z, shape_of(y), (1,))), n), numerics="reals",
                  doc="wrong: axis 1 is a spatial axis of the output, an input-row axis of the weights")
     assert check_rule(wrong).counterexample is not None
+
+
+# ---- a producer used by several kernels is computed once ----
+
+def _matmuls(graph) -> int:
+    """Matmuls the program runs: top-level ones plus those inside kernel bodies."""
+    live = [graph.nodes[i] for i in graph.live()]
+    return sum(1 for n in live if n.op == "matmul") + sum(ops_in(n).count("matmul") for n in live if n.op == "kernel")
+
+
+def weight_gradient_consumers(x, g, p):
+    """A weight gradient read by a norm, an is-finite check and an update, one of them transposed: each
+    consumer alone is cheapest recomputing the matmul (or reading its own orientation of it)."""
+    d = x.T @ g
+    return jnp.sum(d * d), jnp.all(jnp.isfinite(d.T)), p - 0.1 * d, 0.9 * p + 0.1 * d
+
+
+def test_a_weight_gradient_is_computed_once_for_all_its_consumers(monkeypatch):
+    import superopt.extract.greedy as greedy
+    args = (normal(128, 256), normal(128, 512), normal(256, 512))
+    shared, _ = fused(weight_gradient_consumers, args, "cpu")
+    assert _matmuls(shared.graph) == 1
+    assert_same(weight_gradient_consumers, args, shared.graph)
+    monkeypatch.setattr(greedy, "MAX_SHARING_TRIALS", 0)   # per-class greedy choices alone
+    alone, _ = fused(weight_gradient_consumers, args, "cpu")
+    assert _matmuls(alone.graph) > 1 and shared.cost < alone.cost
+
+
+def test_sharing_producers_never_costs_more(monkeypatch):
+    """On the 910B the cube recomputes this small matmul for less than a round trip through global
+    memory costs, so its kernels may keep recomputing it; the search keeps only what lowers the cost."""
+    import superopt.extract.greedy as greedy
+    args = (normal(128, 256), normal(128, 512), normal(256, 512))
+    shared, _ = fused(weight_gradient_consumers, args, "npu-910b")
+    assert_same(weight_gradient_consumers, args, shared.graph)
+    monkeypatch.setattr(greedy, "MAX_SHARING_TRIALS", 0)
+    alone, _ = fused(weight_gradient_consumers, args, "npu-910b")
+    assert shared.cost <= alone.cost

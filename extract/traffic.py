@@ -3,9 +3,9 @@ memory, counted on the captured program and on the chosen one alike.
 
 Gradient memory is defined on the program alone, with no help from the user:
 
-- a *parameter shape* is the shape of an argument that the program also returns (a training step
-  returns its parameters and optimizer moments updated), in any order of its axes (a gradient may be
-  kept transposed);
+- a *parameter shape* is the shape of an argument that the program also returns as an elementwise
+  function of it (a training step returns its parameters and optimizer moments updated), in any order
+  of its axes (a gradient may be kept transposed);
 - a *gradient tensor* is a computed tensor of a parameter shape that is not an elementwise function of
   an argument of that shape (a moment update `b1 * m + (1 - b1) * g` reads the moment `m`, so it is
   optimizer-state memory, not gradient memory). Weight gradients, and their unscaled, clipped or
@@ -60,21 +60,18 @@ def gradient_tensors(graph: Graph) -> set[int]:
     """Ids of the live gradient tensors (see the module docstring)."""
     live = graph.live()
     args = {i: _key(graph.nodes[i].shape) for i in live if graph.nodes[i].op == "arg"}
-    returned = {_key(graph.nodes[o].shape) for o in graph.outputs}
-    params = {s for s in args.values() if s in returned and len(s) > 0}
-    constant = graph.constant_nodes()
-    # reaches[i]: parameter shapes of the arguments node i is an elementwise function of
+    # reaches[i]: shapes of the arguments node i is an elementwise function of
     reaches: dict[int, set] = {}
-    out = set()
     for i in live:
-        node = graph.nodes[i]
-        if i in args:
-            reaches[i] = {args[i]}
-            continue
-        reaches[i] = set().union(set(), *(reaches[j] for j in _through(graph, i)))
-        if _key(node.shape) in params and _key(node.shape) not in reaches[i] and i not in constant and node.op not in _VIEWS:
-            out.add(i)
-    return out
+        reaches[i] = {args[i]} if i in args else set().union(set(), *(reaches[j] for j in _through(graph, i)))
+    # an update returns a parameter as an elementwise function of it (a matmul chain that happens to
+    # return its argument's shape has no parameters)
+    params = {_key(graph.nodes[o].shape) for o in graph.outputs
+              if _key(graph.nodes[o].shape) in reaches[o] and graph.nodes[o].shape}
+    constant = graph.constant_nodes()
+    return {i for i in live if i not in args and _key(graph.nodes[i].shape) in params
+            and _key(graph.nodes[i].shape) not in reaches[i] and i not in constant
+            and graph.nodes[i].op not in _VIEWS}
 
 
 def gradient_traffic(graph: Graph) -> Traffic:

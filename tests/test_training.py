@@ -76,3 +76,12 @@ def test_gradient_tensors_are_the_gradients_not_the_moments():
     moment = [i for i in graph.live() if graph.nodes[i].op == "add" and graph.nodes[i].shape == (8, 4)]
     assert moment and not set(moment) & grads
     assert gradient_traffic(graph).passes >= 2
+
+
+def test_a_matmul_chain_that_returns_its_arguments_shape_has_no_gradients():
+    # (a @ b) @ c has the shape of a, but nothing updates a: no parameters, so no gradient memory and no
+    # "gradient mem" line in the report
+    x = np.ones((16, 16), np.float32)
+    fast = superopt(lambda a, b, c: (a @ b) @ c, target="cpu")
+    fast(x, x, x)
+    assert fast.report.gradient_traffic == () and "gradient mem" not in str(fast.report)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
 from superopt.egraph.ir import CycleError, Graph, Node, hoistable, postorder
-from superopt.extract.cost import op_cost
+from superopt.extract.cost import MATRIX_OPS, op_cost
 from superopt.extract.kernels import expand
 from superopt.extract.target import Target
 
@@ -145,13 +145,14 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
 
     choice, no_recompute, shared = share_producers(fz, choose,
                                                    lambda ch: program_cost(_build(fz, enc, ch)[0], target)[0])
-    if no_recompute or shared:
-        unshared = choose
-        choose = lambda no_store=frozenset(): unshared(no_store | shared, no_recompute)  # noqa: E731
+
+    def remat_choose(no_store=frozenset()) -> dict:   # budget rounds keep the producers computed once
+        return choose(no_store | shared, no_recompute)
+
     memory = ""
     if memory_budget is not None:
         from superopt.extract.memory import fit_budget
-        choice, memory = fit_budget(choice, choose, lambda ch: _build(fz, enc, ch), own, memory_budget)
+        choice, memory = fit_budget(choice, remat_choose, lambda ch: _build(fz, enc, ch), own, memory_budget)
     graph = build_graph(fz, enc, choice)
     cost, per_node = program_cost(graph, target)
     hoisted = _hoisted(choice)
@@ -236,7 +237,9 @@ def share_producers(fz: FrozenEGraph, choose, cost) -> tuple[dict, frozenset, fr
             break
         refused.add(group)
         stored = sorted((c for c in group if c in choice), key=str)
-        options = [frozenset()] + [frozenset(group) - {c} for c in stored] if len(stored) > 1 else [frozenset()]
+        options = [frozenset()]        # what may not be stored, besides the recomputes
+        if len(stored) > 1:            # stored in several orientations: each in turn as the only one
+            options += [group - {c} for c in stored]
         found = None
         for forbid in options:
             if tried == MAX_SHARING_TRIALS:
@@ -257,8 +260,8 @@ def share_producers(fz: FrozenEGraph, choose, cost) -> tuple[dict, frozenset, fr
 
 def _computes_matrix(n: ENode) -> bool:
     if n.fn == "kernel":
-        return any(b.op in ("matmul", "conv") for b in n.args[0])
-    return n.fn in ("matmul", "conv", "fractal_matmul")
+        return any(b.op in MATRIX_OPS for b in n.args[0])
+    return n.fn in MATRIX_OPS or n.fn == "fractal_matmul"
 
 
 def _hoisted(choice: dict) -> set:

@@ -20,7 +20,7 @@ import numpy as np
 
 from superopt.egraph.ir import REDUCTIONS, Node
 from superopt.extract.target import Target
-from superopt.lowering.npu.codegen import Allocator, CodegenError, _view, insert_flags, vector_cores
+from superopt.lowering.npu.codegen import Allocator, CodegenError, _up, _view, insert_flags, vector_cores
 from superopt.lowering.npu.emulator import ELEMENTWISE, emulate
 from superopt.lowering.npu.isa import ALIGNMENT, CopyIn, CopyOut, Gm, Program, ScalarOp, VecOp
 
@@ -144,7 +144,7 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
         for i in live:
             if body[i].op == "reshape":
                 continue
-            total += slots(i, axis) * (-(-_bytes(sizes(i, box), body[i].dtype) // ALIGNMENT["UB"]) * ALIGNMENT["UB"])
+            total += slots(i, axis) * _up(_bytes(sizes(i, box), body[i].dtype), ALIGNMENT["UB"])
         return total
 
     # The largest box that fits: the outermost axis that can be chunked, as many of its indices as fit
@@ -272,7 +272,7 @@ def img2col_program(lhs: tuple, patches: tuple, window: tuple, strides: tuple, p
     item, pitem = np.dtype(xdt).itemsize, np.dtype(pdt).itemsize
 
     def aligned(nbytes: int) -> int:
-        return -(-nbytes // ALIGNMENT["UB"]) * ALIGNMENT["UB"]
+        return _up(nbytes, ALIGNMENT["UB"])
 
     def need(rows: int, cols: int, depth: int) -> int:   # UB bytes for a box, two slots of input and patches
         in_rows, in_cols = min((rows - 1) * sh + kh, h), min((cols - 1) * sw + kw, w)

@@ -13,6 +13,8 @@ Gradient memory is defined on the program alone, with no help from the user:
 
 A *pass* is a launch (a kernel, or an op outside kernels) that reads or writes a gradient tensor;
 reshapes are views and pass through. Constants computed when the program is built are not counted.
+Where the backend runs sibling kernels as one launch (`egraph/siblings.py`), a group is one pass that
+reads each gradient tensor once: pass the groups its lowering formed.
 """
 from __future__ import annotations
 
@@ -74,7 +76,8 @@ def gradient_tensors(graph: Graph) -> set[int]:
             and graph.nodes[i].op not in _VIEWS}
 
 
-def gradient_traffic(graph: Graph) -> Traffic:
+def gradient_traffic(graph: Graph, groups=()) -> Traffic:
+    """Passes over gradient memory and their bytes; `groups` are node ids that run as one launch."""
     grads = gradient_tensors(graph)
     live = graph.live()
     view_of = {}
@@ -83,13 +86,16 @@ def gradient_traffic(graph: Graph) -> Traffic:
         if node.op in _VIEWS and node.inputs:
             view_of[i] = view_of.get(node.inputs[0], node.inputs[0])
     constant = graph.constant_nodes()
-    passes, moved = 0, 0
+    launches = {i: tuple(g) for g in groups for i in g}
+    passes, moved, seen = 0, 0, set()
     for i in live:
         node = graph.nodes[i]
-        if node.op in _VIEWS or node.op in ("arg", "const", "lit") or i in constant:
+        if node.op in _VIEWS or node.op in ("arg", "const", "lit") or i in constant or i in seen:
             continue
-        touched = {view_of.get(j, j) for j in node.inputs} & grads
-        nbytes = sum(graph.nodes[j].nbytes for j in touched) + (node.nbytes if i in grads else 0)
+        launch = launches.get(i, (i,))
+        seen.update(launch)
+        touched = {view_of.get(j, j) for k in launch for j in graph.nodes[k].inputs} & grads
+        nbytes = sum(graph.nodes[j].nbytes for j in touched) + sum(graph.nodes[k].nbytes for k in launch if k in grads)
         if nbytes:
             passes += 1
             moved += nbytes

@@ -27,12 +27,13 @@ import numpy as np
 from jax import lax
 
 from superopt.egraph.ir import Graph
+from superopt.egraph.siblings import merged_body, run_before
 from superopt.extract.cost import one_op_body, tiling_options
 from superopt.lowering.jax import evaluate as jax_evaluate
 from superopt.lowering.pallas.blocks import Options
 from superopt.lowering.pallas.kernels import Launch, kind_of, run_kernel
 from superopt.lowering.pallas.labels import ELEMENTWISE, NoTemplate
-from superopt.lowering.pallas.optimizer import merged_body, update_groups
+from superopt.lowering.pallas.optimizer import update_groups
 
 VIEWS = frozenset({"reshape"})
 BODY_OPS = ELEMENTWISE | {"broadcast", "transpose", "matmul", "reduce_sum", "reduce_max", "reduce_min",
@@ -56,6 +57,7 @@ class PallasProgram:
         self.options = options or default_options(target)
         self.launches: list[Launch] = []
         self.in_jax: list[str] = []          # nodes run by the JAX lowering, and why
+        self.groups: list[tuple] = []        # sibling kernels run as one launch (graph node ids)
         self._steps: list = []
         self._build()
         self._run = jax.jit(self._evaluate)
@@ -76,17 +78,17 @@ class PallasProgram:
         self._known.update({i: np.asarray(g.nodes[i].attrs[0], np.dtype(g.nodes[i].dtype))
                             for i in needed if g.nodes[i].op == "lit"})
         groups = update_groups(g, constant)
-        member = {i: grp for grp in groups for i in grp}
+        member = {i for grp in groups for i in grp}
+        before = run_before(g, groups, constant)
         for i in live:
+            for group in before.get(i, ()):
+                self._group(group)
             node = g.nodes[i]
             if i in constant or node.op in ("arg", "const", "lit"):
                 continue
             if node.op in VIEWS:
                 self._steps.append(self._view(i))
-            elif i in member:
-                if i == member[i][-1]:
-                    self._group(member[i])
-            else:
+            elif i not in member:      # a member ran with its group
                 self._node(i)
 
     def _body(self, i: int) -> tuple[tuple, object]:
@@ -123,6 +125,7 @@ class PallasProgram:
         body, roots, loads = merged_body(self.graph, group, lambda i: self._body(i)[0])
         try:
             self._kernel(tuple(group), body, loads, None, "fused update", roots)
+            self.groups.append(tuple(group))
         except NoTemplate:
             for i in group:
                 self._node(i)
@@ -257,5 +260,10 @@ def on_pallas(spec, target, check: bool):
             report.backend = f"jax (the Pallas program failed verification: {problem})"
             return spec
     report.backend = "\n".join([program.summary()] + program.describe())
+    if report.gradient_traffic:   # as the two programs run here: sibling kernels one launch a group
+        from superopt.extract.traffic import gradient_traffic
+        original = spec.original
+        report.gradient_traffic = (gradient_traffic(original, update_groups(original, original.constant_nodes())),
+                                   gradient_traffic(spec.term, program.groups))
     report.stage_seconds["lower-pallas"] = time.perf_counter() - start
     return replace(spec, run=program)

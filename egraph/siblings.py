@@ -1,0 +1,110 @@
+"""Sibling kernels: independent launches of one output shape that read the same tensor, run as one
+launch with one output each.
+
+An optimizer step updates each parameter and its moment buffers from the same gradient, and a loss-
+scaled step checks the gradients for Inf/NaN and sums their squares: in the term these are separate
+kernels, and run apart each reads the gradient again. A backend that can run a group as one launch
+(several roots of one merged body) reads each shared operand once. The Pallas backend groups elementwise
+siblings (`lowering/pallas/optimizer.py`); the NPU lowering groups vector and cube kernels alike
+(`lowering/npu/lower.py`), and the count of passes over gradient memory counts a group as one launch
+(`extract/traffic.py`).
+
+A group runs as soon as every member's operands are computed (`run_before`), so it is only formed when
+nothing reads a member before then, and no member reads another.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from superopt.egraph.ir import Graph, Node
+
+
+def sibling_groups(graph: Graph, skip: set, member: Callable[[Node], bool],
+                   shared: Callable[[Node, Node], bool]) -> list[list[int]]:
+    """Groups (graph node ids, in program order, two or more each) of live nodes accepted by `member`,
+    of one output shape, linked by an operand `shared(operand, reader)` accepts that is not in `skip`
+    (constants, say), that can run as one launch once their operands are computed."""
+    live = graph.live()
+    pos = {i: n for n, i in enumerate(live)}
+    users: dict = {}
+    for i in live:
+        for j in graph.nodes[i].inputs:
+            users.setdefault(j, []).append(i)
+    candidates = [i for i in live if i not in skip and member(graph.nodes[i])]
+    parent = {i: i for i in candidates}
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    readers: dict = {}
+    for i in candidates:
+        node = graph.nodes[i]
+        for j in set(node.inputs):
+            if j not in skip and shared(graph.nodes[j], node):
+                readers.setdefault((j, node.shape), []).append(i)
+    for same in readers.values():
+        for i in same[1:]:
+            parent[find(i)] = find(same[0])
+    components: dict = {}
+    for i in candidates:
+        components.setdefault(find(i), []).append(i)
+    groups = []
+    for members in components.values():
+        current: list = []
+        for i in sorted(members, key=pos.get):
+            trial = current + [i]
+            operands = {j for m in trial for j in graph.nodes[m].inputs} - skip   # constants exist from the start
+            if not operands & set(trial) and \
+                    max((pos[j] for j in operands), default=-1) < min(pos[u] for m in trial for u in users.get(m, [live[-1]])):
+                current = trial
+            else:
+                if len(current) > 1:
+                    groups.append(current)
+                current = [i]
+        if len(current) > 1:
+            groups.append(current)
+    return sorted(groups, key=lambda g: pos[g[-1]])
+
+
+def run_before(graph: Graph, groups: list[list[int]], skip: set) -> dict[int, list]:
+    """{live node id: the groups to run just before it}: each group right after the last of its members'
+    operands that are not in `skip` (constants, there from the start), so before any reader of a member."""
+    live = graph.live()
+    pos = {i: n for n, i in enumerate(live)}
+    before: dict = {}
+    for group in groups:
+        last = max((pos[j] for m in group for j in graph.nodes[m].inputs if j not in skip), default=-1)
+        before.setdefault(live[last + 1], []).append(group)
+    return before
+
+
+def merged_body(graph: Graph, group: list[int], body_of, share: bool = False) -> tuple[tuple, tuple, list[int]]:
+    """(one body computing every member, its roots, the graph nodes it loads): `arg` k of the merged body
+    is the k-th loaded node; `body_of(i)` is member i's own body. With `share`, a value two members
+    compute alike (a recomputed gradient's matmul, a common unscale) is computed once."""
+    loads: list[int] = []
+    nodes: list[Node] = []
+    known: dict = {}
+    roots = []
+    for i in group:
+        inputs = graph.nodes[i].inputs
+        index: list[int] = []
+        for n in body_of(i):
+            if n.op == "arg":
+                j = inputs[n.attrs[0]]
+                if j not in loads:
+                    loads.append(j)
+                new = Node("arg", (), (loads.index(j),), n.shape, n.dtype)
+            else:
+                new = Node(n.op, tuple(index[k] for k in n.inputs), n.attrs, n.shape, n.dtype)
+            if share and new in known:
+                index.append(known[new])
+                continue
+            known.setdefault(new, len(nodes))
+            index.append(len(nodes))
+            nodes.append(new)
+        roots.append(index[-1])
+    return tuple(nodes), tuple(roots), loads

@@ -1,0 +1,116 @@
+"""Sibling kernels (egraph/siblings.py): which launches may run as one, where the group runs, and the
+count of passes over gradient memory when a backend runs them so."""
+import jax.numpy as jnp
+import numpy as np
+
+from superopt.egraph.capture import capture
+from superopt.egraph.ir import Graph, Node
+from superopt.egraph.siblings import merged_body, run_before, sibling_groups
+from superopt.extract.traffic import gradient_traffic
+
+
+def _ops(graph, group):
+    return [graph.nodes[i].op for i in group]
+
+
+def _elementwise(node):
+    return bool(node.shape) and node.op in ("mul", "add", "sub", "is_finite", "square", "select")
+
+
+def _tensor(operand, reader):
+    return bool(operand.shape)
+
+
+def _graph(fn, *shapes):
+    return capture(fn, tuple(np.ones(s, np.float32) for s in shapes)).graph
+
+
+def test_updates_reading_one_gradient_are_one_group():
+    def fn(g, m, v):
+        return m * 0.9 + g, v * 0.99 + g * g, g * 3.0
+
+    graph = _graph(fn, (8, 4), (8, 4), (8, 4))
+    groups = sibling_groups(graph, graph.constant_nodes(), _elementwise, _tensor)
+    readers_of_g = [i for i in graph.live() if graph.nodes[i].op != "arg" and 0 in graph.nodes[i].inputs]
+    grouped = {i for grp in groups for i in grp}
+    assert len(readers_of_g) >= 3 and set(readers_of_g) <= grouped
+
+
+def test_a_member_read_by_another_is_not_in_its_group():
+    # t = g * 2 is read by u = t + g: running them as one launch would need t before it exists
+    def fn(g):
+        t = g * 2.0
+        return t, t + g
+
+    graph = _graph(fn, (8, 4))
+    for group in sibling_groups(graph, graph.constant_nodes(), _elementwise, _tensor):
+        operands = {j for i in group for j in graph.nodes[i].inputs}
+        assert not operands & set(group)
+    mul = next(i for i in graph.live() if graph.nodes[i].op == "mul")
+    add = next(i for i in graph.live() if graph.nodes[i].op == "add")
+    assert not any(mul in g and add in g for g in sibling_groups(graph, set(), _elementwise, _tensor))
+
+
+def test_a_group_runs_once_its_operands_exist_before_any_reader():
+    # a = g * 2 is read (by c) before b = g + 1 is computed in program order; the group {a, b} runs
+    # right after g's last operand, so before c
+    def fn(g, h):
+        a = g * 2.0
+        c = a - h
+        b = g + 1.0
+        return c, b
+
+    graph = _graph(fn, (8, 4), (8, 4))
+    groups = sibling_groups(graph, graph.constant_nodes(), _elementwise, _tensor)
+    live = graph.live()
+    pos = {i: n for n, i in enumerate(live)}
+    group = next(g for g in groups if "mul" in _ops(graph, g))
+    assert "add" in _ops(graph, group)
+    constant = graph.constant_nodes()
+    [first] = [i for i, gs in run_before(graph, groups, constant).items() if group in gs]
+    readers = [i for i in live if set(graph.nodes[i].inputs) & set(group)]
+    assert all(pos[first] <= pos[r] for r in readers)
+    assert all(pos[j] < pos[first] for i in group for j in graph.nodes[i].inputs if j not in constant)
+
+
+def test_merged_bodies_compute_a_shared_value_once():
+    # kernels m + g*g and v - g*g both compute g*g; merged with `share` it is computed once
+    t = ((8, 4), "float32")
+
+    def kernel(op, inputs):
+        body = (Node("arg", (), (0,), *t), Node("arg", (), (1,), *t), Node("mul", (0, 0), (), *t),
+                Node(op, (1, 2), (), *t))
+        return Node("kernel", inputs, (body,), *t)
+
+    graph = Graph(n_args=3)
+    g, m, v = (graph.add(Node("arg", (), (k,), *t)) for k in range(3))
+    a = graph.add(kernel("add", (g, m)))
+    b = graph.add(kernel("sub", (g, v)))
+    graph.outputs = [a, b]
+    assert sibling_groups(graph, set(), lambda n: n.op == "kernel", _tensor) == [[a, b]]
+    shared, roots, loads = merged_body(graph, [a, b], lambda i: graph.nodes[i].attrs[0], share=True)
+    apart, _, _ = merged_body(graph, [a, b], lambda i: graph.nodes[i].attrs[0])
+    assert sum(n.op == "mul" for n in shared) == 1 and sum(n.op == "mul" for n in apart) == 2
+    assert loads == [g, m, v] and [shared[r].op for r in roots] == ["add", "sub"]
+
+
+def test_a_group_is_one_pass_over_gradient_memory():
+    # a step on one weight: its gradient g is read by the is-finite check, the squared norm and the three
+    # updates; run as two groups (the reductions, then the updates) it is read twice
+    def fn(w, m, v, x):
+        g = x.T @ jnp.tanh(x @ w)
+        finite = jnp.all(jnp.isfinite(g))
+        norm = jnp.sum(g * g)
+        clip = jnp.minimum(1.0, 1.0 / (norm + 1e-6))
+        new_m = 0.9 * m + 0.1 * g * clip
+        new_v = 0.99 * v + 0.01 * g * g * clip
+        new_w = w - 0.01 * g * clip
+        return jnp.where(finite, new_w, w), jnp.where(finite, new_m, m), jnp.where(finite, new_v, v)
+
+    graph = _graph(fn, (8, 8), (8, 8), (8, 8), (4, 8))
+    alone = gradient_traffic(graph)
+    readers = [i for i in graph.live() if graph.nodes[i].op in ("add", "sub", "mul", "is_finite")
+               and graph.nodes[i].shape == (8, 8)]
+    grouped = gradient_traffic(graph, [readers])
+    assert alone.tensors == grouped.tensors and alone.tensors >= 1
+    assert grouped.passes < alone.passes and grouped.bytes < alone.bytes

@@ -184,8 +184,8 @@ def on_emulator(spec: Specialization, target, avals, check: bool) -> Specializat
     try:
         executable = NpuExecutable(spec.term, target)
         estimate = executable.estimate()
-        before = estimate.cycles if spec.term is spec.original else \
-            NpuExecutable(spec.original, target).estimate().cycles
+        original = executable if spec.term is spec.original else NpuExecutable(spec.original, target)
+        before = estimate.cycles if original is executable else original.estimate().cycles
     except (CodegenError, EmulatorError) as exc:
         report.backend = f"jax (the NPU lowering failed: {exc})"
         return spec
@@ -206,6 +206,8 @@ def on_emulator(spec: Specialization, target, avals, check: bool) -> Specializat
             report.backend = f"jax (the NPU program failed verification: {problem})"
             return spec
     report.backend = f"npu emulator ({target.name}, numeric)"
+    if report.gradient_traffic:   # as the two programs run: sibling kernels grouped as the lowering grouped them
+        report.gradient_traffic = _gradient_traffic(spec.original, spec.term, original.groups, executable.groups)
     report.stage_seconds["lower-npu"] = time.perf_counter() - start
     return Specialization(executable, report, spec.term, spec.original, spec.out_tree, spec.avals, executable)
 
@@ -228,13 +230,14 @@ def _verify(reference: Callable, candidate: Callable, avals, original: Graph, tr
     return None
 
 
-def _gradient_traffic(original: Graph, chosen: Graph) -> tuple:
-    """(before, after) passes over gradient memory, or () when the program has no gradient tensors."""
+def _gradient_traffic(original: Graph, chosen: Graph, groups_before=(), groups_after=()) -> tuple:
+    """(before, after) passes over gradient memory, or () when the program has no gradient tensors;
+    the groups are the sibling launches of the backend that runs each program (none: one op a launch)."""
     from superopt.extract.traffic import gradient_traffic
-    before = gradient_traffic(original)
+    before = gradient_traffic(original, groups_before)
     if not before.tensors:
         return ()
-    return before, (before if chosen is original else gradient_traffic(chosen))
+    return before, (before if chosen is original else gradient_traffic(chosen, groups_after))
 
 
 def _leaf_type(x) -> tuple:

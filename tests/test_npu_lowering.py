@@ -138,6 +138,40 @@ def test_fused_optimizer_update(target):
     check(adam, (p, g, m, v), target, ["vector"])
 
 
+def _unscale_clip_adam(scaled, p, m, v, scale):
+    """The gradient processing of a loss-scaled step: unscale, is-finite check, global-norm clip, Adam,
+    and a skipped step where the gradient is not finite."""
+    g = scaled * (1.0 / scale)
+    finite = jnp.all(jnp.isfinite(g))
+    clip = jnp.minimum(1.0, 1.0 / (jnp.sqrt(jnp.sum(jnp.square(g))) + 1e-6))
+    g = g * clip
+    new_m = 0.9 * m + 0.1 * g
+    new_v = 0.999 * v + 0.001 * g * g
+    new_p = p - 1e-3 * new_m / (jnp.sqrt(new_v) + 1e-8)
+    return jnp.where(finite, new_p, p), jnp.where(finite, new_m, m), jnp.where(finite, new_v, v)
+
+
+def test_sibling_kernels_run_as_one_launch_and_keep_the_skip_decision():
+    """The is-finite check and the squared norm of a gradient, and the updates of p, m and v, are sibling
+    kernels: each group runs as one kernel of several outputs that reads the gradient once."""
+    rng = np.random.default_rng(11)
+    scaled, p, m = (normal(rng, 48, 80, scale=s) for s in (1024.0, 1.0, 0.1))
+    v = np.abs(normal(rng, 48, 80, scale=0.01))
+    scale = np.float32(1024.0)
+    fast = check(_unscale_clip_adam, (scaled, p, m, v, scale), "npu-910b", ["siblings"])
+    groups = fast.npu.groups
+    assert groups and max(len(g) for g in groups) >= 3        # the three updates at least
+    target = load_target("npu-910b")
+    together = fast.npu.estimate()
+    apart = NpuExecutable(fast.npu.graph, target, siblings=False).estimate()
+    assert together.gm_bytes < apart.gm_bytes and together.cycles < apart.cycles
+    # an overflowed gradient skips the step: parameters and moments come back unchanged
+    scaled[7, 3] = np.inf
+    got = fast(scaled, p, m, v, scale)
+    for out, old in zip(got, (p, m, v)):
+        np.testing.assert_array_equal(np.asarray(out), old)
+
+
 def test_a_value_that_overflows_fp16_on_the_cube_is_a_clear_error():
     rng = np.random.default_rng(0)
     fast = superopt(lambda x, w: x @ w, target="npu-910b")

@@ -8,7 +8,9 @@ import pytest
 
 from bench.programs import train_step, train_step_fn
 from superopt import superopt
+from superopt.extract.target import load_target
 from superopt.extract.traffic import gradient_tensors, gradient_traffic
+from superopt.lowering.npu.lower import NpuExecutable
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +87,16 @@ def test_a_matmul_chain_that_returns_its_arguments_shape_has_no_gradients():
     fast = superopt(lambda a, b, c: (a @ b) @ c, target="cpu")
     fast(x, x, x)
     assert fast.report.gradient_traffic == () and "gradient mem" not in str(fast.report)
+
+
+def test_on_the_npu_sibling_launches_count_as_one_pass():
+    # The NPU lowering runs the is-finite check and the norm of a gradient as one launch, and a weight's
+    # p, m and v updates as another: the report counts passes as the program runs
+    w = train_step(batch=32, features=64, hidden=128, classes=16)
+    fn = superopt(train_step_fn, target="npu-910b")
+    spec = fn.compile(*w.args)
+    assert spec.npu is not None and spec.npu.groups, fn.report.backend
+    before, after = fn.report.gradient_traffic
+    assert after == gradient_traffic(spec.term, spec.npu.groups)
+    assert after.passes < gradient_traffic(spec.term).passes and after.passes < before.passes
+    assert before == gradient_traffic(spec.original, NpuExecutable(spec.original, load_target("npu-910b")).groups)

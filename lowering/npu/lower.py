@@ -17,6 +17,11 @@ stages, each an `isa.Program` that reads and writes GM tensors:
   fractal formats in GM (ZZ, ZN -> NZ), and a pack or unpack of a computed tensor is a format conversion
   on the vector unit (`layout.py`); a pack of a constant is computed when the executable is built.
 
+Sibling kernels (`egraph/siblings.py`: kernels of one output shape that read the same tensor, such as an
+optimizer's parameter and moment updates, or the is-finite check and the squared norm of one gradient)
+run as one kernel of several outputs where the emulator finds that faster: their bodies merged, a value
+they compute alike (a recomputed matmul) computed once, and each shared operand loaded once per box.
+
 Stages run one after another (each waits for the one before), so a kernel's cycles are the sum of its
 stages'. A reshape is a view of its operand's GM tensor. Sub-terms of constants are computed once, when
 the executable is built. An op the generator has no lowering for runs on the host (Ascend's AI CPU) and
@@ -32,6 +37,7 @@ import numpy as np
 
 from superopt.egraph.ir import REDUCTIONS, Graph, Node, body_str
 from superopt.egraph.layout import CUBE_FORMATS, holds
+from superopt.egraph.siblings import merged_body, run_before, sibling_groups
 from superopt.extract.cost import one_op_body
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, cone
@@ -39,11 +45,16 @@ from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_prog
 from superopt.lowering.npu.emulator import CapacityError, check_buffers, emulate
 from superopt.lowering.npu.isa import Program
 from superopt.lowering.npu.layout import layout_program
-from superopt.lowering.npu.vector import img2col_program, vector_program
+from superopt.lowering.npu.vector import VECTOR_OPS, img2col_program, vector_program
 
 VIEWS = frozenset({"reshape"})
 LAYOUT_OPS = frozenset({"pack", "unpack"})
 FREE = frozenset({"arg", "const", "lit"}) | VIEWS
+
+
+def _shared(operand: Node, reader: Node) -> bool:
+    """Siblings are linked by a tensor operand they both read (a scalar costs nothing to read twice)."""
+    return bool(operand.shape)
 
 
 @dataclass
@@ -106,15 +117,17 @@ class Run:
 class NpuExecutable:
     """A program lowered to NPU stages; calling it runs them on the emulator (numerically)."""
 
-    def __init__(self, graph: Graph, target: Target):
+    def __init__(self, graph: Graph, target: Target, siblings: bool = True):
+        """`siblings`: run sibling kernels as one launch where the emulator finds it faster (`_group`)."""
         if target.npu is None:
             raise CodegenError(f"target {target.name!r} is not an NPU; the emulator runs npu-910 and npu-910b")
-        self.graph, self.target = graph, target
+        self.graph, self.target, self.siblings = graph, target, siblings
         self.stages: list[Stage] = []
         self.tensors: dict[str, tuple] = {}       # GM name -> (shape, dtype)
         self.names: dict[int, str] = {}           # graph node -> GM name
         self.host_ops: list[str] = []
         self.preloaded: dict[str, np.ndarray] = {}
+        self.groups: list[tuple] = []             # sibling kernels run as one launch (graph node ids)
         self.last: Run | None = None
         self._build()
 
@@ -131,7 +144,7 @@ class NpuExecutable:
         if hoisted:
             from superopt.lowering.jax import evaluate
             values = evaluate(g, (), only=[i for i in g.live() if i in constant])
-        for i in g.live():
+        for i in g.live():     # arguments and constants are in GM from the start
             node = g.nodes[i]
             if node.op == "arg":
                 self.names[i] = self._tensor(f"arg{node.attrs[0]}", node.shape, node.dtype)
@@ -139,22 +152,79 @@ class NpuExecutable:
                 name = self.names[i] = self._tensor(f"t{i}", node.shape, node.dtype)
                 value = values[i] if i in values else np.asarray(node.attrs[0])
                 self.preloaded[name] = np.asarray(value).astype(node.dtype).reshape(node.shape)
-            elif node.op in VIEWS or (node.op in LAYOUT_OPS and node.attrs[0] == "ND"):
+        groups = sibling_groups(g, constant, self._groupable, _shared) if self.siblings else []
+        member = {i for grp in groups for i in grp}
+        before = run_before(g, groups, constant)
+        for i in g.live():
+            node = g.nodes[i]
+            for group in before.get(i, ()):
+                for k in group:
+                    self.names[k] = self._tensor(f"t{k}", g.nodes[k].shape, g.nodes[k].dtype)
+                self._group(group)
+            if node.op in ("arg", "lit") or i in constant:
+                continue
+            if node.op in VIEWS or (node.op in LAYOUT_OPS and node.attrs[0] == "ND"):
                 self.names[i] = self.names[node.inputs[0]]
-            else:
+            elif i not in member:      # a member ran with its group
                 self.names[i] = self._tensor(f"t{i}", node.shape, node.dtype)
                 self._node(i, node)
+
+    def _body(self, i: int) -> tuple[tuple, Tiling | None]:
+        """(body, tiling) of node i: a kernel's own, or the kernel of one op."""
+        g = self.graph
+        node = g.nodes[i]
+        if node.op == "kernel":
+            return node.attrs[0], (node.attrs[1] if len(node.attrs) > 1 else None)
+        ins = [(g.nodes[j].shape, g.nodes[j].dtype) for j in node.inputs]
+        return one_op_body(node.op, node.attrs, ins, (node.shape, node.dtype)), None
+
+    def _groupable(self, node: Node) -> bool:
+        """A sibling-group member: a non-scalar kernel of vector ops and matmuls, or one such op (a
+        reduction over several axes runs as two stages, `_reduce_by_rows`, and stays apart)."""
+        if not node.shape:
+            return False
+        if node.op == "kernel":
+            return all(n.op in VECTOR_OPS or n.op == "matmul" for n in node.attrs[0])
+        if node.op in REDUCTIONS:
+            return not (len(node.attrs[0]) > 1 and len(self.graph.nodes[node.inputs[0]].shape) - 1 in node.attrs[0])
+        return node.op in VECTOR_OPS and node.op not in ("arg", "reshape")
+
+    def _group(self, group: list[int]) -> None:
+        """Sibling kernels (`egraph/siblings.py`) as one kernel of several outputs: their merged body, with
+        the values they compute alike (a recomputed matmul, an unscale) computed once, and each shared
+        operand loaded once per box. Kept when the emulator finds it faster than the members apart."""
+        g = self.graph
+        start = len(self.stages)
+        for i in group:
+            self._node(i, g.nodes[i])
+        apart = self.stages[start:]
+        if any(stage.program is None for stage in apart):
+            return
+        body, roots, loads = merged_body(g, group, lambda i: self._body(i)[0], share=True)
+        tilings = {self._body(i)[1] for i in group if any(n.op == "matmul" for n in self._body(i)[0])}
+        tiling = tilings.pop() if len(tilings) == 1 and sum(n.op == "matmul" for n in body) == 1 else None
+        ins = [(self.names[j], g.nodes[j].shape, g.nodes[j].dtype) for j in loads]
+        outs = [(self.names[i], g.nodes[i].shape, g.nodes[i].dtype) for i in group]
+        label = f"{'+'.join(f'%{i}' for i in group)} siblings"
+        try:   # workspace names of their own: the members' stages above declared theirs
+            together = KernelLowering(body, ins, outs, tiling, self.target, group[-1], label,
+                                      lambda name, shape, dtype: self._tensor(f"s{name}", shape, dtype),
+                                      roots).stages()
+        except CodegenError:
+            return
+
+        def cycles(stages: list) -> int:
+            return sum(emulate(s.program, self.target, symbolic=True, trace=False).cycles for s in stages)
+        if cycles(together) < cycles(apart):
+            self.stages[start:] = together
+            self.groups.append(tuple(group))
 
     def _node(self, i: int, node: Node) -> None:
         g = self.graph
         ins = [(self.names[j], g.nodes[j].shape, g.nodes[j].dtype) for j in node.inputs]
         out = (self.names[i], node.shape, node.dtype)
-        if node.op == "kernel":
-            body, tiling = node.attrs[0], (node.attrs[1] if len(node.attrs) > 1 else None)
-            label = f"%{i} kernel{{{body_str(body)}}}"
-        else:
-            body = one_op_body(node.op, node.attrs, [(s, d) for _, s, d in ins], (node.shape, node.dtype))
-            tiling, label = None, f"%{i} {node.op}"
+        body, tiling = self._body(i)
+        label = f"%{i} kernel{{{body_str(body)}}}" if node.op == "kernel" else f"%{i} {node.op}"
         try:
             if node.op in LAYOUT_OPS:
                 program = layout_program(ins[0], out, node.attrs[0], node.op == "pack", self.target)
@@ -274,9 +344,13 @@ class NpuExecutable:
 class KernelLowering:
     """The stages of one kernel body (module doc)."""
 
-    def __init__(self, body: tuple, ins: list, out: tuple, tiling: Tiling | None, target: Target, node: int,
-                 label: str, declare):
-        self.body, self.ins, self.out, self.tiling, self.target = body, ins, out, tiling, target
+    def __init__(self, body: tuple, ins: list, out, tiling: Tiling | None, target: Target, node: int,
+                 label: str, declare, roots: tuple | None = None):
+        """`out` is the GM tensor of the body's last value; with `roots` (sibling kernels merged into one
+        body, `egraph/siblings.py`), a list of GM tensors, one per root."""
+        self.roots = (len(body) - 1,) if roots is None else tuple(roots)
+        self.outs = [out] if roots is None else list(out)
+        self.body, self.ins, self.tiling, self.target = body, ins, tiling, target
         self.node, self.label, self.declare = node, label, declare
         self.gm: dict[int, tuple] = {}    # body node -> (GM name, shape, dtype) once it is in GM
         for i, n in enumerate(body):
@@ -286,7 +360,7 @@ class KernelLowering:
 
     def stages(self) -> list[Stage]:
         body = self.body
-        last = len(body) - 1
+        last = self.roots[0] if len(self.roots) == 1 else None   # a product written straight to the output
         mats = [i for i, n in enumerate(body) if n.op in ("matmul", "conv")]
         chain = self._chain(mats)
         done = set()
@@ -299,9 +373,11 @@ class KernelLowering:
             else:
                 self._matrix_stage(m, final=m == last)
                 done.add(m)
-        if last not in self.gm or self.gm[last][0] != self.out[0]:
-            what = "copy" if body[last].op == "arg" else ("epilogue" if mats else "vector")
-            self._vector_stage(last, self.out, what)
+        left = [(r, out) for r, out in zip(self.roots, self.outs) if r not in self.gm or self.gm[r][0] != out[0]]
+        if left:
+            copy = all(body[r].op == "arg" for r, _ in left)
+            self._vector_stage([r for r, _ in left], [out for _, out in left],
+                               "copy" if copy else ("epilogue" if mats else "vector"))
         return self.result
 
     # ---- pieces ----
@@ -319,13 +395,17 @@ class KernelLowering:
         self._vector_stage(i, self._workspace(i, what), what)
         return self.gm[i]
 
-    def _vector_stage(self, root: int, out: tuple, what: str) -> None:
-        """A vector program computing body value `root` from the values already in GM."""
+    def _vector_stage(self, roots, outs, what: str) -> None:
+        """A vector program computing body values `roots` (one, or a list of siblings of one shape) into
+        `outs` from the values already in GM."""
+        if isinstance(roots, int):
+            roots, outs = [roots], [outs]
         sub, ins, index = [], [], {}
-        # topological; `root` comes last (it is never in GM itself unless it is a loaded input)
-        for j in sorted(cone(self.body, root, stop=lambda j: j in self.gm)):
+        needed = set().union(*(cone(self.body, r, stop=lambda j: j in self.gm) for r in roots))
+        # topological; a root is never in GM itself unless it is a loaded input
+        for j in sorted(needed):
             n = self.body[j]
-            if j in self.gm and j != root or (j == root and n.op == "arg"):
+            if j in self.gm and j not in roots or (j in roots and n.op == "arg"):
                 name = self.gm[j]
                 if name not in ins:
                     ins.append(name)
@@ -334,9 +414,16 @@ class KernelLowering:
             else:
                 index[j] = len(sub)
                 sub.append(Node(n.op, tuple(index[k] for k in n.inputs), n.attrs, n.shape, n.dtype))
-        program = vector_program(tuple(sub), ins, out, self.target)
-        self.result.append(Stage(f"{self.label}: {what} {body_str(tuple(sub))}", self.node, program))
-        self.gm[root] = out
+        sub_roots = tuple(index[r] for r in roots)
+        if len(roots) == 1:
+            program = vector_program(tuple(sub), ins, outs[0], self.target)
+            text = body_str(tuple(sub))
+        else:
+            program = vector_program(tuple(sub), ins, list(outs), self.target, roots=sub_roots)
+            text = " | ".join(body_str(tuple(sub[:r + 1])) for r in sub_roots)
+        self.result.append(Stage(f"{self.label}: {what} {text}", self.node, program))
+        for r, out in zip(roots, outs):
+            self.gm[r] = out
 
     def _chain(self, mats: list) -> tuple | None:
         """(first, second) when the second matmul's left operand is the first's product itself."""
@@ -370,7 +457,7 @@ class KernelLowering:
         node = self.body[m]
         a = self._in_gm(node.inputs[0], "lhs")
         b = self._in_gm(node.inputs[1], "rhs")
-        c = self.out if final else self._workspace(m, "mm")
+        c = self.outs[0] if final else self._workspace(m, "mm")
         if node.op == "conv":
             a, av, bv, cv = self._img2col(m, a)
         else:
@@ -417,7 +504,7 @@ class KernelLowering:
         a = self._in_gm(f.inputs[0], "lhs")
         b = self._in_gm(f.inputs[1], "rhs")
         d = self._in_gm(s.inputs[1], "rhs")
-        e = self.out if final else self._workspace(second, "mm")
+        e = self.outs[0] if final else self._workspace(second, "mm")
         av, bv, _ = self._gemm_views(self.body[f.inputs[0]], self.body[f.inputs[1]], f)
         _, dv, ev = self._gemm_views(self.body[s.inputs[0]], self.body[s.inputs[1]], s)
         t = self.tiling

@@ -31,34 +31,34 @@ def _squeezed_axes(shape: tuple) -> list[int]:
     return [i for i, d in enumerate(shape) if d != 1]
 
 
-def _axis_maps(body: tuple) -> tuple[list, set]:
-    """For each body node, per axis, the output axis it runs along (None: size one or reduced); and the
-    output axes a reduction needs whole."""
-    out = len(body) - 1
+def _axis_maps(body: tuple, roots: tuple) -> tuple[list, set]:
+    """For each body node, per axis, the output axis it runs along (None: size one or reduced; the
+    node list is None for a node no root needs); and the output axes a reduction needs whole. The roots
+    (the outputs) share one shape, the output's index space."""
     maps: list = [None] * len(body)
-    maps[out] = tuple(range(len(body[out].shape)))
     whole: set = set()
-    wanted: list = [[] for _ in body]      # per node, the maps its consumers ask for
+    wanted: list = [[] for _ in body]      # per node, the maps its consumers (or being an output) ask for
 
     def ask(j: int, m: tuple):
         wanted[j].append(m)
 
-    for i in range(out, -1, -1):
+    for r in roots:
+        ask(r, tuple(range(len(body[r].shape))))
+    for i in range(max(roots), -1, -1):
         node = body[i]
-        if i != out:
-            if not wanted[i]:
-                continue
-            merged = list(wanted[i][0])
-            for m in wanted[i][1:]:
-                for ax, (a, b) in enumerate(zip(merged, m)):
-                    if a is None or b is None:
-                        if (a if b is None else b) is not None and node.shape[ax] > 1:
-                            whole.add(a if b is None else b)
-                        merged[ax] = a if b is None else b
-                    elif a != b:
-                        raise CodegenError(f"vector kernel: axis {ax} of {node.op} runs along output axes {a} "
-                                           f"and {b}; it needs a transpose through global memory")
-            maps[i] = tuple(merged)
+        if not wanted[i]:
+            continue
+        merged = list(wanted[i][0])
+        for m in wanted[i][1:]:
+            for ax, (a, b) in enumerate(zip(merged, m)):
+                if a is None or b is None:
+                    if (a if b is None else b) is not None and node.shape[ax] > 1:
+                        whole.add(a if b is None else b)
+                    merged[ax] = a if b is None else b
+                elif a != b:
+                    raise CodegenError(f"vector kernel: axis {ax} of {node.op} runs along output axes {a} "
+                                       f"and {b}; it needs a transpose through global memory")
+        maps[i] = tuple(merged)
         m = maps[i]
         if node.op not in VECTOR_OPS:
             raise CodegenError(f"vector kernel: no vector-unit lowering for op {node.op!r}")
@@ -107,15 +107,23 @@ def _bytes(shape: tuple, dtype: str) -> int:
     return math.prod(shape) * (1 if dtype == "bool" else np.dtype(dtype).itemsize)
 
 
-def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, cores: list[str] | None = None,
-                   budget: int | None = None) -> Program:
+def vector_program(body: tuple, ins: list[tuple], out, target: Target, cores: list[str] | None = None,
+                   budget: int | None = None, roots: tuple | None = None) -> Program:
     """A program computing `body` (IR nodes, `arg` k = input k, no matrix op) on the vector unit. `ins` and
     `out` are (name, shape, dtype) of GM tensors; `cores` the cores the boxes are dealt to (default: one
-    per cube core, or the AIVs of a separated chip); `budget` the UB bytes to use (default: all of it)."""
-    maps, whole = _axis_maps(body)
-    oname, oshape, odt = out
-    if tuple(body[-1].shape) != tuple(oshape):
-        raise CodegenError(f"vector kernel: body gives {body[-1].shape}, output is {oshape}")
+    per cube core, or the AIVs of a separated chip); `budget` the UB bytes to use (default: all of it).
+    With `roots` (body values of one shape), `out` is a list, one GM tensor per root: sibling kernels
+    (`egraph/siblings.py`) as one program that loads their shared operands once per box."""
+    roots = (len(body) - 1,) if roots is None else tuple(roots)
+    outs = [out] if len(roots) == 1 and not isinstance(out, list) else list(out)
+    maps, whole = _axis_maps(body, roots)
+    oshape = tuple(outs[0][1])
+    for r, (_, shape, _) in zip(roots, outs):
+        if tuple(body[r].shape) != tuple(shape) or tuple(shape) != oshape:
+            raise CodegenError(f"vector kernel: body gives {body[r].shape}, output is {shape}"
+                               + (f" (outputs of one program share a shape, {oshape})" if len(outs) > 1 else ""))
+    # the last axis is chunked in runs aligned for the narrowest output
+    odt = min((dt for _, _, dt in outs), key=lambda dt: 1 if dt == "bool" else np.dtype(dt).itemsize)
     npu = target.npu
     cores = vector_cores(target) if cores is None else cores
     budget = budget or npu.ub_bytes
@@ -134,7 +142,7 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
         return any(w in moving and body[i].shape[a] > 1 for a, w in enumerate(maps[i]))
 
     def slots(i: int, axis: int) -> int:      # inputs that change per box and the output: ping-pong
-        return 2 if (body[i].op == "arg" and varies(i, axis)) or i == len(body) - 1 else 1
+        return 2 if (body[i].op == "arg" and varies(i, axis)) or i in roots else 1
 
     def sizes(i: int, box: tuple) -> tuple:   # node i's box, sizes only
         return tuple(n for _, n in _box(body[i], maps[i], box))
@@ -177,7 +185,7 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
 
     def build(axis: int, size: int) -> Program:
         """The program for boxes chunked along `axis`, `size` indices each (`extent`)."""
-        program = Program(inputs=list(ins), outputs=[out])
+        program = Program(inputs=list(ins), outputs=list(outs))
         alloc = Allocator(program)
         boxes = []
         for idx in product(*(range(oshape[w]) for w in outer(axis))):
@@ -214,8 +222,9 @@ def vector_program(body: tuple, ins: list[tuple], out: tuple, target: Target, co
                 elif node.op != "reshape":
                     instrs.append(VecOp(core, "vector", op=node.op, dst=buf(i), srcs=tuple(buf(j) for j in node.inputs),
                                         attrs=node.attrs))
-            dst = Gm(oname, tuple(s for s, _ in box), tuple(n for _, n in box))
-            instrs.append(CopyOut(core, "MTE3", src=buf(len(body) - 1), dst=dst))
+            for r, (oname, _, _) in zip(roots, outs):
+                dst = Gm(oname, tuple(s for s, _ in box), tuple(n for _, n in box))
+                instrs.append(CopyOut(core, "MTE3", src=buf(r), dst=dst))
         program.instrs = insert_flags(instrs)
         program.cores = tuple(c for c in cores if any(i.core == c for i in program.instrs))
         return program

@@ -100,6 +100,7 @@ class KernelShape:
     prologue_bytes: float = 0.0      # bytes of matmul/conv operands the body computes (not plain loads)
     epilogue_compute: int = 0        # of the epilogue ops, those that compute (not transposes or views)
     loop_strided_bytes: float = 0.0  # transposed bytes an elementwise loop walks (not a matmul's operand or result)
+    int8_matrix: bool = False        # a matmul / conv of int8 operands (the NPU cube runs them at twice the rate)
     pure_movement: bool = False      # only loads, transposes, broadcasts, reshapes and casts
     value_bytes: int = 4
 
@@ -124,6 +125,7 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
         feeds = any(after_matmul[j] for j in node.inputs)
         if node.op in MATRIX_OPS:
             k.matrix_flops += work
+            k.int8_matrix = k.int8_matrix or body[node.inputs[0]].dtype == "int8"
             k.matmul_bytes += nbytes((node.shape, node.dtype))
             after_matmul[i] = True
             k.prologue_bytes += sum(nbytes((body[j].shape, body[j].dtype)) for j in set(node.inputs)
@@ -257,7 +259,7 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
             # format conversion too: both are TransData passes on the vector unit.
             extra = dict(transdata_bytes=(k.matmul_bytes if k.reduce_after_matmul else 0.0) + k.strided_bytes,
                          gm_exchange_bytes=k.matmul_bytes if k.epilogue_ops else 0.0)
-            kernel = NpuKernel("cube", k.matrix_flops, moved, vector_flops=other,
+            kernel = NpuKernel("cube", k.matrix_flops, moved, vector_flops=other, int8=k.int8_matrix,
                                ub_live_bytes=(ub if k.epilogue_ops else 0),
                                **{**matmul_tiles(*NPU_CUBE_TILE),
                                   **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra)

@@ -15,6 +15,28 @@ def test_a_matmul_on_the_vector_unit_is_at_least_10x_slower():
         assert vector >= 10 * cube
 
 
+def test_the_cube_runs_int8_at_twice_the_fp16_rate():
+    # a 16x32x16 int8 fractal per cycle against 16x16x16 fp16 (reference facts); compute-bound shapes
+    flops = 2 * 4096 ** 3
+    for target in (NPU_910, NPU_910B):
+        fp16 = breakdown(NpuKernel("cube", flops, 6e6, **matmul_tiles(128, 128, 64)), target)["time"]
+        int8 = breakdown(NpuKernel("cube", flops, 6e6, int8=True, **matmul_tiles(128, 128, 64)), target)["time"]
+        assert math.isclose(fp16 - target.launch_overhead, 2 * (int8 - target.launch_overhead), rel_tol=1e-9)
+
+
+def test_an_int8_matmul_kernel_is_costed_at_the_int8_rate():
+    from superopt.egraph.ir import Node
+    from superopt.extract.cost import kernel_breakdown
+
+    def body(dtype, acc):
+        return (Node("arg", (), (0,), (2048, 2048), dtype), Node("arg", (), (1,), (2048, 2048), dtype),
+                Node("matmul", (0, 1), (), (2048, 2048), acc))
+    ins8, ins16 = [((2048, 2048), "int8")] * 2, [((2048, 2048), "float16")] * 2
+    t8 = kernel_breakdown(body("int8", "int32"), ins8, ((2048, 2048), "int32"), NPU_910B)["time"]
+    t16 = kernel_breakdown(body("float16", "float32"), ins16, ((2048, 2048), "float32"), NPU_910B)["time"]
+    assert t8 < 0.75 * t16
+
+
 def test_capacities_are_hard_limits():
     assert fits(NpuKernel("cube", 1, 1, **matmul_tiles(128, 128, 128)), NPU_910)[0]
     ok, why = fits(NpuKernel("cube", 1, 1, **matmul_tiles(256, 256, 256)), NPU_910)  # A tile: 128 KB

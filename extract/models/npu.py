@@ -8,6 +8,8 @@ result in a fractal (NZ / NC1HWC0) layout; FixPipe converts to ND on the way out
 op fused behind the cube that needs ND along the fractal axis (a reduction such as LayerNorm) needs a
 TransData pass, which is slow (strided 16-element fractal rows). On the 910B the cube and vector cores
 are separate and exchange data through global memory, so a cube->vector fusion saves no traffic there.
+The cube multiplies int8 operands at twice its fp16 rate (a 16x32x16 fractal per cycle, as the emulator
+runs it).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class NpuKernel:
     transdata_bytes: float = 0.0      # bytes converted between fractal and ND inside the kernel
     gm_exchange_bytes: float = 0.0    # bytes passed from cube to vector cores through global memory (910B)
     vector_flops: float = 0.0         # cube kernels: the epilogue's work on the vector unit
+    int8: bool = False                # cube kernels: int8 operands, a 16x32x16 fractal per cycle (fp16: 16x16x16)
 
 
 def _aligned(n: int) -> int:
@@ -55,7 +58,7 @@ def fits(k: NpuKernel, target: Target) -> tuple[bool, str]:
 def breakdown(k: NpuKernel, target: Target) -> dict:
     npu = target.npu
     ok, why = fits(k, target)
-    rate = npu.cube_flops if k.unit == "cube" else npu.vector_flops
+    rate = npu.cube_flops * (2 if k.int8 else 1) if k.unit == "cube" else npu.vector_flops
     compute = max(k.flops / rate, k.vector_flops / npu.vector_flops)
     transdata = 2 * k.transdata_bytes / (target.mem_bandwidth * TRANSDATA_EFFICIENCY)
     exchange = 2 * k.gm_exchange_bytes / target.mem_bandwidth if npu.separated else 0.0

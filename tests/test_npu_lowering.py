@@ -172,6 +172,23 @@ def test_sibling_kernels_run_as_one_launch_and_keep_the_skip_decision():
         np.testing.assert_array_equal(np.asarray(out), old)
 
 
+def test_sibling_matmuls_share_their_prologue_and_write_their_products_to_their_outputs():
+    # RMSNorm(x) @ w1 and RMSNorm(x) @ w2 (a gate and an up projection) are sibling kernels: merged, the
+    # norm runs once and each product is a root no other value reads, so the cube writes it to its own
+    # output (a regression: such a root was taken for a vector value and failed to lower)
+    rng = np.random.default_rng(12)
+    x, g, w1, w2 = normal(rng, 128, 256), normal(rng, 256), normal(rng, 256, 96), normal(rng, 256, 96)
+
+    def fn(x, g, w1, w2):
+        h = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-6) * g
+        return h @ w1, h @ w2
+
+    fast = check(fn, (x, g, w1, w2), "npu-910b")
+    assert fast.npu.groups, "the two projections run as one launch"
+    apart = NpuExecutable(fast.npu.graph, load_target("npu-910b"), siblings=False)
+    assert fast.npu.estimate().gm_bytes < apart.estimate().gm_bytes
+
+
 def test_a_value_that_overflows_fp16_on_the_cube_is_a_clear_error():
     rng = np.random.default_rng(0)
     fast = superopt(lambda x, w: x @ w, target="npu-910b")

@@ -360,7 +360,6 @@ class KernelLowering:
 
     def stages(self) -> list[Stage]:
         body = self.body
-        last = self.roots[0] if len(self.roots) == 1 else None   # a product written straight to the output
         mats = [i for i, n in enumerate(body) if n.op in ("matmul", "conv")]
         chain = self._chain(mats)
         done = set()
@@ -368,10 +367,10 @@ class KernelLowering:
             if m in done:
                 continue
             if chain and m == chain[0]:
-                self._chain_stage(*chain, final=chain[1] == last)
+                self._chain_stage(*chain, final=self._final(chain[1]))
                 done.update(chain)
             else:
-                self._matrix_stage(m, final=m == last)
+                self._matrix_stage(m, final=self._final(m))
                 done.add(m)
         left = [(r, out) for r, out in zip(self.roots, self.outs) if r not in self.gm or self.gm[r][0] != out[0]]
         if left:
@@ -405,7 +404,7 @@ class KernelLowering:
         # topological; a root is never in GM itself unless it is a loaded input
         for j in sorted(needed):
             n = self.body[j]
-            if j in self.gm and j not in roots or (j in roots and n.op == "arg"):
+            if j in self.gm or (j in roots and n.op == "arg"):   # a root in GM already is copied
                 name = self.gm[j]
                 if name not in ins:
                     ins.append(name)
@@ -453,11 +452,18 @@ class KernelLowering:
             return t.order, dict(t.tiles)
         return None
 
-    def _matrix_stage(self, m: int, final: bool) -> None:
+    def _final(self, i: int) -> tuple | None:
+        """The output a product is written to straight from the cube: its own, when it is a root that no
+        other body value reads (else it goes to GM workspace for the vector stages)."""
+        if i in self.roots and not any(i in n.inputs for n in self.body):
+            return self.outs[self.roots.index(i)]
+        return None
+
+    def _matrix_stage(self, m: int, final: tuple | None) -> None:
         node = self.body[m]
         a = self._in_gm(node.inputs[0], "lhs")
         b = self._in_gm(node.inputs[1], "rhs")
-        c = self.outs[0] if final else self._workspace(m, "mm")
+        c = final or self._workspace(m, "mm")
         if node.op == "conv":
             a, av, bv, cv = self._img2col(m, a)
         else:
@@ -499,12 +505,12 @@ class KernelLowering:
                                  self.node, program))
         return patches, (1, n * ho * wo, kh * kw * c), (kh * kw * c, o), (1, n * ho * wo, o)
 
-    def _chain_stage(self, first: int, second: int, final: bool) -> None:
+    def _chain_stage(self, first: int, second: int, final: tuple | None) -> None:
         f, s = self.body[first], self.body[second]
         a = self._in_gm(f.inputs[0], "lhs")
         b = self._in_gm(f.inputs[1], "rhs")
         d = self._in_gm(s.inputs[1], "rhs")
-        e = self.outs[0] if final else self._workspace(second, "mm")
+        e = final or self._workspace(second, "mm")
         av, bv, _ = self._gemm_views(self.body[f.inputs[0]], self.body[f.inputs[1]], f)
         _, dv, ev = self._gemm_views(self.body[s.inputs[0]], self.body[s.inputs[1]], s)
         t = self.tiling

@@ -70,14 +70,40 @@ def sibling_groups(graph: Graph, skip: set, member: Callable[[Node], bool],
 
 
 def run_before(graph: Graph, groups: list[list[int]], skip: set) -> dict[int, list]:
-    """{live node id: the groups to run just before it}: each group right after the last of its members'
-    operands that are not in `skip` (constants, there from the start), so before any reader of a member."""
+    """{live node id: the groups to run just before it, in order}: each group right after the last of its
+    members' operands that are not in `skip` (constants, there from the start), where an operand that is
+    a member of another group exists once that group has run. A group some reader of a member would
+    then precede (or that waits on a group waiting on it) is not formed: its members run apart. The
+    callers run exactly the groups returned."""
     live = graph.live()
     pos = {i: n for n, i in enumerate(live)}
+    users: dict = {}
+    for i in live:
+        for j in graph.nodes[i].inputs:
+            users.setdefault(j, []).append(i)
+    groups = [list(g) for g in groups]
+    while True:
+        owner = {i: k for k, g in enumerate(groups) for i in g}
+        # at[k]: the group runs after the node at this position (x.5: after the groups it waits on at x)
+        at = [-1.0] * len(groups)
+        for _ in range(len(groups) + 1):
+            new = [max((at[owner[j]] + 0.5 if j in owner else pos[j]
+                        for m in g for j in graph.nodes[m].inputs if j not in skip), default=-1.0) for g in groups]
+            moving = {k for k in range(len(groups)) if new[k] != at[k]}   # still moving: it waits on itself
+            at = new
+            if not moving:
+                break
+
+        def runs(i: int) -> float:            # when node i runs
+            return at[owner[i]] if i in owner else pos[i]
+        bad = moving | {k for k, g in enumerate(groups) if at[k] >= len(live) - 1
+                        or any(runs(u) <= at[k] for m in g for u in users.get(m, ()))}
+        if not bad:
+            break
+        groups = [g for k, g in enumerate(groups) if k not in bad]
     before: dict = {}
-    for group in groups:
-        last = max((pos[j] for m in group for j in graph.nodes[m].inputs if j not in skip), default=-1)
-        before.setdefault(live[last + 1], []).append(group)
+    for k in sorted(range(len(groups)), key=lambda k: at[k]):
+        before.setdefault(live[int(at[k]) + 1], []).append(groups[k])
     return before
 
 

@@ -114,3 +114,54 @@ def test_a_group_is_one_pass_over_gradient_memory():
     grouped = gradient_traffic(graph, [readers])
     assert alone.tensors == grouped.tensors and alone.tensors >= 1
     assert grouped.passes < alone.passes and grouped.bytes < alone.bytes
+
+
+def test_a_group_that_reads_another_groups_member_runs_after_that_group():
+    # {b1, b2} read x, {a2, a1} read y, and a1 reads b1. b2 waits for w, so {b1, b2} runs after w; the
+    # other group must wait for it, though its own operands (y, b1's position) come earlier
+    def fn(x, y, z):
+        b1 = x * 2.0
+        a2 = y * 3.0
+        w = jnp.sin(z)
+        b2 = x * w
+        a1 = y + b1
+        return a2, b2, a1
+
+    args = tuple(np.full((8, 32), k + 1.0, np.float32) for k in range(3))
+    graph = capture(fn, args).graph
+    constant = graph.constant_nodes()
+    groups = sibling_groups(graph, constant, _elementwise, _tensor)
+    assert len(groups) == 2
+    order = [grp for grps in run_before(graph, groups, constant).values() for grp in grps]
+    done: set = set()
+    for grp in order:
+        members_read = {j for i in grp for j in graph.nodes[i].inputs} & {i for g in groups for i in g}
+        assert members_read <= done
+        done |= set(grp)
+    assert len(order) == 2
+
+    from superopt.extract.target import load_target
+    from superopt.lowering.npu.lower import NpuExecutable
+    npu = NpuExecutable(graph, load_target("npu-910b"))
+    for got, want in zip(npu(*args), fn(*args)):
+        np.testing.assert_allclose(got, np.asarray(want), rtol=1e-6)
+
+
+def test_groups_that_wait_on_each_other_are_not_both_formed():
+    # a1 reads b1 and b2 reads a2: each group would wait on the other; one runs apart, and the other
+    # runs after the first's operand and before its readers
+    t = ((8, 4), "float32")
+    graph = Graph(n_args=2)
+    x, y = (graph.add(Node("arg", (), (k,), *t)) for k in range(2))
+    b1 = graph.add(Node("neg", (x,), (), *t))
+    a2 = graph.add(Node("exp", (y,), (), *t))
+    a1 = graph.add(Node("add", (y, b1), (), *t))
+    b2 = graph.add(Node("mul", (x, a2), (), *t))
+    graph.outputs = [a1, b2]
+    before = run_before(graph, [[b1, b2], [a2, a1]], set())
+    formed = [grp for grps in before.values() for grp in grps]
+    assert len(formed) == 1
+    [(at, [grp])] = before.items()
+    pos = {i: n for n, i in enumerate(graph.live())}
+    assert all(pos[j] < pos[at] for i in grp for j in graph.nodes[i].inputs)
+    assert all(pos[u] >= pos[at] for u in graph.live() for i in grp if i in graph.nodes[u].inputs)

@@ -153,8 +153,8 @@ class NpuExecutable:
                 value = values[i] if i in values else np.asarray(node.attrs[0])
                 self.preloaded[name] = np.asarray(value).astype(node.dtype).reshape(node.shape)
         groups = sibling_groups(g, constant, self._groupable, _shared) if self.siblings else []
-        member = {i for grp in groups for i in grp}
         before = run_before(g, groups, constant)
+        member = {i for grps in before.values() for grp in grps for i in grp}
         for i in g.live():
             node = g.nodes[i]
             for group in before.get(i, ()):

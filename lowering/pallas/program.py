@@ -78,8 +78,8 @@ class PallasProgram:
         self._known.update({i: np.asarray(g.nodes[i].attrs[0], np.dtype(g.nodes[i].dtype))
                             for i in needed if g.nodes[i].op == "lit"})
         groups = update_groups(g, constant)
-        member = {i for grp in groups for i in grp}
         before = run_before(g, groups, constant)
+        member = {i for grps in before.values() for grp in grps for i in grp}
         for i in live:
             for group in before.get(i, ()):
                 self._group(group)

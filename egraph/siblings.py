@@ -57,8 +57,8 @@ def sibling_groups(graph: Graph, skip: set, member: Callable[[Node], bool],
         for i in sorted(members, key=pos.get):
             trial = current + [i]
             operands = {j for m in trial for j in graph.nodes[m].inputs} - skip   # constants exist from the start
-            if not operands & set(trial) and \
-                    max((pos[j] for j in operands), default=-1) < min(pos[u] for m in trial for u in users.get(m, [live[-1]])):
+            readers = [pos[u] for m in trial for u in users.get(m, [live[-1]])]
+            if not operands & set(trial) and max((pos[j] for j in operands), default=-1) < min(readers):
                 current = trial
             else:
                 if len(current) > 1:

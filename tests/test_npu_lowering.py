@@ -161,6 +161,7 @@ def test_sibling_kernels_run_as_one_launch_and_keep_the_skip_decision():
     fast = check(_unscale_clip_adam, (scaled, p, m, v, scale), "npu-910b", ["siblings"])
     groups = fast.npu.groups
     assert groups and max(len(g) for g in groups) >= 3        # the three updates at least
+    assert f"as {len(groups)} sibling launches" in str(fast.report)
     target = load_target("npu-910b")
     together = fast.npu.estimate()
     apart = NpuExecutable(fast.npu.graph, target, siblings=False).estimate()

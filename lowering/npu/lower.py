@@ -321,6 +321,8 @@ class NpuExecutable:
         us = run.cycles / t.npu.clock_hz * 1e6
         head = f"  npu emulator : {run.cycles} cycles ({us:.1f} us at {t.npu.clock_hz / 1e9:.2g} GHz) in " \
                f"{len(self.stages)} stages, GM {run.gm_bytes / 1e6:.2f} MB"
+        if self.groups:
+            head += f"; {sum(map(len, self.groups))} kernels as {len(self.groups)} sibling launches"
         if cycles_before:
             head += f"; original program {cycles_before} cycles ({cycles_before / max(run.cycles, 1):.2f}x)"
         util = ", ".join(f"{q} {u:.0%}" for q, u in sorted(run.utilisation(t).items(), key=lambda kv: -kv[1])

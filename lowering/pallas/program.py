@@ -262,8 +262,9 @@ def on_pallas(spec, target, check: bool):
     report.backend = "\n".join([program.summary()] + program.describe())
     if report.gradient_traffic:   # as the two programs run here: sibling kernels one launch a group
         from superopt.extract.traffic import gradient_traffic
-        original = spec.original
-        report.gradient_traffic = (gradient_traffic(original, update_groups(original, original.constant_nodes())),
-                                   gradient_traffic(spec.term, program.groups))
+        original, constant = spec.original, spec.original.constant_nodes()
+        formed = [grp for grps in run_before(original, update_groups(original, constant), constant).values()
+                  for grp in grps]
+        report.gradient_traffic = (gradient_traffic(original, formed), gradient_traffic(spec.term, program.groups))
     report.stage_seconds["lower-pallas"] = time.perf_counter() - start
     return replace(spec, run=program)

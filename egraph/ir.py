@@ -152,6 +152,14 @@ class Graph:
                 seen.update(self.nodes[i].inputs)
         return sorted(seen)
 
+    def users(self) -> dict[int, list[int]]:
+        """For each live node with readers, the live nodes that read it (in program order, once per use)."""
+        users: dict[int, list[int]] = {}
+        for i in self.live():
+            for j in self.nodes[i].inputs:
+                users.setdefault(j, []).append(i)
+        return users
+
     def constant_nodes(self) -> set[int]:
         """Live nodes computable from constants alone (see `hoistable`)."""
         constant: set[int] = set()

@@ -26,10 +26,7 @@ def sibling_groups(graph: Graph, skip: set, member: Callable[[Node], bool],
     (constants, say), that can run as one launch once their operands are computed."""
     live = graph.live()
     pos = {i: n for n, i in enumerate(live)}
-    users: dict = {}
-    for i in live:
-        for j in graph.nodes[i].inputs:
-            users.setdefault(j, []).append(i)
+    users = graph.users()
     candidates = [i for i in live if i not in skip and member(graph.nodes[i])]
     parent = {i: i for i in candidates}
 
@@ -77,10 +74,7 @@ def run_before(graph: Graph, groups: list[list[int]], skip: set) -> dict[int, li
     callers run exactly the groups returned."""
     live = graph.live()
     pos = {i: n for n, i in enumerate(live)}
-    users: dict = {}
-    for i in live:
-        for j in graph.nodes[i].inputs:
-            users.setdefault(j, []).append(i)
+    users = graph.users()
     groups = [list(g) for g in groups]
     while True:
         owner = {i: k for k, g in enumerate(groups) for i in g}

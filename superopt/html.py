@@ -74,10 +74,7 @@ def _layers(graph: Graph) -> dict[int, int]:
     for i in live:
         ins = graph.nodes[i].inputs
         layer[i] = 1 + max((layer[j] for j in ins), default=-1)
-    users: dict[int, list[int]] = {}
-    for i in live:
-        for j in graph.nodes[i].inputs:
-            users.setdefault(j, []).append(i)
+    users = graph.users()
     for i in live:
         if graph.nodes[i].op in _LEAVES and users.get(i):
             layer[i] = max(0, min(layer[u] for u in users[i]) - 1)

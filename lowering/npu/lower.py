@@ -200,8 +200,9 @@ class NpuExecutable:
         apart = self.stages[start:]
         if any(stage.program is None for stage in apart):
             return
-        body, roots, loads = merged_body(g, group, lambda i: self._body(i)[0], share=True)
-        tilings = {self._body(i)[1] for i in group if any(n.op == "matmul" for n in self._body(i)[0])}
+        own = {i: self._body(i) for i in group}
+        body, roots, loads = merged_body(g, group, lambda i: own[i][0], share=True)
+        tilings = {tiling for b, tiling in own.values() if any(n.op == "matmul" for n in b)}
         tiling = tilings.pop() if len(tilings) == 1 and sum(n.op == "matmul" for n in body) == 1 else None
         ins = [(self.names[j], g.nodes[j].shape, g.nodes[j].dtype) for j in loads]
         outs = [(self.names[i], g.nodes[i].shape, g.nodes[i].dtype) for i in group]
@@ -393,14 +394,12 @@ class KernelLowering:
         node = self.body[i]
         if node.op in VIEWS and node.inputs[0] in self.gm:
             return self.gm[node.inputs[0]]
-        self._vector_stage(i, self._workspace(i, what), what)
+        self._vector_stage([i], [self._workspace(i, what)], what)
         return self.gm[i]
 
-    def _vector_stage(self, roots, outs, what: str) -> None:
-        """A vector program computing body values `roots` (one, or a list of siblings of one shape) into
-        `outs` from the values already in GM."""
-        if isinstance(roots, int):
-            roots, outs = [roots], [outs]
+    def _vector_stage(self, roots: list, outs: list, what: str) -> None:
+        """A vector program computing body values `roots` (one, or siblings of one shape) into `outs` from
+        the values already in GM."""
         sub, ins, index = [], [], {}
         needed = set().union(*(cone(self.body, r, stop=lambda j: j in self.gm) for r in roots))
         # topological; a root is never in GM itself unless it is a loaded input

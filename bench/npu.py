@@ -5,7 +5,9 @@ program superopt chose ("optimized"), both through the same lowering (`lowering/
 optimized one is what `superopt(fn, target=...)` runs.
 
 The thesis GEMM chains G1-G12 (npu-910): the fused chain kernel with the tiles the extractor chose,
-against the two GEMMs run apart (each at its own best tiling, C through GM). Symbolic mode (shapes
+against the two GEMMs run apart (each at its own best tiling, C through GM), the operands and results
+in the cube's fractal formats (the 910 converts no ND matrix on copy; the shapes fill whole fractals,
+so the bytes are the ND matrices'). Symbolic mode (shapes
 only): cycles, GM bytes and queue utilisation are what the numeric run gives, without the arithmetic.
 Cycles are one kernel's, from first issue to last instruction, over all cores; launch overhead is not
 included.
@@ -21,6 +23,7 @@ import numpy as np
 from bench.programs import GEMM_CHAIN_SHAPES, WORKLOADS
 from bench.tiling import chosen_kernel
 from superopt.extract.cost import one_op_body, tiling_options
+from superopt.egraph.layout import CUBE_FORMATS
 from superopt.extract.target import load_target
 from superopt.lowering.npu.codegen import chain_program, gemm_program
 from superopt.lowering.npu.emulator import emulate
@@ -43,7 +46,7 @@ def unfused(b, m, n, k, l, target):
         options, _ = tiling_options(one_op_body("matmul", (F16,), ins, (out, F16)), ins, (out, F16), target)
         tiling = options[0]
         program = gemm_program(("A", a, F16), ("B", bb, F16), ("C", out, F16), tiling.order, dict(tiling.tiles),
-                               target)
+                               target, layouts=CUBE_FORMATS)
         result = emulate(program, target, symbolic=True, trace=False)
         cycles, moved = cycles + result.cycles, moved + result.gm_bytes
     return cycles, moved
@@ -57,7 +60,8 @@ def rows(chains=None) -> list[dict]:
         b, m, n, k, l = GEMM_CHAIN_SHAPES[name]
         _, tiling = chosen_kernel(name, TARGET)
         shapes = [("A", (b, m, k)), ("B", (b, k, l)), ("D", (b, l, n)), ("E", (b, m, n))]
-        program = chain_program(*[(nm, s, F16) for nm, s in shapes], tiling.order, dict(tiling.tiles), target)
+        program = chain_program(*[(nm, s, F16) for nm, s in shapes], tiling.order, dict(tiling.tiles), target,
+                                layouts=("ZZ", "ZN", "ZN", "NZ"))
         start = time.perf_counter()
         fused = emulate(program, target, symbolic=True, trace=False)
         wall = time.perf_counter() - start

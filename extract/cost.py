@@ -101,6 +101,10 @@ class KernelShape:
     epilogue_compute: int = 0        # of the epilogue ops, those that compute (not transposes or views)
     loop_strided_bytes: float = 0.0  # transposed bytes an elementwise loop walks (not a matmul's operand or result)
     int8_matrix: bool = False        # a matmul / conv of int8 operands (the NPU cube runs them at twice the rate)
+    # The matrices the cube reads from and writes to GM: operands (a conv's patch matrix) other than a
+    # product fed straight to the next matmul (it stays on chip), and products not fed so.
+    cube_gm_bytes: float = 0.0
+    cube_gm_tensors: int = 0
     pure_movement: bool = False      # only loads, transposes, broadcasts, reshapes and casts
     value_bytes: int = 4
 
@@ -130,6 +134,13 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
             after_matmul[i] = True
             k.prologue_bytes += sum(nbytes((body[j].shape, body[j].dtype)) for j in set(node.inputs)
                                     if not _loaded(body, j))
+            lhs, rhs = (body[j] for j in node.inputs[:2])
+            patches = math.prod(node.shape[:-1]) * math.prod(rhs.shape[:-1]) * 2 if node.op == "conv" else None
+            for j, size in ((node.inputs[0], patches or nbytes((lhs.shape, lhs.dtype))),
+                            (node.inputs[1], nbytes((rhs.shape, rhs.dtype)))):
+                if _product_of(body, j) is None:
+                    k.cube_gm_bytes += size
+                    k.cube_gm_tensors += 1
         elif feeds:
             after_matmul[i] = True
             if node.op not in ("reshape",):
@@ -158,10 +169,22 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
                 live -= 1
                 live_ops -= buffered[j]
     k.pure_movement = all(n.op in MOVEMENT for n in body)
+    fed = {_product_of(body, j) for n in body if n.op in MATRIX_OPS for j in n.inputs[:2]}
+    for i, node in enumerate(body):
+        if node.op in MATRIX_OPS and i not in fed:
+            k.cube_gm_bytes += nbytes((node.shape, node.dtype))
+            k.cube_gm_tensors += 1
     k.staged_bytes = tuple(nbytes((n.shape, n.dtype)) for i, n in enumerate(body)
                            if n.op == "arg" and n.shape and not users.get(i, set()) <= MATRIX_OPS)
     k.value_bytes = max(1, max((nbytes(((1,), n.dtype)) for n in body), default=4))
     return k
+
+
+def _product_of(body: tuple, j: int) -> int | None:
+    """The matmul / conv whose product body value j is (through casts), or None."""
+    while body[j].op == "convert":
+        j = body[j].inputs[0]
+    return j if body[j].op in MATRIX_OPS else None
 
 
 def _loaded(body: tuple, j: int) -> bool:
@@ -204,10 +227,12 @@ def tiling_options(body: tuple, ins: list[Type], out: Type, target: Target) -> t
     return options, "" if options else f"no tiling of the {nest.kind} fits {target.tile_bytes} bytes on chip"
 
 
-def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, tiling: Tiling | None = None) -> dict:
+def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, tiling: Tiling | None = None,
+                     packed: bool = False) -> dict:
     """One kernel on `target`: FLOPs, bytes and time, plus the target model's own factors (GPU:
     registers, occupancy, penalties; NPU: unit, UB bytes, whether the tiles fit, TransData). A kernel
-    with matrix ops moves what its `tiling` moves (the best one when not given; `extract/tiling.py`)."""
+    with matrix ops moves what its `tiling` moves (the best one when not given; `extract/tiling.py`).
+    `packed`: the matrix operands and result are in the cube's own formats already (a fractal_matmul)."""
     if all(n.op in FREE for n in body):
         return {"flops": 0.0, "bytes": 0, "time": 0.0}
     k = describe(body, ins, out, target)
@@ -257,7 +282,14 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
         if k.matrix_flops:
             # A reduction behind the cube needs its fractal output in ND, and a permuted write is a
             # format conversion too: both are TransData passes on the vector unit.
-            extra = dict(transdata_bytes=(k.matmul_bytes if k.reduce_after_matmul else 0.0) + k.strided_bytes,
+            # A target that converts no ND matrix on copy (the 910) packs the cube's operands and unpacks
+            # its result with TransData too, on every call.
+            nd = not packed and not target.npu.nd_on_copy
+            if nd:
+                converted, launches = k.cube_gm_bytes, k.cube_gm_tensors
+            else:
+                converted, launches = (k.matmul_bytes if k.reduce_after_matmul else 0.0), 0
+            extra = dict(transdata_bytes=converted + k.strided_bytes, transdata_launches=launches,
                          gm_exchange_bytes=k.matmul_bytes if k.epilogue_ops else 0.0)
             kernel = NpuKernel("cube", k.matrix_flops, moved, vector_flops=other, int8=k.int8_matrix,
                                ub_live_bytes=(ub if k.epilogue_ops else 0),
@@ -298,7 +330,9 @@ def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Targ
         # The cube does the matmul of the padded ND matrices, and moves the same bytes: charge it as that.
         from superopt.egraph.layout import as_matmul
         a, b, c = as_matmul(ins[0][0], ins[1][0], out[0])
-        return op_breakdown("matmul", (), [(a, ins[0][1]), (b, ins[1][1])], (c, out[1]), target)
+        mats = [(a, ins[0][1]), (b, ins[1][1])]
+        return kernel_breakdown(one_op_body("matmul", (), mats, (c, out[1])), mats, (c, out[1]), target,
+                                packed=True)
     return kernel_breakdown(one_op_body(op, attrs, ins, out), ins, out, target)
 
 

@@ -42,6 +42,8 @@ class NpuSpec:
     vector_bytes_per_cycle: int = 256     # one 256-byte repeat per cycle
     dma_latency_cycles: int = 200         # fixed start-up of one MTE2/MTE3 transfer
     vector_cores_per_cube: int = 1        # separated cores: AIVs per AIC
+    nd_on_copy: bool = True               # the copy into L1 converts an ND matrix to the cube's fractals
+                                          # (and FixPipe the product back to ND); else operands go packed
 
 
 @dataclass(frozen=True)

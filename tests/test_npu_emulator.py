@@ -9,6 +9,7 @@ from hypothesis import given, strategies as st
 
 from superopt.extract.models.chimera import data_movement, gemm, gemm_chain
 from superopt.egraph.ir import Node
+from superopt.egraph.layout import holds, pack_np, unpack_np
 from superopt.extract.target import load_target
 from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_program
 from superopt.lowering.npu.vector import vector_program
@@ -25,15 +26,42 @@ def fp16(x):
     return x.astype(np.float16).astype(np.float32)
 
 
+def in_gm(target, arrays: dict, formats: dict) -> tuple[dict, dict, dict]:
+    """The operands as a target's cube reads them from GM: ND where it converts on copy (the 910B), else
+    packed into `formats` (the 910): (GM tensors by name, layout by name, program tensors by name)."""
+    packed = not target.npu.nd_on_copy
+    gm = {x: pack_np(v, formats[x]) if packed else v for x, v in arrays.items()}
+    layouts = {x: formats[x] if packed else "ND" for x in formats}
+    return gm, layouts, {x: (x, holds(layouts[x], v.shape) if packed else v.shape, "float32") for x, v in gm.items()}
+
+
+def read_back(result, name: str, layout: str, shape: tuple) -> np.ndarray:
+    """Output `name` of an emulator run as the ND matrix `shape` (unpacked, padding cut off)."""
+    out = result.outputs[name]
+    if layout == "ND":
+        return out
+    return unpack_np(out, layout, holds(layout, out.shape))[tuple(slice(0, d) for d in shape)]
+
+
 def run_gemm(target, m, n, k, order, tiles, batch=1, seed=0, relu=False):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((batch, m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    program = gemm_program(("A", a.shape, "float32"), ("B", b.shape, "float32"), ("C", (batch, m, n), "float32"),
-                           order, tiles, target, relu=relu)
-    result = emulate(program, target, {"A": a, "B": b})
+    gm, lay, t = in_gm(target, {"A": a, "B": b}, {"A": "ZZ", "B": "ZN", "C": "NZ"})
+    c = (batch, t["A"][1][-2], t["B"][1][-1])     # the padded product where the operands are packed
+    program = gemm_program(t["A"], t["B"], ("C", c, "float32"), order, tiles, target, relu=relu,
+                           layouts=(lay["A"], lay["B"], lay["C"]))
+    result = emulate(program, target, gm)
+    result.outputs["C"] = read_back(result, "C", lay["C"], (batch, m, n))
     want = fp16(a) @ fp16(b)   # the cube multiplies fp16 operands and accumulates in fp32
     return result, np.maximum(want, 0) if relu else want
+
+
+def test_the_910_takes_no_nd_cube_operand_and_says_what_to_pack():
+    """The 910 (Atlas training series) has no ND <-> NZ conversion on copy: an ND operand is an error."""
+    with pytest.raises(CodegenError, match=r"npu-910 converts no ND matrix .* A, B, C must be packed"):
+        gemm_program(("A", (32, 32), "float16"), ("B", (32, 32), "float16"), ("C", (32, 32), "float16"),
+                     ("m", "n", "k"), {"m": 16, "n": 16, "k": 16}, load_target("npu-910"))
 
 
 @given(m=st.integers(1, 90), n=st.integers(1, 90), k=st.integers(1, 90), order=st.sampled_from(ORDERS),
@@ -62,7 +90,7 @@ def test_bytes_between_gm_and_chip_equal_the_chimera_formula(order):
 
 
 def test_ragged_tiles_move_no_more_than_the_formula():
-    result, _ = run_gemm(load_target("npu-910"), 50, 70, 40, ("m", "n", "k"), {"m": 32, "n": 32, "k": 16})
+    result, _ = run_gemm(load_target("npu-910b"), 50, 70, 40, ("m", "n", "k"), {"m": 32, "n": 32, "k": 16})
     ops, io, ext = gemm(50, 70, 40)
     dv, _ = data_movement(ops, io, ["m", "n", "k"], ext, {"m": 32, "n": 32, "k": 16}, weights={"A": 4, "B": 4, "C": 4})
     assert 50 * 40 * 4 + 40 * 70 * 4 + 50 * 70 * 4 <= result.gm_bytes < dv
@@ -195,9 +223,12 @@ def run_chain(target, b, m, n, k, l, order, tiles, seed=0):
     a = rng.standard_normal((b, m, k)).astype(np.float32)
     bb = rng.standard_normal((k, l)).astype(np.float32)
     d = rng.standard_normal((l, n)).astype(np.float32)
-    program = chain_program(("A", a.shape, "float32"), ("B", bb.shape, "float32"), ("D", d.shape, "float32"),
-                            ("E", (b, m, n), "float32"), order, tiles, target)
-    result = emulate(program, target, {"A": a, "B": bb, "D": d})
+    gm, lay, t = in_gm(target, {"A": a, "B": bb, "D": d}, {"A": "ZZ", "B": "ZN", "D": "ZN", "E": "NZ"})
+    e = (b, t["A"][1][-2], t["D"][1][-1])
+    program = chain_program(t["A"], t["B"], t["D"], ("E", e, "float32"), order, tiles, target,
+                            layouts=tuple(lay[x] for x in "ABDE"))
+    result = emulate(program, target, gm)
+    result.outputs["E"] = read_back(result, "E", lay["E"], (b, m, n))
     return result, fp16(fp16(a) @ fp16(bb)) @ fp16(d)   # C is kept on chip as fp16
 
 
@@ -227,7 +258,8 @@ def test_thesis_chains_run_with_the_tiles_the_extractor_chose_and_move_what_the_
     for name, (b, m, n, k, l) in GEMM_CHAIN_SHAPES.items():
         _, tiling = chosen_kernel(name, "npu-910")
         shapes = [("A", (b, m, k)), ("B", (b, k, l)), ("D", (b, l, n)), ("E", (b, m, n))]
-        program = chain_program(*[(nm, s, "float16") for nm, s in shapes], tiling.order, dict(tiling.tiles), target)
+        program = chain_program(*[(nm, s, "float16") for nm, s in shapes], tiling.order, dict(tiling.tiles), target,
+                                layouts=("ZZ", "ZN", "ZN", "NZ"))   # multiples of 16: no padding
         result = emulate(program, target, symbolic=True, trace=False)
         assert result.gm_bytes == tiling.moved_bytes, name
 

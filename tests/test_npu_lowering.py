@@ -81,7 +81,10 @@ def test_gemm_chains_keep_the_intermediate_on_chip(b, m, k, l, n, target):
     fast = check(lambda a, bb, d: (a @ bb) @ d, args, target)
     stages = fast.npu.stages
     if any("GEMM chain" in s.label for s in stages):   # fused: one cube program, nothing through GM
-        assert len(stages) == 1
+        # On the 910 the operands are packed and the result unpacked by TransData stages (no ND on copy).
+        packing = [s for s in stages if "(TransData)" in s.label]
+        assert len(stages) - len(packing) == 1
+        assert len(packing) == (0 if load_target(target).npu.nd_on_copy else 4)
 
 
 @FEW

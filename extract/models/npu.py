@@ -3,8 +3,10 @@ format conversions, and the 910B's cube-to-vector exchange through global memory
 
 A kernel that does not fit its buffers costs infinity (it cannot run as tiled). Vector kernels keep
 every live tile in the Unified Buffer, twice over when double-buffered (ping-pong). Cube kernels hold
-their A, B and C tiles in L0A, L0B and L0C (fp32 accumulation) and stage them in L1. The cube writes its
-result in a fractal (NZ / NC1HWC0) layout; FixPipe converts to ND on the way out for free, but a vector
+their A, B and C tiles in L0A, L0B and L0C (fp32 accumulation) and stage them in L1. The cube reads its
+operands in fractal layouts (ZZ, ZN) and writes its result in one (NZ / NC1HWC0). On the 910B the copy
+into L1 converts an ND operand and FixPipe converts the result to ND on the way out, for free; the 910
+converts on no copy, so an ND operand or result costs a TransData pass (`NpuSpec.nd_on_copy`). A vector
 op fused behind the cube that needs ND along the fractal axis (a reduction such as LayerNorm) needs a
 TransData pass, which is slow (strided 16-element fractal rows). On the 910B the cube and vector cores
 are separate and exchange data through global memory, so a cube->vector fusion saves no traffic there.
@@ -34,6 +36,7 @@ class NpuKernel:
     l0c_bytes: int = 0
     l1_bytes: int = 0
     transdata_bytes: float = 0.0      # bytes converted between fractal and ND inside the kernel
+    transdata_launches: int = 0       # TransData passes that run as kernels of their own (each one launch)
     gm_exchange_bytes: float = 0.0    # bytes passed from cube to vector cores through global memory (910B)
     vector_flops: float = 0.0         # cube kernels: the epilogue's work on the vector unit
     int8: bool = False                # cube kernels: int8 operands, a 16x32x16 fractal per cycle (fp16: 16x16x16)
@@ -63,7 +66,7 @@ def breakdown(k: NpuKernel, target: Target) -> dict:
     transdata = 2 * k.transdata_bytes / (target.mem_bandwidth * TRANSDATA_EFFICIENCY)
     exchange = 2 * k.gm_exchange_bytes / target.mem_bandwidth if npu.separated else 0.0
     memory = k.bytes / target.mem_bandwidth + transdata + exchange
-    time = max(compute, memory) + target.launch_overhead if ok else math.inf
+    time = max(compute, memory) + target.launch_overhead * (1 + k.transdata_launches) if ok else math.inf
     return {"unit": k.unit, "flops": k.flops + k.vector_flops, "bytes": k.bytes, "ub_bytes": _aligned(k.ub_live_bytes)
             * (2 if k.double_buffer else 1), "fits": ok, "overflow": why, "transdata_seconds": transdata,
             "gm_exchange_seconds": exchange, "time": time}

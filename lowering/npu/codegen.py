@@ -173,6 +173,7 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     tm, tn, tk = (_up(tile[x]) for x in "mnk")
     npu = target.npu
     la_, lb_, lc_ = layouts
+    _check_nd(layouts, ("A", "B", "C"), target, "gemm")
     program = Program(inputs=[(an, _gm_shape(a3, la_), adt), (bn_, _gm_shape(b3, lb_), bdt)],
                       outputs=[(cn, _gm_shape(c3, lc_), cdt)])
     alloc = Allocator(program)
@@ -298,15 +299,28 @@ def _packed(layout: str) -> str:
     return "" if layout == "ND" else layout
 
 
-def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: dict, target: Target) -> Program:
+def _check_nd(layouts: tuple, names: tuple, target: Target, what: str) -> None:
+    """A target without ND conversion on copy (`NpuSpec.nd_on_copy`: the 910) takes cube operands and
+    results only in the cube's own formats."""
+    plain = [n for n, lay in zip(names, layouts) if lay == "ND"]
+    if plain and not target.npu.nd_on_copy:
+        raise CodegenError(f"{what}: {target.name} converts no ND matrix on copy to or from the cube; "
+                           f"{', '.join(plain)} must be packed (ZZ / ZN in, NZ out) by TransData first")
+
+
+def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: dict, target: Target,
+                  layouts: tuple = ("ND", "ND", "ND", "ND")) -> Program:
     """E = (A @ B) @ D with the intermediate C never leaving the chip. `a`, `b`, `d`, `e` are (name, shape,
     dtype) of GM tensors: A [batch, M, K], B [K, L], D [L, N], E [batch, M, N] (B and D may be batched).
     `order` starts with m and l (the loops both GEMMs share); per (m, l) tile the chip takes the A rows
     and B columns over the whole K (the same bytes as one TK tile at a time: k is the first GEMM's
     innermost loop), computes the C tile block by block in L0C and keeps it in L1 as fp16, then streams
     D tiles over n and adds each E tile into GM (atomic add; a plain write when one l tile covers L).
-    So the bytes moved are the Chimera model's DV for these tiles."""
+    So the bytes moved are the Chimera model's DV for these tiles. `layouts` are the GM formats of A, B,
+    D and E: ND, or the cube's own (ZZ, ZN, ZN, NZ), as in `gemm_program`."""
     (an, ashape, adt), (bname, bshape, bdt), (dname, dshape, ddt), (en, eshape, edt) = a, b, d, e
+    la_, lb_, ld_, le_ = layouts
+    _check_nd(layouts, ("A", "B", "D", "E"), target, "chain")
     a3, b3, d3, e3 = _as3(ashape), _as3(bshape), _as3(dshape), _as3(eshape)
     batch, m, k = a3
     l, n = b3[2], d3[2]
@@ -319,7 +333,8 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     steps = {x: math.ceil(ext[x] / tile[x]) for x in ext}
     tm, tl, tn, kk = _up(tile["m"]), _up(tile["l"]), _up(tile["n"]), _up(k)
     npu = target.npu
-    program = Program(inputs=[(an, a3, adt), (bname, b3, bdt), (dname, d3, ddt)], outputs=[(en, e3, edt)])
+    program = Program(inputs=[(an, _gm_shape(a3, la_), adt), (bname, _gm_shape(b3, lb_), bdt),
+                              (dname, _gm_shape(d3, ld_), ddt)], outputs=[(en, _gm_shape(e3, le_), edt)])
     alloc = Allocator(program)
     cube_dt = "bfloat16" if adt == "bfloat16" else "float16"
     blk = L0_BLOCK
@@ -356,10 +371,12 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
         instrs.append(ScalarOp(core, "scalar", cycles=8, note="chain tile step"))
         for ki in range(steps["k"]):   # the first GEMM's k tiles, each into its place in L1
             k0 = ki * tile["k"]
-            instrs.append(CopyIn(core, "MTE2", dst=a_l1, at=(0, k0),
-                                 src=Gm(an, (bt if a3[0] > 1 else 0, mi * tile["m"], k0), (1, tile["m"], tile["k"]))))
-            instrs.append(CopyIn(core, "MTE2", dst=b_l1, at=(k0, 0),
-                                 src=Gm(bname, (bt if b3[0] > 1 else 0, k0, li * tile["l"]), (1, tile["k"], tile["l"]))))
+            instrs.append(CopyIn(core, "MTE2", dst=a_l1, at=(0, k0), layout=_packed(la_),
+                                 src=_gm_window(an, la_, (bt if a3[0] > 1 else 0, mi * tile["m"], k0),
+                                                (1, tile["m"], tile["k"]))))
+            instrs.append(CopyIn(core, "MTE2", dst=b_l1, at=(k0, 0), layout=_packed(lb_),
+                                 src=_gm_window(bname, lb_, (bt if b3[0] > 1 else 0, k0, li * tile["l"]),
+                                                (1, tile["k"], tile["l"]))))
         for (i, j), cbuf in c_l1.items():   # C = A @ B, one L0C block at a time, kept in L1 as fp16
             s = nxt(core, "acc")
             cacc = _view(acc[s], cbuf.shape)
@@ -368,8 +385,9 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
             instrs.append(FixPipe(core, "cube", src=cacc, dst=cbuf))
         for ni in range(steps["n"]):   # E += C @ D over n tiles
             ds = nxt(core, "D")
-            instrs.append(CopyIn(core, "MTE2", dst=d_l1[ds], src=Gm(dname, (bt if d3[0] > 1 else 0, li * tile["l"],
-                                                                            ni * tile["n"]), (1, tile["l"], tile["n"]))))
+            instrs.append(CopyIn(core, "MTE2", dst=d_l1[ds], layout=_packed(ld_),
+                                 src=_gm_window(dname, ld_, (bt if d3[0] > 1 else 0, li * tile["l"], ni * tile["n"]),
+                                                (1, tile["l"], tile["n"]))))
             for i in range(0, tm, blk):
                 for j in range(0, tn, blk):
                     rows, cols = min(blk, tm - i), min(blk, tn - j)
@@ -380,8 +398,9 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
                     depth = [(c_l1[(i, z)], (0, 0), d_l1[ds], (z, j), c_l1[(i, z)].shape[1]) for z in range(0, tl, blk)]
                     product(core, (rows, cols), depth, eacc)
                     size = (1, min(rows, tile["m"] - i), min(cols, tile["n"] - j))
-                    window = Gm(en, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)
-                    instrs.append(FixPipe(core, "cube", src=eacc, dst=window, atomic_add=steps["l"] > 1))
+                    window = _gm_window(en, le_, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)
+                    instrs.append(FixPipe(core, "cube", src=eacc, dst=window, atomic_add=steps["l"] > 1,
+                                          layout=_packed(le_)))
     program.instrs = insert_flags(instrs)
     program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
     return program

@@ -46,8 +46,11 @@ def layout_program(src: tuple, dst: tuple, fmt: str, pack: bool, target: Target)
         return 2 * (_aligned(box, dtype) + _aligned(f.packed_shape(box), dtype))
 
     npu = target.npu
+    cores = vector_cores(target)
+    # At most an even share of the rows of blocks per core, so that every vector core has a box.
+    share = -(-padded[0] // step0 // len(cores)) * step0 if padded[0] >= step0 else padded[0]
     rows, cols = 0, padded[last]
-    for r in range(padded[0], 0, -step0):      # as many whole rows of blocks as fit, all columns
+    for r in range(max(share, step0), 0, -step0):   # as many whole rows of blocks as fit, all columns
         if footprint(r, cols) <= npu.ub_bytes:
             rows = r
             break
@@ -57,7 +60,10 @@ def layout_program(src: tuple, dst: tuple, fmt: str, pack: bool, target: Target)
     if not cols:
         raise CodegenError(f"layout: one {fmt} block row of {tuple(shape)} needs {footprint(step0, step1)} bytes "
                            f"of UB, capacity {npu.ub_bytes} ({target.name})")
-    cores = vector_cores(target)
+    row_boxes = -(-padded[0] // rows)
+    if row_boxes < len(cores) and cols == padded[last]:   # few rows: the columns shared out too
+        per = -(-padded[last] // step1 // -(-len(cores) // row_boxes)) * step1
+        cols = max(step1, min(cols, per))
     program = Program(inputs=[src], outputs=[dst])
     alloc = Allocator(program)
     full, packed_full = box_shape(rows, cols), f.packed_shape(box_shape(rows, cols))

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from superopt.egraph.ir import REDUCTIONS, Graph, Node, body_str
-from superopt.egraph.layout import CUBE_FORMATS, holds
+from superopt.egraph.layout import CUBE_FORMATS, holds, packed_shape
 from superopt.egraph.siblings import merged_body, run_before, sibling_groups
 from superopt.extract.cost import one_op_body
 from superopt.extract.target import Target
@@ -470,7 +470,13 @@ class KernelLowering:
         else:
             av, bv, cv = self._gemm_views(self.body[node.inputs[0]], self.body[node.inputs[1]], node)
         extractors = self._extractor_tiles()
-        placed = place_gemm(a, b, c, (av, bv, cv), self.target, extractors)
+        layouts = ("ND", "ND", "ND")
+        nd_c, ncv = c, cv
+        if not self.target.npu.nd_on_copy:
+            (a, av), (b, bv) = self._pack(a, av, "ZZ", m, "lhs"), self._pack(b, bv, "ZN", m, "rhs")
+            c, cv = self._packed_result(m, av, bv, c[2])
+            layouts = CUBE_FORMATS
+        placed = place_gemm(a, b, c, (av, bv, cv), self.target, extractors, layouts=layouts)
         # The fastest placed tiling runs. The extractor's tiles minimise the bytes moved (the Chimera
         # model); on many cores a tiling with more output tiles can be faster, and the label says so.
         cycles, rank, order, tiles, program = min(placed)
@@ -478,9 +484,37 @@ class KernelLowering:
         whose = "the extractor's tiles" if extractors and rank == 0 and (order, tiles) == extractors else \
             ("tiles of the lowering; the extractor's " + (f"took {placed[0][0]} cycles" if extractors and
              (placed[0][2], placed[0][3]) == extractors else "could not be placed") if extractors else "")
-        self.result.append(Stage(f"{self.label}: cube matmul {av}x{bv} order {''.join(order)} {tiles_str}"
+        on = " on fractals (ZZ x ZN -> NZ)" if layouts == CUBE_FORMATS else ""
+        self.result.append(Stage(f"{self.label}: cube matmul {av}x{bv}{on} order {''.join(order)} {tiles_str}"
                                  + (f" ({whose})" if whose else ""), self.node, program))
-        self.gm[m] = c
+        if layouts == CUBE_FORMATS:
+            self._unpack(c, nd_c, ncv)
+        self.gm[m] = nd_c
+
+    # ---- cube operands on a target without ND conversion on copy (the 910) ----
+    def _pack(self, x: tuple, view: tuple, fmt: str, m: int, what: str) -> tuple:
+        """(GM tensor, [batch, rows, columns] view) of matrix `x` (a view `view` of its GM tensor) packed
+        into `fmt` by a TransData stage on the vector unit; the view is of the padded matrix it holds."""
+        name, _, dtype = x
+        view = tuple(view) if len(view) == 3 else (1,) + tuple(view)
+        logical = view[1:] if view[0] == 1 else view
+        packed = packed_shape(fmt, logical)
+        dst = (self.declare(f"k{self.node}_{fmt}{what}{m}", packed, dtype), packed, dtype)
+        self.result.append(Stage(f"{self.label}: pack {what} {fmt} (TransData)", self.node,
+                                 layout_program((name, logical, dtype), dst, fmt, True, self.target)))
+        return dst, (view[0],) + holds(fmt, packed[-4:])
+
+    def _packed_result(self, m: int, av: tuple, bv: tuple, dtype: str) -> tuple:
+        """A GM workspace for the product of packed operands (NZ), and its [batch, rows, columns] view."""
+        rows, cols = av[1], bv[-1]
+        packed = packed_shape("NZ", (rows, cols) if av[0] == 1 else (av[0], rows, cols))
+        return (self.declare(f"k{self.node}_NZmm{m}", packed, dtype), packed, dtype), (av[0], rows, cols)
+
+    def _unpack(self, packed: tuple, nd: tuple, view: tuple) -> None:
+        """`nd` (a view `view` of its GM tensor) = unpack(`packed`, NZ), a TransData stage."""
+        logical = tuple(view[1:]) if view[0] == 1 else tuple(view)
+        self.result.append(Stage(f"{self.label}: unpack result NZ (TransData)", self.node,
+                                 layout_program(packed, (nd[0], logical, nd[2]), "NZ", False, self.target)))
 
     def _img2col(self, m: int, lhs: tuple) -> tuple:
         """A convolution as a GEMM: the img2col stage writes the patch matrix (fp16) to GM; the weights
@@ -515,10 +549,20 @@ class KernelLowering:
         av, bv, _ = self._gemm_views(self.body[f.inputs[0]], self.body[f.inputs[1]], f)
         _, dv, ev = self._gemm_views(self.body[s.inputs[0]], self.body[s.inputs[1]], s)
         t = self.tiling
+        tiles, layouts, nd_e, nev = dict(t.tiles), ("ND",) * 4, e, ev
+        if not self.target.npu.nd_on_copy:
+            (a, av), (b, bv) = self._pack(a, av, "ZZ", first, "lhs"), self._pack(b, bv, "ZN", first, "rhs")
+            d, dv = self._pack(d, dv, "ZN", second, "rhs")
+            e, ev = self._packed_result(second, av, dv, e[2])
+            layouts = ("ZZ", "ZN", "ZN", "NZ")
+            tiles = {x: -(-v // 16) * 16 for x, v in tiles.items()}   # windows of whole fractals
         program = chain_program((a[0], av, a[2]), (b[0], bv, b[2]), (d[0], dv, d[2]), (e[0], ev, e[2]),
-                                t.order, dict(t.tiles), self.target)
-        self.result.append(Stage(f"{self.label}: cube GEMM chain, {t}", self.node, program))
-        self.gm[second] = e
+                                t.order, tiles, self.target, layouts=layouts)
+        on = " on fractals" if layouts[0] != "ND" else ""
+        self.result.append(Stage(f"{self.label}: cube GEMM chain{on}, {t}", self.node, program))
+        if layouts[0] != "ND":
+            self._unpack(e, nd_e, nev)
+        self.gm[second] = nd_e
 
 
 def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first: tuple | None = None,

@@ -478,6 +478,26 @@ def qlinear_args(m: int, k: int, n: int, seed: int = 0) -> tuple:
             (rng.random((n,)) * 2e-3).astype(np.float32), rng.standard_normal(n).astype(np.float32))
 
 
+def qconv_fn(xq, wq, bias):
+    """A 3x3 convolution of int8 activations (scale 0.05) and int8 weights (scale 0.02), NHWC x HWIO, SAME
+    padding, f32 bias, and an int8 result with scale 0.1 and zero point 3."""
+    x = xq.astype(jnp.float32) * 0.05
+    w = wq.astype(jnp.float32) * 0.02
+    y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
+    return jnp.clip(jnp.round(y / 0.1) + 3, -128, 127).astype(jnp.int8)
+
+
+def qconv_args(n: int, hw: int, c: int, o: int, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+    return (rng.integers(-128, 128, (n, hw, hw, c)).astype(np.int8),
+            rng.integers(-128, 128, (3, 3, c, o)).astype(np.int8), rng.standard_normal(o).astype(np.float32))
+
+
+def int8_conv(hw: int = 56, c: int = 64, o: int = 64) -> Workload:
+    desc = f"int8 3x3 convolution {hw}x{hw}x{c} -> {o}: dequantize, f32 conv, bias, requantize"
+    return Workload("int8-conv", desc, qconv_fn, qconv_args(1, hw, c, o))
+
+
 def int8_linear(m: int = 256, k: int = 1024, n: int = 1024) -> Workload:
     desc = f"int8 linear layer {m}x{k} @ {k}x{n}: dequantize, f32 matmul, bias, requantize"
     return Workload("int8-linear", desc, qlinear_fn, qlinear_args(m, k, n))
@@ -536,6 +556,7 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     **{f"yolo-{k}": (lambda k=k: yolo_conv(k)) for k in YOLO_SAMPLE},
     "mixed-precision-mlp": mixed_precision_mlp,
     "int8-linear": int8_linear,
+    "int8-conv": int8_conv,
     "nasrnn": nasrnn,
     "train-step": train_step,
 }

@@ -12,7 +12,8 @@ from egglog import String, Vec, eq, f64, i64, rule, ruleset, set_, var, vars_
 from superopt.egraph.ir import BINARY_OPS, COMPARISONS, UNARY_OPS
 from superopt.egraph.layout import FORMATS
 from superopt.egraph.terms import (
-    Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, convert,
+    Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, conv,
+    conv_int32, convert,
     dtype, fractal_matmul, integer_pow, iota, lit, matmul, pack, pad, pool, reduce, reshape, select, shape, slice_, tcons,
     tnil, transpose, unary, unpack,
 )
@@ -83,6 +84,16 @@ def _contraction_rules():
         set_(shape(z)).to(s), set_(dtype(z)).to(d))
     yield rule(eq(z).to(argreduce(op, x, k, d)), eq(s).to(shape(x))).then(
         set_(shape(z)).to(s.remove(k)), set_(dtype(z)).to(d))
+    # A conv's result shape is a function of its operands' shapes and its params (not computed here: the
+    # params are an id), so a new conv takes it from a typed one of the same params and operand shapes,
+    # or of the params it is the int32 twin of (quant.py's int8 conv), which give int32.
+    x2, y2 = vars_("x2 y2", Tensor)
+    yield rule(eq(z).to(conv(x, y, k)), eq(w).to(conv(x2, y2, k)), eq(s).to(shape(w)), eq(d).to(dtype(w)),
+               eq(shape(x)).to(shape(x2)), eq(shape(y)).to(shape(y2)), eq(dtype(x)).to(dtype(x2))).then(
+        set_(shape(z)).to(s), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(conv(x, y, k)), eq(k).to(conv_int32(n)), eq(w).to(conv(x2, y2, n)), eq(s).to(shape(w)),
+               eq(shape(x)).to(shape(x2)), eq(shape(y)).to(shape(y2))).then(
+        set_(shape(z)).to(s), set_(dtype(z)).to(String("int32")))
 
 
 def _packing_rules():

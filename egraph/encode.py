@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from egglog import EGraph, String, i64, set_
 
 from superopt.egraph import terms as T
@@ -25,9 +26,23 @@ class Encoding:
     def intern_conv(self, params) -> int:
         if params not in self.conv_params:
             self.conv_params.append(params)
+            index = len(self.conv_params) - 1
             if channels_last(params):
-                self.egraph.register(T.conv_channels_last(i64(len(self.conv_params) - 1)))
+                self.egraph.register(T.conv_channels_last(i64(index)))
+            twin = int32_twin(params)
+            if twin is not None:     # the same conv accumulating in int32, for quantization's int8 conv
+                self.egraph.register(set_(T.conv_int32(i64(index))).to(i64(self.intern_conv(twin))))
         return self.conv_params.index(params)
+
+
+def int32_twin(params) -> tuple | None:
+    """`params` with preferred_element_type int32, for params that give the operands' dtype (none, or
+    float32: the f32 conv of widened int8 operands); else None."""
+    p = dict(params)
+    if "preferred_element_type" not in p or \
+            p["preferred_element_type"] is not None and np.dtype(p["preferred_element_type"]) != np.float32:
+        return None
+    return tuple((k, np.dtype("int32") if k == "preferred_element_type" else v) for k, v in params)
 
 
 def channels_last(params) -> bool:

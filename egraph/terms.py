@@ -157,6 +157,12 @@ same_dtype_op = relation("same_dtype_op", String, egg_fn="same_dtype_op")
 conv_channels_last = relation("conv_channels_last", i64, egg_fn="conv_channels_last")
 
 
+# The conv params (an id) that are these ones accumulating in int32 (preferred_element_type int32); set
+# by the encoder for each conv of its table that does not already say int32 (quantization's int8 conv).
+@function(egg_fn="conv_int32")
+def conv_int32(params: i64Like) -> i64: ...
+
+
 # ---- helpers for writing rules readably ----
 def ints(values) -> Vec[i64]:
     return Vec[i64](*(i64(int(v)) for v in values)) if len(values) else Vec[i64].empty()

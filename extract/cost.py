@@ -135,7 +135,8 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
             k.prologue_bytes += sum(nbytes((body[j].shape, body[j].dtype)) for j in set(node.inputs)
                                     if not _loaded(body, j))
             lhs, rhs = (body[j] for j in node.inputs[:2])
-            patches = math.prod(node.shape[:-1]) * math.prod(rhs.shape[:-1]) * 2 if node.op == "conv" else None
+            patches = math.prod(node.shape[:-1]) * math.prod(rhs.shape[:-1]) * (1 if lhs.dtype == "int8" else 2) \
+                if node.op == "conv" else None
             for j, size in ((node.inputs[0], patches or nbytes((lhs.shape, lhs.dtype))),
                             (node.inputs[1], nbytes((rhs.shape, rhs.dtype)))):
                 if _product_of(body, j) is None:

@@ -62,6 +62,14 @@ class CompileContext:
             self._shapes[("dtype", p)] = dv
         return self._shapes[("dtype", p)]
 
+    def bind(self, expr, sort):
+        """A query variable equal to `expr`: egglog looks up a function's value (not a constructor's) in
+        a rule's query only, so a right-hand side reads it through this variable."""
+        v = var(f"bound_{len(self._shapes)}", sort)
+        self.facts.append(eq(v).to(expr))
+        self._shapes[("bound", len(self._shapes))] = v
+        return v
+
     def shape(self, p: Pattern):
         if p not in self._shapes:
             sv = var(f"shape_{len(self._shapes)}", Vec[i64])

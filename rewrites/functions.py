@@ -15,7 +15,7 @@ import numpy as np
 from egglog import String, Vec, eq, f64, i64, ne
 
 from superopt.egraph.layout import FORMATS
-from superopt.egraph.terms import conv_channels_last, dtype as dtype_of, float_dtype
+from superopt.egraph.terms import conv_channels_last, conv_int32, dtype as dtype_of, float_dtype
 from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -118,6 +118,13 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
               lambda c, a, b: [[c.expr(a) < c.expr(b)]], lambda a, b: a < b),
     Predicate("conv_channels_last", (INT,), "conv params whose output and kernel features are the last axis",
               lambda c, n: [[conv_channels_last(c.expr(n))]], lambda n: _conv_channels_last_py(n)),
+    Predicate("has_int32_conv", (INT,), "conv params that have a twin accumulating in int32 (those that give "
+              "the operands' dtype: no preferred_element_type, or float32)",
+              lambda c, n: [[conv_int32(c.expr(n)) >= i64(0)]], lambda n: _int32_conv_py(n) is not None),
+    Predicate("int32_accumulates_conv", (TENSOR,), "int8 products summed over a channels-last conv kernel's "
+              "window and input features (all axes but the last) fit int32 (at most 131072 terms)",
+              lambda c, t: [[_product(c.shape(t), c.rank(t) - 1) <= i64(131072)]] if c.rank(t) else [],
+              lambda t: np.ndim(t) > 0 and math.prod(np.shape(t)[:-1]) <= 131072, lambda t: _keyed(t)),
     Predicate("nonzero", (FLOAT,), "a nonzero constant",
               lambda c, v: [[ne(c.expr(v)).to(f64(0.0))]], lambda v: v != 0.0),    Predicate("row_vector", (TENSOR,), "a rank-2 tensor with one row (a per-column vector, as broadcast)",
               lambda c, t: [[eq(c.shape(t).length()).to(i64(2)), eq(c.shape(t)[i64(0)]).to(i64(1))]],
@@ -136,6 +143,18 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
               "no padding, so unpacking and packing again gives back the same tensor",
               _fills_blocks_egg, _fills_blocks_py, lambda s, f: _keyed(s)),
 ]}
+
+
+def _int32_conv_py(n: int) -> int | None:
+    """The checker's table id of conv params n accumulating in int32 (added to the table), or None."""
+    from superopt.egraph.encode import int32_twin
+    from superopt.rewrites.checker import CONV_TABLE
+    twin = int32_twin(CONV_TABLE.conv_params[n])
+    if twin is None:
+        return None
+    if twin not in CONV_TABLE.conv_params:
+        CONV_TABLE.conv_params.append(twin)
+    return CONV_TABLE.conv_params.index(twin)
 
 
 def _conv_channels_last_py(n: int) -> bool:
@@ -192,6 +211,7 @@ ATTRIBUTES: dict[str, AttributeFn] = {f.name: f for f in [
     AttributeFn("fdiv", lambda c, a, b: c.expr(a) / c.expr(b), lambda a, b: a / b),
     AttributeFn("fmax", lambda c, a, b: c.expr(a).max(c.expr(b)), lambda a, b: max(a, b)),
     AttributeFn("fmin", lambda c, a, b: c.expr(a).min(c.expr(b)), lambda a, b: min(a, b)),
+    AttributeFn("int32_conv", lambda c, n: c.bind(conv_int32(c.expr(n)), i64), lambda n: _int32_conv_py(n)),
     AttributeFn("last_axis_of", lambda c, t: _vec([c.rank(t) - 1]), lambda t: (np.ndim(t) - 1,), lambda t: _keyed(t)),
 ]}
 

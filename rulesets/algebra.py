@@ -87,6 +87,12 @@ ALGEBRA = RuleSet("algebra", {
              when("has_dtype", x, d), two_way=True, numerics="reals", doc="(x*c)@y <-> (x@y)*c, scalar c"),
         rule("matmul-scale-rhs", matmul(x, mul(y, lit(c1, d)), d), mul(matmul(x, y, d), lit(c1, d)),
              when("has_dtype", y, d), two_way=True, numerics="reals", doc="x@(y*c) <-> (x@y)*c, scalar c"),
+        rule("conv-scale-lhs", conv(mul(x, lit(c1, d)), y, k), mul(conv(x, y, k), lit(c1, d)),
+             when("has_dtype", x, d), when("has_dtype", y, d), two_way=True, numerics="reals",
+             doc="conv(x*c, y) <-> conv(x, y)*c, scalar c (a convolution is linear in each operand)"),
+        rule("conv-scale-rhs", conv(x, mul(y, lit(c1, d)), k), mul(conv(x, y, k), lit(c1, d)),
+             when("has_dtype", x, d), when("has_dtype", y, d), two_way=True, numerics="reals",
+             doc="conv(x, y*c) <-> conv(x, y)*c, scalar c"),
     ],
     "shape": [
         rule("reshape-of-reshape", reshape(reshape(x, s), t), reshape(x, t), doc="reshape(reshape(x)) -> reshape(x)"),

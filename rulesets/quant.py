@@ -1,4 +1,4 @@
-"""Quantization: dequantize -> matmul -> requantize becomes an int8 kernel.
+"""Quantization: dequantize -> matmul (or conv) -> requantize becomes an int8 kernel.
 
 A quantized linear layer is written the way users write it: int8 operands widened to f32 and scaled
 (`xq.astype(f32) * sx`, `wq.astype(f32) * sw`, a scale per tensor or per output column), an f32 matmul,
@@ -10,6 +10,11 @@ and a requantizing tail (divide by the output scale, round, add the zero point, 
   product of two int8 values is exact and the int32 sum is exact while it fits, so the int32 result is
   the exact sum, which the f32 accumulation only approximates past 2**24; the legality condition bounds
   the contraction so the int32 sum cannot overflow.
+- `conv-int8` does the same for a convolution: the same conv params with preferred_element_type int32
+  (the encoder interns that twin of every f32 conv's params, `int32_conv`), for channels-last kernels
+  whose window times input features bounds the sum. Per-tensor scales leave the conv by
+  `conv-scale-lhs` / `conv-scale-rhs` (algebra); a weight scale per output channel does not yet (the
+  rule would need the conv's output shape for the broadcast, which a pattern cannot name).
 - Nothing else is needed for the fused requantize epilogue: the scale, bias, round, zero point, clip and
   cast are elementwise, so fusion (fusion.py) inlines them behind the matmul, and the extractor decides.
   The result is one kernel reading int8 operands and writing int8.
@@ -19,11 +24,12 @@ subtraction out needs a column sum of the weights, a rule not written yet.
 """
 from __future__ import annotations
 
-from superopt.rewrites.pattern import convert, dtypes, matmul, mul, tensors
+from superopt.rewrites.pattern import conv, convert, dtypes, int32_conv, ints, matmul, mul, tensors
 from superopt.rewrites.rule import RuleSet, rule, when
 
 x, y, z = tensors("x y z")
 (d,) = dtypes("d")
+(k,) = ints("k")
 
 QUANT = RuleSet("quant", {
     "int8-matmul": [
@@ -32,6 +38,12 @@ QUANT = RuleSet("quant", {
              when("int32_accumulates", x), numerics="reals",
              doc="an f32 matmul of widened int8 operands = the int8 matmul accumulating in int32, widened "
                  "(exact while the int32 sum fits; the f32 sum rounds past 2**24)"),
+        rule("conv-int8", conv(convert(x, "float32"), convert(y, "float32"), k),
+             convert(conv(x, y, int32_conv(k)), "float32"), when("has_dtype", x, "int8"),
+             when("has_dtype", y, "int8"), when("has_int32_conv", k), when("conv_channels_last", k),
+             when("int32_accumulates_conv", y), numerics="reals",
+             doc="an f32 conv of widened int8 operands = the int8 conv accumulating in int32, widened "
+                 "(exact while the int32 sum fits)"),
     ],
     "scales": [
         rule("matmul-scale-columns", matmul(x, mul(y, z), d), mul(matmul(x, y, d), z),

@@ -56,6 +56,12 @@ FIRES = {
     "bn-scale-into-weights": (lambda x, w, g: lax.conv_general_dilated(
         x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) * g,
         (_normal(1, 6, 6, 3), _normal(3, 3, 3, 4), _normal(4))),
+    "conv-scale-lhs": (lambda x, w: lax.conv_general_dilated(
+        x * 0.5, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        (_normal(1, 6, 6, 3), _normal(3, 3, 3, 4))),
+    "conv-scale-rhs": (lambda x, w: lax.conv_general_dilated(
+        x, w * 0.5, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        (_normal(1, 6, 6, 3), _normal(3, 3, 3, 4))),
     "bn-shift-before-scale": (lambda x, w, m, g: (lax.conv_general_dilated(
         x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) - m) * g,
         (_normal(1, 6, 6, 3), _normal(3, 3, 3, 4), _normal(4), _normal(4))),

@@ -1,5 +1,6 @@
-"""Quantization: an int8 linear layer (dequantize -> matmul -> requantize) becomes one int8 kernel with
-int32 accumulation and the requantize epilogue fused, and stays as accurate as the original."""
+"""Quantization: an int8 linear layer or convolution (dequantize -> matmul or conv -> requantize) becomes
+one int8 kernel with int32 accumulation and the requantize epilogue fused, and stays as accurate as the
+original."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from bench.programs import qlinear_args as _args   # the benchmark's int8 layer, any shape
-from bench.programs import qlinear_fn as qlinear
+from bench.programs import qconv_args, qconv_fn, qlinear_fn as qlinear
 from superopt import superopt
 from superopt.rewrites.reference import evaluate
 
@@ -73,3 +74,47 @@ def test_a_contraction_too_long_for_int32_stays_in_f32(k, int8):
     frozen = freeze(enc.egraph)
     int32_matmuls = [n for nodes in frozen.classes.values() for n in nodes if n.fn == "matmul" and "int32" in n.args]
     assert bool(int32_matmuls) == int8
+
+
+@pytest.mark.parametrize("target", ["cpu", "npu-910b", "npu-910"])
+def test_an_int8_convolution_runs_as_one_int8_kernel(target):
+    args = qconv_args(2, 9, 16, 32, seed=1)
+    fn = superopt(qconv_fn, target=target)
+    out = np.asarray(fn(*args))
+    spec = fn.compile(*args)
+    (kernel,) = _kernels(spec.term)
+    assert "conv" not in spec.term.op_counts() and "div" not in spec.term.op_counts()
+    body = kernel.attrs[0]
+    (cv,) = [n for n in body if n.op == "conv"]
+    assert cv.dtype == "int32" and all(body[j].dtype == "int8" for j in cv.inputs)      # int8 x int8 -> int32
+    assert dict(cv.attrs[0])["preferred_element_type"] == np.int32
+    assert body[-1].op == "convert" and body[-1].dtype == "int8"
+    assert {"round_even", "max", "min", "div"} <= {n.op for n in body}                  # requantize fused
+    if target.startswith("npu"):
+        assert fn.report.backend.startswith("npu emulator"), fn.report.backend
+        patches = [s for s in spec.npu.stages if "img2col" in s.label]
+        assert patches and all(dt == "int8" for _, _, dt in patches[0].program.outputs)   # the int8 cube
+    from superopt.egraph.capture import capture
+    truth = np.asarray(evaluate(capture(qconv_fn, args).graph, list(args), precise=True)[0]).astype(np.int64)
+    original = np.asarray(jax.jit(qconv_fn)(*args)).astype(np.int64)
+    assert np.abs(out.astype(np.int64) - original).max() <= 1
+    assert np.abs(out.astype(np.int64) - truth).sum() <= np.abs(original - truth).sum() + 2
+
+
+@pytest.mark.parametrize("channels,int8", [(14563, True), (14564, False)])
+def test_a_conv_window_too_long_for_int32_stays_in_f32(channels, int8):
+    # 3 * 3 * 14563 = 131067 int8 products fit the int32 accumulator; 3 * 3 * 14564 = 131076 might not.
+    from jax import lax
+    from superopt.egraph.capture import capture
+    from superopt.egraph.encode import encode
+    from superopt.egraph.frozen import freeze
+    from superopt.egraph.runner import saturate
+    from superopt.rewrites.schedule import Schedule
+    xq, wq = np.zeros((1, 3, 3, channels), np.int8), np.zeros((3, 3, channels, 1), np.int8)
+    fn = lambda a, b: lax.conv_general_dilated(a.astype(f32), b.astype(f32), (1, 1), "VALID",  # noqa: E731
+                                               dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    enc = encode(capture(fn, (xq, wq)).graph)
+    saturate(enc.egraph, Schedule.of("quant"))
+    frozen = freeze(enc.egraph)
+    convs = [n for nodes in frozen.classes.values() for n in nodes if n.fn == "conv"]
+    assert len(convs) == (2 if int8 else 1)

@@ -517,8 +517,9 @@ class KernelLowering:
                                  layout_program(packed, (nd[0], logical, nd[2]), "NZ", False, self.target)))
 
     def _img2col(self, m: int, lhs: tuple) -> tuple:
-        """A convolution as a GEMM: the img2col stage writes the patch matrix (fp16) to GM; the weights
-        [KH, KW, C, O] are its right operand as [KH * KW * C, O], the output [N * Ho * Wo, O] is NHWC."""
+        """A convolution as a GEMM: the img2col stage writes the patch matrix (fp16, or int8 for an int8
+        conv) to GM; the weights [KH, KW, C, O] are its right operand as [KH * KW * C, O], the output
+        [N * Ho * Wo, O] is NHWC."""
         node, x, wt = self.body[m], self.body[self.body[m].inputs[0]], self.body[self.body[m].inputs[1]]
         p = dict(node.attrs[0])
         spec = p["dimension_numbers"]
@@ -532,8 +533,9 @@ class KernelLowering:
         n, h, w, c = x.shape
         kh, kw, _, o = wt.shape
         _, ho, wo, _ = node.shape
-        patches = (self.declare(f"k{self.node}_img2col{m}", (n * ho * wo, kh * kw * c), "float16"),
-                   (n * ho * wo, kh * kw * c), "float16")
+        cube_dt = "int8" if x.dtype == "int8" else "float16"    # int8 convs run on the int8 cube
+        patches = (self.declare(f"k{self.node}_img2col{m}", (n * ho * wo, kh * kw * c), cube_dt),
+                   (n * ho * wo, kh * kw * c), cube_dt)
         program = img2col_program(lhs, patches, (kh, kw), tuple(p["window_strides"]), tuple(p["padding"]),
                                   (ho, wo), self.target)
         self.result.append(Stage(f"{self.label}: img2col {kh}x{kw} stride {tuple(p['window_strides'])}",

@@ -269,7 +269,7 @@ def img2col_program(lhs: tuple, patches: tuple, window: tuple, strides: tuple, p
     """The patch matrix of a 2-D convolution, [N * Ho * Wo, KH * KW * C] in (kh, kw, c) order, from an
     NHWC input: per box of output rows (or of columns of one row) and of input channels, the input window
     it needs (rows, columns and channels) is copied in, the vector unit lays out the patches (zero
-    padding included) and MTE3 writes them to GM, in the patch matrix's dtype (the cube's fp16). A box of
+    padding included) and MTE3 writes them to GM, in the patch matrix's dtype (the cube's fp16, or int8). A box of
     all channels is one run of whole patch rows; a block of channels is KH * KW runs of columns, one per
     kernel tap, each a strided read of the UB. Boxes are as large as fit the UB with two slots each side;
     when no box of all channels fits, the fastest of the boxes that fit (emulated) runs. The hardware's

@@ -57,12 +57,14 @@ class _ConvTable:
             from superopt.egraph.capture import capture
             fn = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "VALID",  # noqa: E731
                                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            from superopt.egraph.encode import int32_twin
             graph = capture(fn, (jnp.ones((1, 3, 3, 2)), jnp.ones((2, 2, 2, 4)))).graph
-            self._params = [next(n.attrs[0] for n in graph.nodes if n.op == "conv")]
+            params = next(n.attrs[0] for n in graph.nodes if n.op == "conv")
+            self._params = [params, int32_twin(params)]
         return self._params
 
 
-CONV_TABLE = _ConvTable()  # entry 0: NHWC input, HWIO kernel, stride 1, VALID padding
+CONV_TABLE = _ConvTable()  # entry 0: NHWC input, HWIO kernel, stride 1, VALID padding; 1: the same in int32
 
 
 class Reject(Exception):

@@ -146,15 +146,11 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
 
 
 def _int32_conv_py(n: int) -> int | None:
-    """The checker's table id of conv params n accumulating in int32 (added to the table), or None."""
+    """The checker's table id of conv params n accumulating in int32, or None."""
     from superopt.egraph.encode import int32_twin
     from superopt.rewrites.checker import CONV_TABLE
     twin = int32_twin(CONV_TABLE.conv_params[n])
-    if twin is None:
-        return None
-    if twin not in CONV_TABLE.conv_params:
-        CONV_TABLE.conv_params.append(twin)
-    return CONV_TABLE.conv_params.index(twin)
+    return CONV_TABLE.conv_params.index(twin) if twin in CONV_TABLE.conv_params else None
 
 
 def _conv_channels_last_py(n: int) -> bool:

@@ -497,7 +497,7 @@ class KernelLowering:
         into `fmt` by a TransData stage on the vector unit; the view is of the padded matrix it holds."""
         name, _, dtype = x
         view = tuple(view) if len(view) == 3 else (1,) + tuple(view)
-        logical = view[1:] if view[0] == 1 else view
+        logical = _matrix(view)
         packed = packed_shape(fmt, logical)
         dst = (self.declare(f"k{self.node}_{fmt}{what}{m}", packed, dtype), packed, dtype)
         self.result.append(Stage(f"{self.label}: pack {what} {fmt} (TransData)", self.node,
@@ -506,15 +506,14 @@ class KernelLowering:
 
     def _packed_result(self, m: int, av: tuple, bv: tuple, dtype: str) -> tuple:
         """A GM workspace for the product of packed operands (NZ), and its [batch, rows, columns] view."""
-        rows, cols = av[1], bv[-1]
-        packed = packed_shape("NZ", (rows, cols) if av[0] == 1 else (av[0], rows, cols))
-        return (self.declare(f"k{self.node}_NZmm{m}", packed, dtype), packed, dtype), (av[0], rows, cols)
+        view = (av[0], av[1], bv[-1])
+        packed = packed_shape("NZ", _matrix(view))
+        return (self.declare(f"k{self.node}_NZmm{m}", packed, dtype), packed, dtype), view
 
     def _unpack(self, packed: tuple, nd: tuple, view: tuple) -> None:
         """`nd` (a view `view` of its GM tensor) = unpack(`packed`, NZ), a TransData stage."""
-        logical = tuple(view[1:]) if view[0] == 1 else tuple(view)
         self.result.append(Stage(f"{self.label}: unpack result NZ (TransData)", self.node,
-                                 layout_program(packed, (nd[0], logical, nd[2]), "NZ", False, self.target)))
+                                 layout_program(packed, (nd[0], _matrix(view), nd[2]), "NZ", False, self.target)))
 
     def _img2col(self, m: int, lhs: tuple) -> tuple:
         """A convolution as a GEMM: the img2col stage writes the patch matrix (fp16, or int8 for an int8
@@ -565,6 +564,11 @@ class KernelLowering:
         if layouts[0] != "ND":
             self._unpack(e, nd_e, nev)
         self.gm[second] = nd_e
+
+
+def _matrix(view: tuple) -> tuple:
+    """The tensor a [batch, rows, columns] GEMM view packs as: the matrix alone for a batch of one."""
+    return tuple(view[1:]) if view[0] == 1 else tuple(view)
 
 
 def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first: tuple | None = None,

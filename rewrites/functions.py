@@ -136,6 +136,10 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
     Predicate("all_axes", (VEC, TENSOR), "the axis list names every axis of the tensor (a full reduction)",
               lambda c, p, t: [[eq(c.expr(p)).to(_vec(range(c.rank(t))))]] if c.rank(t) else [],
               lambda p, t: np.ndim(t) > 0 and tuple(p) == tuple(range(np.ndim(t))), lambda p, t: _keyed(t)),
+    Predicate("unit_axes", (VEC, TENSOR), "every axis the list names has size one in the tensor",
+              lambda c, p, t: [[eq(c.shape(t)[c.expr(p)[i64(i)]]).to(i64(1)) for i in range(c.rank(p))]]
+              if c.rank(p) <= c.rank(t) else [],
+              lambda p, t: all(np.shape(t)[a] == 1 for a in p), lambda p, t: _keyed(p, t)),
     Predicate("long_last_axis", (TENSOR,), "the tensor's last axis has more than one element",
               lambda c, t: [[c.shape(t)[c.rank(t) - 1] > i64(1)]] if c.rank(t) else [],
               lambda t: np.ndim(t) > 0 and np.shape(t)[-1] > 1, lambda t: _keyed(t)),

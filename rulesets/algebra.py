@@ -115,6 +115,10 @@ ALGEBRA = RuleSet("algebra", {
     "reductions": [
         _by_rows("reduce_sum", "float32"), _by_rows("reduce_max"), _by_rows("reduce_min"),
         _by_rows("reduce_and", "bool"), _by_rows("reduce_or", "bool"),
+        rule("reduce-over-unit-axes", reduce(op, x, p), reshape(x, shape_of(reduce(op, x, p))),
+             when("unit_axes", p, x), numerics="exact",
+             doc="a reduction whose reduced axes all have size one reduces nothing: a reshape (the sum of a "
+                 "bias gradient's one row, say, is a view instead of a pass over it)"),
     ],
     "identity": [
         rule("mul-one", mul(x, one), x, doc="x*1 -> x"),

@@ -11,6 +11,15 @@ siblings (`lowering/pallas/optimizer.py`); the NPU lowering groups vector and cu
 
 A group runs as soon as every member's operands are computed (`run_before`), so it is only formed when
 nothing reads a member before then, and no member reads another.
+
+With `chained`, a member may also read another of the same shape (a clipped gradient read by the moment
+updates, the moments read by the parameter update) or reduce its rows (the is-finite check and squared
+norm of a gradient, by rows): the group is then one kernel that computes the producer on chip for its
+readers, and a gradient is read once after it is written. A member that nothing outside the
+group reads (`internal`) is never written to global memory. Nothing outside the group may sit between two
+members (read one and be read by another): the group would wait on itself. Every group has two outputs
+at least: a chain computing one output is a kernel inlining its producers, which the extractor decides
+(a backend grouping it would fuse the captured program it is compared with, too).
 """
 from __future__ import annotations
 
@@ -20,10 +29,11 @@ from superopt.egraph.ir import Graph, Node
 
 
 def sibling_groups(graph: Graph, skip: set, member: Callable[[Node], bool],
-                   shared: Callable[[Node, Node], bool]) -> list[list[int]]:
+                   shared: Callable[[Node, Node], bool], chained: bool = False) -> list[list[int]]:
     """Groups (graph node ids, in program order, two or more each) of live nodes accepted by `member`,
     of one output shape, linked by an operand `shared(operand, reader)` accepts that is not in `skip`
-    (constants, say), that can run as one launch once their operands are computed."""
+    (constants, say), that can run as one launch once their operands are computed. With `chained`, a
+    member may read another of its shape (module doc), which also links them."""
     live = graph.live()
     pos = {i: n for n, i in enumerate(live)}
     users = graph.users()
@@ -45,25 +55,45 @@ def sibling_groups(graph: Graph, skip: set, member: Callable[[Node], bool],
     for same in readers.values():
         for i in same[1:]:
             parent[find(i)] = find(same[0])
+    if chained:
+        for i in candidates:
+            for j in graph.nodes[i].inputs:
+                if j in parent and _follows(graph.nodes[i].shape, graph.nodes[j].shape):
+                    parent[find(i)] = find(j)
     components: dict = {}
     for i in candidates:
         components.setdefault(find(i), []).append(i)
     groups = []
+    outputs = set(graph.outputs)
+
+    def close(group: list) -> None:
+        # two outputs at least: one kernel computing a chain for a single output is the extractor's
+        # choice to make (a kernel that inlines its producers), not the lowering's
+        written = [i for i in group if i in outputs or not set(users.get(i, ())) <= set(group)]
+        if len(written) > 1:
+            groups.append(group)
+
     for members in components.values():
         current: list = []
         for i in sorted(members, key=pos.get):
             trial = current + [i]
-            operands = {j for m in trial for j in graph.nodes[m].inputs} - skip   # constants exist from the start
-            readers = [pos[u] for m in trial for u in users.get(m, [live[-1]])]
-            if not operands & set(trial) and max((pos[j] for j in operands), default=-1) < min(readers):
+            inputs = {j for m in trial for j in graph.nodes[m].inputs} - skip   # constants exist from the start
+            operands = inputs - set(trial)
+            readers = [pos[u] for m in trial for u in users.get(m, [live[-1]]) if u not in trial]
+            if (chained or not inputs & set(trial)) and max((pos[j] for j in operands), default=-1) < min(
+                    readers, default=len(live)):
                 current = trial
             else:
-                if len(current) > 1:
-                    groups.append(current)
+                close(current)
                 current = [i]
-        if len(current) > 1:
-            groups.append(current)
+        close(current)
     return sorted(groups, key=lambda g: pos[g[-1]])
+
+
+def _follows(reader: tuple, producer: tuple) -> bool:
+    """A chained reader runs over its producer's boxes: it has the producer's shape, or its rows reduced
+    (the is-finite check or squared norm of a gradient, row by row)."""
+    return bool(producer) and (reader == producer or reader == producer[:-1] + (1,))
 
 
 def run_before(graph: Graph, groups: list[list[int]], skip: set) -> dict[int, list]:
@@ -82,7 +112,8 @@ def run_before(graph: Graph, groups: list[list[int]], skip: set) -> dict[int, li
         at = [-1.0] * len(groups)
         for _ in range(len(groups) + 1):
             new = [max((at[owner[j]] + 0.5 if j in owner else pos[j]
-                        for m in g for j in graph.nodes[m].inputs if j not in skip), default=-1.0) for g in groups]
+                        for m in g for j in graph.nodes[m].inputs if j not in skip and j not in g), default=-1.0)
+                   for g in groups]
             moving = {k for k in range(len(groups)) if new[k] != at[k]}   # still moving: it waits on itself
             at = new
             if not moving:
@@ -91,7 +122,7 @@ def run_before(graph: Graph, groups: list[list[int]], skip: set) -> dict[int, li
         def runs(i: int) -> float:            # when node i runs
             return at[owner[i]] if i in owner else pos[i]
         bad = moving | {k for k, g in enumerate(groups) if at[k] >= len(live) - 1
-                        or any(runs(u) <= at[k] for m in g for u in users.get(m, ()))}
+                        or any(runs(u) <= at[k] for m in g for u in users.get(m, ()) if u not in g)}
         if not bad:
             break
         groups = [g for k, g in enumerate(groups) if k not in bad]
@@ -101,9 +132,18 @@ def run_before(graph: Graph, groups: list[list[int]], skip: set) -> dict[int, li
     return before
 
 
+def internal(graph: Graph, group: list[int]) -> list[int]:
+    """The members of a chained group (module doc) that only other members read: computed on chip for
+    their readers and never written."""
+    users = graph.users()
+    outputs = set(graph.outputs)
+    return [i for i in group if i not in outputs and users.get(i) and set(users[i]) <= set(group)]
+
+
 def merged_body(graph: Graph, group: list[int], body_of, share: bool = False) -> tuple[tuple, tuple, list[int]]:
     """(one body computing every member, its roots, the graph nodes it loads): `arg` k of the merged body
-    is the k-th loaded node; `body_of(i)` is member i's own body. With `share`, a value two members
+    is the k-th loaded node; `body_of(i)` is member i's own body. A member that reads an earlier member
+    (a chained group) takes that member's value, computed in the body. With `share`, a value two members
     compute alike (a recomputed gradient's matmul, a common unscale) is computed once."""
     loads: list[int] = []
     nodes: list[Node] = []
@@ -113,6 +153,9 @@ def merged_body(graph: Graph, group: list[int], body_of, share: bool = False) ->
         inputs = graph.nodes[i].inputs
         index: list[int] = []
         for n in body_of(i):
+            if n.op == "arg" and inputs[n.attrs[0]] in group[:len(roots)]:
+                index.append(roots[group.index(inputs[n.attrs[0]])])
+                continue
             if n.op == "arg":
                 j = inputs[n.attrs[0]]
                 if j not in loads:

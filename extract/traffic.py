@@ -14,13 +14,16 @@ Gradient memory is defined on the program alone, with no help from the user:
 A *pass* is a launch (a kernel, or an op outside kernels) that reads or writes a gradient tensor;
 reshapes are views and pass through. Constants computed when the program is built are not counted.
 Where the backend runs sibling kernels as one launch (`egraph/siblings.py`), a group is one pass that
-reads each gradient tensor once: pass the groups its lowering formed.
+reads each gradient tensor once: pass the groups its lowering formed. A member of a chained group that
+only other members read (a clipped gradient read by the moment updates) is computed on chip: neither
+written nor read from global memory, nor counted as a gradient tensor kept there.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from superopt.egraph.ir import BINARY_OPS, UNARY_OPS, Graph
+from superopt.egraph.siblings import internal
 
 _ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"select", "convert", "integer_pow", "broadcast", "transpose"}
 _VIEWS = frozenset({"reshape"})
@@ -87,6 +90,7 @@ def gradient_traffic(graph: Graph, groups=()) -> Traffic:
             view_of[i] = view_of.get(node.inputs[0], node.inputs[0])
     constant = graph.constant_nodes()
     launches = {i: tuple(g) for g in groups for i in g}
+    on_chip = {i for g in groups for i in internal(graph, list(g))}
     passes, moved, seen = 0, 0, set()
     for i in live:
         node = graph.nodes[i]
@@ -94,9 +98,10 @@ def gradient_traffic(graph: Graph, groups=()) -> Traffic:
             continue
         launch = launches.get(i, (i,))
         seen.update(launch)
-        touched = {view_of.get(j, j) for k in launch for j in graph.nodes[k].inputs} & grads
-        nbytes = sum(graph.nodes[j].nbytes for j in touched) + sum(graph.nodes[k].nbytes for k in launch if k in grads)
+        touched = ({view_of.get(j, j) for k in launch for j in graph.nodes[k].inputs} - set(launch)) & grads
+        written = [k for k in launch if k in grads and k not in on_chip]
+        nbytes = sum(graph.nodes[j].nbytes for j in touched) + sum(graph.nodes[k].nbytes for k in written)
         if nbytes:
             passes += 1
             moved += nbytes
-    return Traffic(passes, moved, len(grads))
+    return Traffic(passes, moved, len(grads - on_chip))

@@ -193,6 +193,25 @@ def test_sibling_matmuls_share_their_prologue_and_write_their_products_to_their_
     assert fast.npu.estimate().gm_bytes < apart.estimate().gm_bytes
 
 
+def test_row_reductions_of_a_product_run_in_the_kernel_that_writes_it():
+    # h = tanh(x @ w) * s is written, and its rows checked for Inf/NaN and summed squared (a gradient's
+    # is-finite check and norm): a chained group, one launch whose vector stage writes h and the row
+    # results from the same rows in the UB, so h is not read back from GM
+    rng = np.random.default_rng(13)
+    x, w = normal(rng, 256, 64), normal(rng, 64, 128)
+
+    def fn(x, w, s):
+        h = jnp.tanh(x @ w) * s
+        return h, jnp.all(jnp.isfinite(h), axis=-1, keepdims=True), jnp.sum(h * h, axis=-1, keepdims=True)
+
+    fast = check(fn, (x, w, np.float32(0.5)), "npu-910b")
+    g = fast.npu.graph
+    [group] = [grp for grp in fast.npu.groups if len({g.nodes[i].shape for i in grp}) == 2]
+    assert {g.nodes[i].shape for i in group} == {(256, 128), (256, 1)} and len(group) == 3
+    apart = NpuExecutable(g, load_target("npu-910b"), siblings=False).estimate()
+    assert fast.npu.estimate().gm_bytes < apart.gm_bytes
+
+
 def test_a_value_that_overflows_fp16_on_the_cube_is_a_clear_error():
     rng = np.random.default_rng(0)
     fast = superopt(lambda x, w: x @ w, target="npu-910b")

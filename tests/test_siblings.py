@@ -5,8 +5,8 @@ import numpy as np
 
 from superopt.egraph.capture import capture
 from superopt.egraph.ir import Graph, Node
-from superopt.egraph.siblings import merged_body, run_before, sibling_groups
-from superopt.extract.traffic import gradient_traffic
+from superopt.egraph.siblings import internal, merged_body, run_before, sibling_groups
+from superopt.extract.traffic import gradient_tensors, gradient_traffic
 
 
 def _ops(graph, group):
@@ -108,12 +108,39 @@ def test_a_group_is_one_pass_over_gradient_memory():
         return jnp.where(finite, new_w, w), jnp.where(finite, new_m, m), jnp.where(finite, new_v, v)
 
     graph = _graph(fn, (8, 8), (8, 8), (8, 8), (4, 8))
+    constant = graph.constant_nodes()
     alone = gradient_traffic(graph)
-    readers = [i for i in graph.live() if graph.nodes[i].op in ("add", "sub", "mul", "is_finite")
-               and graph.nodes[i].shape == (8, 8)]
-    grouped = gradient_traffic(graph, [readers])
-    assert alone.tensors == grouped.tensors and alone.tensors >= 1
+    siblings = sibling_groups(graph, constant, _elementwise, _tensor)
+    grouped = gradient_traffic(graph, siblings)
+    assert siblings and alone.tensors == grouped.tensors and alone.tensors >= 1
     assert grouped.passes < alone.passes and grouped.bytes < alone.bytes
+
+    # chained, the clipped gradient and the moments are computed on chip by the update that reads them:
+    # fewer passes, and those tensors are no longer kept in global memory
+    chained = sibling_groups(graph, constant, _elementwise, _tensor, chained=True)
+    on_chip = {i for g in chained for i in internal(graph, g)}
+    fused = gradient_traffic(graph, chained)
+    assert on_chip and fused.passes < grouped.passes and fused.bytes < grouped.bytes
+    assert fused.tensors == alone.tensors - len(on_chip & gradient_tensors(graph))
+    users = graph.users()
+    assert all(set(users[i]) <= set(g) for g in chained for i in internal(graph, g))
+
+
+def test_a_chained_group_never_waits_on_itself():
+    # t = g * 2 is read by u = sin(t) outside the group's ops and v = u + t: t and v cannot be one launch
+    # (u would have to run inside it); t and w = t - g can
+    def fn(g):
+        t = g * 2.0
+        u = jnp.sin(t)
+        return u + t, t - g
+
+    graph = _graph(fn, (8, 4))
+    ops = {graph.nodes[i].op: i for i in graph.live()}
+    chained = sibling_groups(graph, graph.constant_nodes(), lambda n: _elementwise(n) and n.op != "add",
+                             _tensor, chained=True)
+    assert [sorted(g) for g in chained] == [sorted([ops["mul"], ops["sub"]])]
+    chained = sibling_groups(graph, graph.constant_nodes(), _elementwise, _tensor, chained=True)
+    assert not any(ops["mul"] in g and ops["add"] in g for g in chained)
 
 
 def test_a_group_that_reads_another_groups_member_runs_after_that_group():

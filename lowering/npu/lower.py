@@ -21,6 +21,9 @@ Sibling kernels (`egraph/siblings.py`: kernels of one output shape that read the
 optimizer's parameter and moment updates, or the is-finite check and the squared norm of one gradient)
 run as one kernel of several outputs where the emulator finds that faster: their bodies merged, a value
 they compute alike (a recomputed matmul) computed once, and each shared operand loaded once per box.
+Groups are chained: a member may read another (the moment updates read the clipped gradient; the rows of
+a written gradient are checked and summed as they are written), which is then computed on chip, and
+written only if something outside the group reads it.
 
 Stages run one after another (each waits for the one before), so a kernel's cycles are the sum of its
 stages'. A reshape is a view of its operand's GM tensor. Sub-terms of constants are computed once, when
@@ -37,7 +40,7 @@ import numpy as np
 
 from superopt.egraph.ir import REDUCTIONS, Graph, Node, body_str
 from superopt.egraph.layout import CUBE_FORMATS, holds, packed_shape
-from superopt.egraph.siblings import merged_body, run_before, sibling_groups
+from superopt.egraph.siblings import internal, merged_body, run_before, sibling_groups
 from superopt.extract.cost import one_op_body
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, cone
@@ -152,7 +155,7 @@ class NpuExecutable:
                 name = self.names[i] = self._tensor(f"t{i}", node.shape, node.dtype)
                 value = values[i] if i in values else np.asarray(node.attrs[0])
                 self.preloaded[name] = np.asarray(value).astype(node.dtype).reshape(node.shape)
-        groups = sibling_groups(g, constant, self._groupable, _shared) if self.siblings else []
+        groups = sibling_groups(g, constant, self._groupable, _shared, chained=True) if self.siblings else []
         before = run_before(g, groups, constant)
         member = {i for grps in before.values() for grp in grps for i in grp}
         for i in g.live():
@@ -192,7 +195,9 @@ class NpuExecutable:
     def _group(self, group: list[int]) -> None:
         """Sibling kernels (`egraph/siblings.py`) as one kernel of several outputs: their merged body, with
         the values they compute alike (a recomputed matmul, an unscale) computed once, and each shared
-        operand loaded once per box. Kept when the emulator finds it faster than the members apart."""
+        operand loaded once per box. Kept when the emulator finds it faster than the members apart. A
+        chained group whose first member (a producer the others read) does not lower with them, or not
+        faster, runs that member apart and the rest as one launch, if that is faster."""
         g = self.graph
         start = len(self.stages)
         for i in group:
@@ -200,25 +205,41 @@ class NpuExecutable:
         apart = self.stages[start:]
         if any(stage.program is None for stage in apart):
             return
+
+        def cycles(stages: list) -> int:
+            return sum(emulate(s.program, self.target, symbolic=True, trace=False).cycles for s in stages)
+        tries = [group]
+        if len(group) > 2 and any(group[0] in g.nodes[i].inputs for i in group[1:]):
+            tries.append(group[1:])
+        for members in tries:
+            on_chip = internal(g, members)      # read by members only: computed for them, never written
+            if len(members) - len(on_chip) < 2:
+                continue
+            together = self._together(members, on_chip)
+            alone = [s for s in apart if s.kernel in members]
+            if together is not None and cycles(together) < cycles(alone):
+                self.stages[start:] = [s for s in apart if s.kernel not in members] + together
+                self.groups.append(tuple(members))
+                return
+
+    def _together(self, group: list[int], on_chip: list[int]) -> list[Stage] | None:
+        """The stages of `group` merged into one kernel writing the members not in `on_chip`; None when
+        the merged body does not lower."""
+        g = self.graph
         own = {i: self._body(i) for i in group}
         body, roots, loads = merged_body(g, group, lambda i: own[i][0], share=True)
         tilings = {tiling for b, tiling in own.values() if any(n.op == "matmul" for n in b)}
         tiling = tilings.pop() if len(tilings) == 1 and sum(n.op == "matmul" for n in body) == 1 else None
         ins = [(self.names[j], g.nodes[j].shape, g.nodes[j].dtype) for j in loads]
-        outs = [(self.names[i], g.nodes[i].shape, g.nodes[i].dtype) for i in group]
+        written = [k for k, i in enumerate(group) if i not in on_chip]
+        roots = tuple(roots[k] for k in written)
+        outs = [(self.names[group[k]], g.nodes[group[k]].shape, g.nodes[group[k]].dtype) for k in written]
         label = f"{'+'.join(f'%{i}' for i in group)} siblings"
         try:   # workspace names of their own: the members' stages above declared theirs
-            together = KernelLowering(body, ins, outs, tiling, self.target, group[-1], label,
-                                      lambda name, shape, dtype: self._tensor(f"s{name}", shape, dtype),
-                                      roots).stages()
+            return KernelLowering(body, ins, outs, tiling, self.target, group[-1], label,
+                                  lambda name, shape, dtype: self._tensor(f"s{name}", shape, dtype), roots).stages()
         except CodegenError:
-            return
-
-        def cycles(stages: list) -> int:
-            return sum(emulate(s.program, self.target, symbolic=True, trace=False).cycles for s in stages)
-        if cycles(together) < cycles(apart):
-            self.stages[start:] = together
-            self.groups.append(tuple(group))
+            return None
 
     def _node(self, i: int, node: Node) -> None:
         g = self.graph

@@ -31,10 +31,11 @@ def _squeezed_axes(shape: tuple) -> list[int]:
     return [i for i, d in enumerate(shape) if d != 1]
 
 
-def _axis_maps(body: tuple, roots: tuple) -> tuple[list, set]:
+def _axis_maps(body: tuple, roots: tuple, oshape: tuple) -> tuple[list, set]:
     """For each body node, per axis, the output axis it runs along (None: size one or reduced; the
     node list is None for a node no root needs); and the output axes a reduction needs whole. The roots
-    (the outputs) share one shape, the output's index space."""
+    (the outputs) span the output's index space, `oshape`: each has its shape, or size one on the axes
+    it reduces (a row sum of the value another root writes)."""
     maps: list = [None] * len(body)
     whole: set = set()
     wanted: list = [[] for _ in body]      # per node, the maps its consumers (or being an output) ask for
@@ -43,7 +44,7 @@ def _axis_maps(body: tuple, roots: tuple) -> tuple[list, set]:
         wanted[j].append(m)
 
     for r in roots:
-        ask(r, tuple(range(len(body[r].shape))))
+        ask(r, tuple(a if d == oshape[a] else None for a, d in enumerate(body[r].shape)))
     for i in range(max(roots), -1, -1):
         node = body[i]
         if not wanted[i]:
@@ -112,16 +113,20 @@ def vector_program(body: tuple, ins: list[tuple], out, target: Target, cores: li
     """A program computing `body` (IR nodes, `arg` k = input k, no matrix op) on the vector unit. `ins` and
     `out` are (name, shape, dtype) of GM tensors; `cores` the cores the boxes are dealt to (default: one
     per cube core, or the AIVs of a separated chip); `budget` the UB bytes to use (default: all of it).
-    With `roots` (body values of one shape), `out` is a list, one GM tensor per root: sibling kernels
-    (`egraph/siblings.py`) as one program that loads their shared operands once per box."""
+    With `roots`, `out` is a list, one GM tensor per root: sibling kernels (`egraph/siblings.py`) as one
+    program that loads their shared operands once per box. The roots share a shape, except that one may
+    have size one where the largest has more (a row reduction of a value another root writes: it is
+    computed from the rows in the UB)."""
     roots = (len(body) - 1,) if roots is None else tuple(roots)
     outs = [out] if len(roots) == 1 and not isinstance(out, list) else list(out)
-    maps, whole = _axis_maps(body, roots)
-    oshape = tuple(outs[0][1])
+    oshape = tuple(max(outs, key=lambda o: math.prod(o[1]))[1])
     for r, (_, shape, _) in zip(roots, outs):
-        if tuple(body[r].shape) != tuple(shape) or tuple(shape) != oshape:
+        if tuple(body[r].shape) != tuple(shape) or len(shape) != len(oshape) or any(
+                d not in (o, 1) for d, o in zip(shape, oshape)):
             raise CodegenError(f"vector kernel: body gives {body[r].shape}, output is {shape}"
-                               + (f" (outputs of one program share a shape, {oshape})" if len(outs) > 1 else ""))
+                               + (f" (outputs of one program share a shape, {oshape}, or reduce it to size "
+                                  "one)" if len(outs) > 1 else ""))
+    maps, whole = _axis_maps(body, roots, oshape)
     # the last axis is chunked in runs aligned for the narrowest output
     odt = min((dt for _, _, dt in outs), key=lambda dt: 1 if dt == "bool" else np.dtype(dt).itemsize)
     npu = target.npu
@@ -223,7 +228,8 @@ def vector_program(body: tuple, ins: list[tuple], out, target: Target, cores: li
                     instrs.append(VecOp(core, "vector", op=node.op, dst=buf(i), srcs=tuple(buf(j) for j in node.inputs),
                                         attrs=node.attrs))
             for r, (oname, _, _) in zip(roots, outs):
-                dst = Gm(oname, tuple(s for s, _ in box), tuple(n for _, n in box))
+                part = _box(body[r], maps[r], box)
+                dst = Gm(oname, tuple(s for s, _ in part), tuple(n for _, n in part))
                 instrs.append(CopyOut(core, "MTE3", src=buf(r), dst=dst))
         program.instrs = insert_flags(instrs)
         program.cores = tuple(c for c in cores if any(i.core == c for i in program.instrs))

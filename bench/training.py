@@ -80,7 +80,8 @@ def main() -> list[str]:
         kernels = sum(len(g) for g in npu["groups"])
         lines += ["", f"On npu-910b the lowering runs {kernels} kernels of superopt's program as {len(npu['groups'])} "
                   "sibling launches (`egraph/siblings.py`: the is-finite check and squared norm of a gradient, a "
-                  "weight's parameter and moment updates); run apart, the same program takes "
+                  "weight's clipped gradient with its parameter and moment updates, chained so that values only "
+                  "the launch reads stay on chip); run apart, the same program takes "
                   f"{npu['apart'][0]:,} cycles and moves {npu['apart'][1] / 1e6:.1f} MB. The passes above count a "
                   "sibling launch as one, for both programs (the captured one is grouped too)."]
     return lines

@@ -33,11 +33,32 @@ def sibling_groups(graph: Graph, skip: set, member: Callable[[Node], bool],
     """Groups (graph node ids, in program order, two or more each) of live nodes accepted by `member`,
     of one output shape, linked by an operand `shared(operand, reader)` accepts that is not in `skip`
     (constants, say), that can run as one launch once their operands are computed. With `chained`, a
-    member may read another of its shape (module doc), which also links them."""
+    member may read another of its shape (module doc), which also links them; where the plain groups
+    of a chained component take in more members than its chained groups (a recurrent cell whose steps
+    chain into one component that no group can span), the plain groups are kept."""
     live = graph.live()
     pos = {i: n for n, i in enumerate(live)}
     users = graph.users()
+    outputs = set(graph.outputs)
     candidates = [i for i in live if i not in skip and member(graph.nodes[i])]
+    plain = _components(graph, candidates, skip, shared, False)
+    if not chained:
+        groups = [g for members in plain for g in _cut(graph, members, skip, False, live, pos, users, outputs)]
+        return sorted(groups, key=lambda g: pos[g[-1]])
+    within: dict = {}
+    for members in plain:
+        within.setdefault(members[0], []).extend(_cut(graph, members, skip, False, live, pos, users, outputs))
+    groups = []
+    for members in _components(graph, candidates, skip, shared, True):
+        linked = _cut(graph, members, skip, True, live, pos, users, outputs)
+        apart = [g for i in members for g in within.get(i, ())]
+        groups += linked if sum(map(len, linked)) >= sum(map(len, apart)) else apart
+    return sorted(groups, key=lambda g: pos[g[-1]])
+
+
+def _components(graph: Graph, candidates: list, skip: set, shared, chained: bool) -> list[list[int]]:
+    """The candidates linked by a shared operand (and, `chained`, by reading one another), each list in
+    the candidates' order."""
     parent = {i: i for i in candidates}
 
     def find(i):
@@ -63,31 +84,35 @@ def sibling_groups(graph: Graph, skip: set, member: Callable[[Node], bool],
     components: dict = {}
     for i in candidates:
         components.setdefault(find(i), []).append(i)
-    groups = []
-    outputs = set(graph.outputs)
+    return list(components.values())
+
+
+def _cut(graph: Graph, members: list, skip: set, chained: bool, live: list, pos: dict, users: dict,
+         outputs: set) -> list:
+    """One component cut, in program order, into groups that can run as one launch once their operands
+    are computed, keeping those with two written outputs at least (a kernel computing a chain for a
+    single output is the extractor's choice to make, a kernel that inlines its producers)."""
+    groups: list = []
 
     def close(group: list) -> None:
-        # two outputs at least: one kernel computing a chain for a single output is the extractor's
-        # choice to make (a kernel that inlines its producers), not the lowering's
         written = [i for i in group if i in outputs or not set(users.get(i, ())) <= set(group)]
         if len(written) > 1:
             groups.append(group)
 
-    for members in components.values():
-        current: list = []
-        for i in sorted(members, key=pos.get):
-            trial = current + [i]
-            inputs = {j for m in trial for j in graph.nodes[m].inputs} - skip   # constants exist from the start
-            operands = inputs - set(trial)
-            readers = [pos[u] for m in trial for u in users.get(m, [live[-1]]) if u not in trial]
-            if (chained or not inputs & set(trial)) and max((pos[j] for j in operands), default=-1) < min(
-                    readers, default=len(live)):
-                current = trial
-            else:
-                close(current)
-                current = [i]
-        close(current)
-    return sorted(groups, key=lambda g: pos[g[-1]])
+    current: list = []
+    for i in sorted(members, key=pos.get):
+        trial = current + [i]
+        inputs = {j for m in trial for j in graph.nodes[m].inputs} - skip   # constants exist from the start
+        operands = inputs - set(trial)
+        readers = [pos[u] for m in trial for u in users.get(m, [live[-1]]) if u not in trial]
+        if (chained or not inputs & set(trial)) and max((pos[j] for j in operands), default=-1) < min(
+                readers, default=len(live)):
+            current = trial
+        else:
+            close(current)
+            current = [i]
+    close(current)
+    return groups
 
 
 def _follows(reader: tuple, producer: tuple) -> bool:

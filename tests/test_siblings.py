@@ -143,6 +143,23 @@ def test_a_chained_group_never_waits_on_itself():
     assert not any(ops["mul"] in g and ops["add"] in g for g in chained)
 
 
+def test_plain_groups_are_kept_where_a_chain_spans_the_whole_cell():
+    # a recurrent cell: each step's two products read the state and their sum is the next state. Chained,
+    # every step links into one component whose only written output is the last state, so no chained
+    # group has two outputs; the plain groups (the two products of each step) must still form
+    def fn(x, w1, w2):
+        h = x
+        for _ in range(3):
+            h = h * w1 + h * w2
+        return h
+
+    graph = _graph(fn, (8, 4), (8, 4), (8, 4))
+    constant = graph.constant_nodes()
+    plain = sibling_groups(graph, constant, _elementwise, _tensor)
+    assert len(plain) == 3 and all(_ops(graph, g) == ["mul", "mul"] for g in plain)
+    assert sibling_groups(graph, constant, _elementwise, _tensor, chained=True) == plain
+
+
 def test_a_group_that_reads_another_groups_member_runs_after_that_group():
     # {b1, b2} read x, {a2, a1} read y, and a1 reads b1. b2 waits for w, so {b1, b2} runs after w; the
     # other group must wait for it, though its own operands (y, b1's position) come earlier

@@ -35,7 +35,8 @@ from superopt.rewrites.pattern import CONSTRUCTORS
 
 @dataclass(frozen=True)
 class Limits:
-    iterations: int = 12
+    iterations: int = 16    # a reshape moves one op along an elementwise chain per iteration: a training
+                            # step's Adam updates saturate the algebra phase in 13
     nodes: int = 60_000     # rows in all tables: e-nodes plus their shape and dtype rows
     seconds: float = 8.0
     memory: int = 4 << 30   # bytes saturation may allocate; enforced in a child process (egraph/isolate.py)

@@ -8,6 +8,7 @@ import pytest
 
 from bench.programs import train_step, train_step_fn
 from superopt import superopt
+from superopt.egraph.runner import StopReason
 from superopt.extract.target import load_target
 from superopt.extract.traffic import gradient_tensors, gradient_traffic
 from superopt.lowering.npu.lower import NpuExecutable
@@ -57,6 +58,14 @@ def test_the_report_counts_passes_over_gradient_memory(step):
     before, after = report.gradient_traffic
     assert after.passes < before.passes and after.bytes < before.bytes
     assert "gradient mem" in str(report) and f"{before.passes} passes" in str(report)
+
+
+def test_the_step_saturates_under_the_default_limits(step):
+    # every rewrite of the step is found, not cut off: a reshape takes one iteration per op to move
+    # along the optimizer's elementwise chains, and the default iteration limit leaves room for them
+    _, fn = step
+    run = fn.report.run
+    assert run.stop_reason is StopReason.SATURATED, [(p.name, p.stop_reason.value, p.iterations) for p in run.phases]
 
 
 def test_gradient_tensors_are_the_gradients_not_the_moments():

@@ -244,7 +244,9 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
     """Concrete kernels for `kernel(root)` in tensor class `own`, growing from the root (module doc).
     Three growths: one never takes in a matmul or convolution (elementwise and row fusion only); one may,
     from the root (a matmul with a short epilogue); and one may, from the largest body of the first
-    (a matmul with everything after it that fits). Growth stops where `budget`'s share is spent.
+    (a matmul with everything after it that fits). Each starts from the root's own op (and one other form
+    of it), and, where a class the body loads is both computed by an op and a transpose of its transposed
+    copy, from the other orientation too (`_turned`). Growth stops where `budget`'s share is spent.
     `recomputes`, when given, is filled with the producers each variant recomputes (`_recomputed`)."""
     out: list[ENode] = []
     seen: set = set()
@@ -307,8 +309,14 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
             out.extend(largest)
         return fits
 
-    for first in order.get(root, [])[:2]:  # the root's own op (and one other form of it, if any)
-        start = _close(fz, order, root, {root: first})
+    forms = order.get(root, [])[:2]   # the root's own op (and one other form of it, if any)
+    starts = [_close(fz, order, root, {root: first}) for first in forms]
+    if starts and not any(_permutes(n) for n in forms):
+        # The root reads its operands in one orientation; the other one too (`_turned`).
+        turned = _turned(fz, order, root, starts[0])
+        if turned is not None:
+            starts.append(turned)
+    for start in starts:
         widest = grow(start, producers=False)
         grow(start, producers=True)
         if widest is not start:
@@ -317,6 +325,29 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
         budget.left = max(budget.left - spent, 0)
         budget.cut += cut
     return out
+
+
+def _permutes(node: ENode) -> bool:
+    """Whether a Scalar node computes its class as a transpose of another value (not the identity)."""
+    return node.fn == "sperm" and tuple(node.args[0]) != tuple(range(len(node.args[0])))
+
+
+def _turned(fz: FrozenEGraph, order: dict, root, inline: dict) -> dict | None:
+    """`inline` with the nearest loaded class that can be computed both by an op and as a transpose of
+    its transposed copy computed the other way: the start of the growths that read the other orientation.
+    Each growth follows the first form of every class it inlines, so all the kernels of one root read
+    their operands in one orientation, and where the program stores the other one (a weight gradient
+    kept transposed) none of them could read what is stored: a row reduction of a gradient would need the
+    gradient written again, or its own copy of the matmul. Which orientation is stored is extraction's
+    choice, so the kernels offer both. None when no loaded class has both forms."""
+    for cls in _frontier(root, inline):
+        forms = order.get(cls, [])
+        turned = [n for n in forms if _permutes(n)]
+        plain = [n for n in forms if not _permutes(n)]
+        if turned and plain:
+            other = plain[0] if _permutes(forms[0]) else turned[0]
+            return _close(fz, order, root, {**inline, cls: other})
+    return None
 
 
 def _recomputed(fz: FrozenEGraph, inline: dict, own) -> frozenset:

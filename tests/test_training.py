@@ -98,14 +98,33 @@ def test_a_matmul_chain_that_returns_its_arguments_shape_has_no_gradients():
     assert fast.report.gradient_traffic == () and "gradient mem" not in str(fast.report)
 
 
-def test_on_the_npu_sibling_launches_count_as_one_pass():
-    # The NPU lowering runs the is-finite check and the norm of a gradient as one launch, and a weight's
-    # p, m and v updates as another: the report counts passes as the program runs
+@pytest.fixture(scope="module")
+def npu_step():
     w = train_step(batch=32, features=64, hidden=128, classes=16)
     fn = superopt(train_step_fn, target="npu-910b")
-    spec = fn.compile(*w.args)
+    return fn, fn.compile(*w.args)
+
+
+def test_on_the_npu_sibling_launches_count_as_one_pass(npu_step):
+    # The NPU lowering runs the is-finite check and the norm of a gradient as one launch, and a weight's
+    # p, m and v updates as another: the report counts passes as the program runs
+    fn, spec = npu_step
     assert spec.npu is not None and spec.npu.groups, fn.report.backend
     before, after = fn.report.gradient_traffic
     assert after == gradient_traffic(spec.term, spec.npu.groups)
     assert after.passes < gradient_traffic(spec.term).passes and after.passes < before.passes
     assert before == gradient_traffic(spec.original, NpuExecutable(spec.original, load_target("npu-910b")).groups)
+
+
+def test_no_gradient_is_copied_into_a_full_size_mask_or_square(npu_step):
+    # The is-finite check and the squared norm of each gradient reduce it by rows as they read it; a
+    # full-size is_finite or square tensor of a gradient would be written and read again (a weight
+    # gradient a matmul computes kept transposed once made the extractor miss the row kernels)
+    _, spec = npu_step
+    g = spec.term
+    grads = gradient_tensors(g)
+    for i in g.live():
+        node = g.nodes[i]
+        last = node.attrs[0][-1].op if node.op == "kernel" else node.op
+        if last in ("is_finite", "square"):
+            assert not any(j in grads and g.nodes[j].shape == node.shape for j in node.inputs), (i, node.op)

@@ -493,9 +493,29 @@ def qconv_args(n: int, hw: int, c: int, o: int, seed: int = 0) -> tuple:
             rng.integers(-128, 128, (3, 3, c, o)).astype(np.int8), rng.standard_normal(o).astype(np.float32))
 
 
+def qconv_per_channel_fn(xq, wq, w_scales, bias):
+    """qconv_fn with a weight scale per output channel (`w_scales`, one per output feature), as
+    per-channel weight quantization writes it."""
+    x = xq.astype(jnp.float32) * 0.05
+    w = wq.astype(jnp.float32) * w_scales
+    y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) + bias
+    return jnp.clip(jnp.round(y / 0.1) + 3, -128, 127).astype(jnp.int8)
+
+
+def qconv_per_channel_args(n: int, hw: int, c: int, o: int, seed: int = 0) -> tuple:
+    xq, wq, bias = qconv_args(n, hw, c, o, seed)
+    return xq, wq, np.random.default_rng(seed + 1).uniform(0.005, 0.05, o).astype(np.float32), bias
+
+
 def int8_conv(hw: int = 56, c: int = 64, o: int = 64) -> Workload:
     desc = f"int8 3x3 convolution {hw}x{hw}x{c} -> {o}: dequantize, f32 conv, bias, requantize"
     return Workload("int8-conv", desc, qconv_fn, qconv_args(1, hw, c, o))
+
+
+def int8_conv_per_channel(hw: int = 56, c: int = 64, o: int = 64) -> Workload:
+    desc = (f"int8 3x3 convolution {hw}x{hw}x{c} -> {o}, a weight scale per output channel: dequantize, f32 conv, "
+            "bias, requantize")
+    return Workload("int8-conv-per-channel", desc, qconv_per_channel_fn, qconv_per_channel_args(1, hw, c, o))
 
 
 def int8_linear(m: int = 256, k: int = 1024, n: int = 1024) -> Workload:
@@ -557,6 +577,7 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "mixed-precision-mlp": mixed_precision_mlp,
     "int8-linear": int8_linear,
     "int8-conv": int8_conv,
+    "int8-conv-per-channel": int8_conv_per_channel,
     "nasrnn": nasrnn,
     "train-step": train_step,
 }

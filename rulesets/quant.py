@@ -13,8 +13,9 @@ and a requantizing tail (divide by the output scale, round, add the zero point, 
 - `conv-int8` does the same for a convolution: the same conv params with preferred_element_type int32
   (the encoder interns that twin of every f32 conv's params, `int32_conv`), for channels-last kernels
   whose window times input features bounds the sum. Per-tensor scales leave the conv by
-  `conv-scale-lhs` / `conv-scale-rhs` (algebra); a weight scale per output channel does not yet (the
-  rule would need the conv's output shape for the broadcast, which a pattern cannot name).
+  `conv-scale-lhs` / `conv-scale-rhs` (algebra), and a weight scale per output channel by
+  `conv-scale-output-channels` below (its broadcast takes the conv's output shape, `shape_of`: the
+  shape of a term the left-hand side matched, as a right-hand side can only ask for those).
 - Nothing else is needed for the fused requantize epilogue: the scale, bias, round, zero point, clip and
   cast are elementwise, so fusion (fusion.py) inlines them behind the matmul, and the extractor decides.
   The result is one kernel reading int8 operands and writing int8.
@@ -24,12 +25,14 @@ subtraction out needs a column sum of the weights, a rule not written yet.
 """
 from __future__ import annotations
 
-from superopt.rewrites.pattern import conv, convert, dtypes, int32_conv, ints, matmul, mul, tensors
+from superopt.rewrites.pattern import (broadcast, conv, convert, dtypes, int32_conv, ints, matmul, mul, shape_of,
+                                      tensors, vecs)
 from superopt.rewrites.rule import RuleSet, rule, when
 
 x, y, z = tensors("x y z")
 (d,) = dtypes("d")
 (k,) = ints("k")
+s, p = vecs("s p")
 
 QUANT = RuleSet("quant", {
     "int8-matmul": [
@@ -49,5 +52,10 @@ QUANT = RuleSet("quant", {
         rule("matmul-scale-columns", matmul(x, mul(y, z), d), mul(matmul(x, y, d), z),
              when("rank", x, 2), when("rank", y, 2), when("row_vector", z), when("has_dtype", y, d), numerics="reals",
              doc="x @ (y * s) = (x @ y) * s for a per-column scale s of shape [1, N]"),
+        rule("conv-scale-output-channels", conv(x, mul(y, broadcast(z, s, p)), k),
+             mul(conv(x, y, k), broadcast(z, shape_of(conv(x, mul(y, broadcast(z, s, p)), k)), p)), when("rank", z, 1),
+             when("last_axis", p, y), when("conv_channels_last", k), numerics="reals",
+             doc="conv(x, w * s) = conv(x, w) * s for a scale s per output channel, the last axis of a "
+                 "channels-last kernel and of its output"),
     ],
 })

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from bench.programs import qlinear_args as _args   # the benchmark's int8 layer, any shape
-from bench.programs import qconv_args, qconv_fn, qlinear_fn as qlinear
+from bench.programs import qconv_args, qconv_fn, qconv_per_channel_args, qconv_per_channel_fn, qlinear_fn as qlinear
 from superopt import superopt
 from superopt.rewrites.reference import evaluate
 
@@ -77,9 +77,12 @@ def test_a_contraction_too_long_for_int32_stays_in_f32(k, int8):
 
 
 @pytest.mark.parametrize("target", ["cpu", "npu-910b", "npu-910"])
-def test_an_int8_convolution_runs_as_one_int8_kernel(target):
-    args = qconv_args(2, 9, 16, 32, seed=1)
-    fn = superopt(qconv_fn, target=target)
+@pytest.mark.parametrize("scales", ["per-tensor", "per-channel"])
+def test_an_int8_convolution_runs_as_one_int8_kernel(target, scales):
+    # per-channel: a weight scale per output channel, which must leave the conv as a per-tensor one does
+    program, args = (qconv_fn, qconv_args(2, 9, 16, 32, seed=1)) if scales == "per-tensor" else \
+        (qconv_per_channel_fn, qconv_per_channel_args(2, 9, 16, 32, seed=2))
+    fn = superopt(program, target=target)
     out = np.asarray(fn(*args))
     spec = fn.compile(*args)
     (kernel,) = _kernels(spec.term)
@@ -95,8 +98,8 @@ def test_an_int8_convolution_runs_as_one_int8_kernel(target):
         patches = [s for s in spec.npu.stages if "img2col" in s.label]
         assert patches and all(dt == "int8" for _, _, dt in patches[0].program.outputs)   # the int8 cube
     from superopt.egraph.capture import capture
-    truth = np.asarray(evaluate(capture(qconv_fn, args).graph, list(args), precise=True)[0]).astype(np.int64)
-    original = np.asarray(jax.jit(qconv_fn)(*args)).astype(np.int64)
+    truth = np.asarray(evaluate(capture(program, args).graph, list(args), precise=True)[0]).astype(np.int64)
+    original = np.asarray(jax.jit(program)(*args)).astype(np.int64)
     assert np.abs(out.astype(np.int64) - original).max() <= 1
     assert np.abs(out.astype(np.int64) - truth).sum() <= np.abs(original - truth).sum() + 2
 

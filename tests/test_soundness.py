@@ -75,3 +75,16 @@ def test_a_reals_rule_that_cancels_differently_is_judged_against_the_float64_val
     drop = rule("drop-a-term", add(matmul(x, y, d), matmul(x, z, d)), matmul(x, y, d),
                 when("same_shape", y, z), when("has_dtype", y, d), numerics="reals", doc="wrong on purpose")
     assert not check_rule(drop, examples=100).sound
+
+
+def test_a_conv_weight_scale_on_a_spatial_axis_is_caught():
+    # conv(x, w * s) = conv(x, w) * s holds for a scale per output channel (the kernel's last axis); a
+    # scale along another kernel axis does not leave the conv
+    from superopt.rewrites.pattern import conv, ints
+    y, z = tensors("y z")
+    (k,) = ints("k")
+    bad = rule("conv-scale-any-axis", conv(x, mul(y, broadcast(z, p, q)), k),
+               mul(conv(x, y, k), broadcast(z, shape_of(conv(x, y, k)), q)), when("rank", z, 1),
+               when("conv_channels_last", k), numerics="reals", doc="wrong: any kernel axis")
+    cex = _caught(bad)
+    assert cex.bindings["?q"] != (len(np.shape(cex.bindings["?y"])) - 1,), cex

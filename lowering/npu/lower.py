@@ -4,9 +4,11 @@ Every value outside a kernel lives in global memory under the name of its node. 
 stages, each an `isa.Program` that reads and writes GM tensors:
 
 - a body without a matrix op is one vector stage (`vector.py`);
-- each matmul is a cube stage (`codegen.gemm_program`) with the tiles the extractor chose; a GEMM chain
-  whose intermediate goes straight from the first product into the second is one cube stage
-  (`codegen.chain_program`: the intermediate never leaves the chip);
+- each matmul is a cube stage (`codegen.gemm_program`); a GEMM chain whose intermediate goes straight
+  from the first product into the second is one cube stage (`codegen.chain_program`: the intermediate
+  never leaves the chip). Either runs the fastest on the emulator of the extractor's tiles (the least
+  data moved) and a few the lowering ranks by a roofline of the cores they keep busy (`place_gemm`,
+  `place_chain`), and its label says whose tiles run;
 - a matmul operand computed in the body (a normalisation before a projection, a softmax before the
   second GEMM of attention, a transposed load) and the ops after the last matmul (bias, activation,
   residual, layer norm) are vector stages that exchange data with the cube stage through GM workspace.
@@ -571,17 +573,25 @@ class KernelLowering:
         av, bv, _ = self._gemm_views(self.body[f.inputs[0]], self.body[f.inputs[1]], f)
         _, dv, ev = self._gemm_views(self.body[s.inputs[0]], self.body[s.inputs[1]], s)
         t = self.tiling
-        tiles, layouts, nd_e, nev = dict(t.tiles), ("ND",) * 4, e, ev
+        layouts, nd_e, nev = ("ND",) * 4, e, ev
         if not self.target.npu.nd_on_copy:
             (a, av), (b, bv) = self._pack(a, av, "ZZ", first, "lhs"), self._pack(b, bv, "ZN", first, "rhs")
             d, dv = self._pack(d, dv, "ZN", second, "rhs")
             e, ev = self._packed_result(second, av, dv, e[2])
             layouts = ("ZZ", "ZN", "ZN", "NZ")
-            tiles = {x: -(-v // 16) * 16 for x, v in tiles.items()}   # windows of whole fractals
-        program = chain_program((a[0], av, a[2]), (b[0], bv, b[2]), (d[0], dv, d[2]), (e[0], ev, e[2]),
-                                t.order, tiles, self.target, layouts=layouts)
+        placed = place_chain((a[0], av, a[2]), (b[0], bv, b[2]), (d[0], dv, d[2]), (e[0], ev, e[2]),
+                             self.target, (t.order, dict(t.tiles)), layouts)
+        # As for a lone GEMM, the fastest placed tiling runs. The extractor's tiles move the least data,
+        # but the chain deals its m tiles to the cores, so a chain with few of them (a batch of one) can
+        # run faster on smaller ones, and the label says so.
+        cycles, rank, order, tiles, program = min(placed)
         on = " on fractals" if layouts[0] != "ND" else ""
-        self.result.append(Stage(f"{self.label}: cube GEMM chain{on}, {t}", self.node, program))
+        tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
+        whose = "the extractor's tiles" if placed[0][1] == 0 and rank == 0 else \
+            "tiles of the lowering; the extractor's " + \
+            (f"took {placed[0][0]} cycles" if placed[0][1] == 0 else "could not be placed")
+        self.result.append(Stage(f"{self.label}: cube GEMM chain{on}, order {''.join(order)} {tiles_str} "
+                                 f"({whose})", self.node, program))
         if layouts[0] != "ND":
             self._unpack(e, nd_e, nev)
         self.gm[second] = nd_e
@@ -612,6 +622,63 @@ def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first
     if not placed:
         raise CodegenError(f"no GEMM tiling could be placed: {errors[0]}")
     return placed
+
+
+def place_chain(a: tuple, b: tuple, d: tuple, e: tuple, target: Target, first: tuple,
+                layouts: tuple = ("ND",) * 4) -> list:
+    """Every tiling of E = (A @ B) @ D that can be placed, as (cycles, rank, order, tiles, program): `first`
+    (the extractor's order and tiles; rank 0) and then `chain_candidates`. `a`, `b`, `d`, `e` are GM
+    tensors (name, [batch, rows, columns] view, dtype) in `layouts`; packed operands take tiles of whole
+    fractals."""
+    batch, m, k = a[1]
+    l, n = b[1][-1], d[1][-1]
+    fractal = layouts[0] != "ND"
+    tried, errors, placed = [], [], []
+    for order, tiles in [first] + chain_candidates(batch, m, n, k, l, a[2], target):
+        if fractal:
+            tiles = {x: -(-v // 16) * 16 for x, v in tiles.items()}   # windows of whole fractals
+        if (order, tiles) in tried:
+            continue
+        tried.append((order, tiles))
+        try:
+            program = chain_program(a, b, d, e, order, tiles, target, layouts=layouts)
+            check_buffers(program, target)
+        except (CodegenError, CapacityError) as exc:
+            errors.append(str(exc))
+            continue
+        cycles = emulate(program, target, symbolic=True, trace=False).cycles
+        placed.append((cycles, len(tried) - 1, order, tiles, program))
+    if not placed:
+        raise CodegenError(f"no GEMM chain tiling could be placed: {errors[0]}")
+    return placed
+
+
+def chain_candidates(batch: int, m: int, n: int, k: int, l: int, dtype: str, target: Target,
+                     keep: int = 4) -> list:
+    """Loop order m, l, k, n with m and l tiles the chain can hold (the A rows and B columns over the
+    whole K, the C tile and two D tiles of the whole N fit L1; K and N are copied whole, in the fewest
+    transfers), fastest first by a roofline of the tiles: the bytes the
+    Chimera model counts at the chip's bandwidth against the cube cycles of the busiest core (the chain
+    deals its batch entries and m tiles to the cores, `codegen.chain_program`)."""
+    npu = target.npu
+    item = 1 if dtype == "int8" else 2
+    up = lambda x: -(-x // 16) * 16                                            # noqa: E731
+    sizes = lambda ext: sorted({min(up(ext), t) for t in (16, 32, 64, 128, 256, 512)})   # noqa: E731
+    kk, nn = up(k), up(n)
+    ranked = []
+    for tm in sizes(m):
+        for tl in sizes(l):
+            if (tm * kk + kk * tl + tm * tl + 2 * tl * nn) * item > npu.l1_bytes:
+                continue
+            steps_m, steps_l = -(-m // tm), -(-l // tl)
+            moved = batch * (m * k * steps_l + k * l * steps_m + l * n * steps_m) * item + batch * m * n * 4 * steps_l
+            per_core = -(-(batch * steps_m) // npu.cores) * steps_l
+            cube = per_core * (tm // 16) * (tl // 16) * (kk // 16 + nn // 16)
+            dma = per_core * 3 * npu.dma_latency_cycles
+            cycles = max(moved / (target.mem_bandwidth / npu.clock_hz), cube, dma)
+            ranked.append((cycles, -tm * tl, (("m", "l", "k", "n"), {"m": tm, "l": tl, "k": kk, "n": nn})))
+    ranked.sort(key=lambda r: r[:2])
+    return [r[2] for r in ranked[:keep]]
 
 
 def fractal_stage(ins: list, out: tuple, target: Target, node: int) -> Stage:

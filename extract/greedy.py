@@ -152,8 +152,10 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
     memory = ""
     if memory_budget is not None:
         from superopt.extract.memory import fit_budget
-        choice, memory = fit_budget(choice, remat_choose, lambda ch: _build(fz, enc, ch), own, memory_budget)
-    graph = build_graph(fz, enc, choice)
+        choice, graph, memory = fit_budget(choice, remat_choose, lambda ch: _build(fz, enc, ch), own,
+                                           memory_budget)
+    else:
+        graph = build_graph(fz, enc, choice)
     cost, per_node = program_cost(graph, target)
     hoisted = _hoisted(choice)
     method = f"greedy ({fz.growth_cut} kernels grew less: growth budget spent)" if fz.growth_cut else "greedy"

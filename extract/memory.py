@@ -14,7 +14,7 @@ no budget below it can be met.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from superopt.egraph.ir import Graph
 
@@ -36,7 +36,15 @@ class Peak:
         return sum(max(0, b - budget) for b in self.profile)
 
     def __str__(self) -> str:
-        return f"{self.bytes / 1e6:.2f} MB"
+        return size_str(self.bytes)
+
+
+def size_str(nbytes: float) -> str:
+    """Bytes for a reader: "30.41 MB", "12.3 KB", "512 B" (decimal units, as `parse_bytes` reads them)."""
+    for unit, scale, digits in (("GB", 1e9, 2), ("MB", 1e6, 2), ("KB", 1e3, 1)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.{digits}f} {unit}"
+    return f"{int(nbytes)} B"
 
 
 def parse_bytes(budget) -> int:
@@ -62,21 +70,14 @@ def parse_bytes(budget) -> int:
 def peak_memory(graph: Graph) -> Peak:
     """The peak of live bytes over the program order (see the module docstring)."""
     order = graph.live()
-    resident = graph.constant_nodes() | {i for i in order if graph.nodes[i].op == "arg"}
-    outputs = set(graph.outputs)
-
     # Views share their input's buffer; a buffer lives until the last user of any of its views.
-    owner: dict[int, int] = {}
-    for i in order:
-        node = graph.nodes[i]
-        owner[i] = owner[node.inputs[0]] if node.op in _VIEWS and node.inputs else i
+    resident, owner, size = _buffers(graph, order)
+    outputs = set(graph.outputs)
     last_use: dict[int, int] = {}
     for pos, i in enumerate(order):
         for j in graph.nodes[i].inputs:
             last_use[owner[j]] = pos
     kept = resident | {owner[i] for i in outputs}
-
-    size = {i: graph.nodes[i].nbytes for i in order}
     floor = sum(size[i] for i in kept if i == owner[i])
     current = sum(size[i] for i in resident)
     peak, at, live_at_peak = current, -1, ()
@@ -98,26 +99,115 @@ def peak_memory(graph: Graph) -> Peak:
     return Peak(peak, at, floor, live_at_peak, tuple(profile))
 
 
-def fit_budget(choice: dict, choose, build, own: dict, budget: int, max_rounds: int = 16) -> tuple[dict, str]:
+def _buffers(graph: Graph, order: list[int]) -> tuple[set, dict, dict]:
+    """(resident ids, id -> id of the buffer it lives in, buffer -> bytes), as `peak_memory` sees them."""
+    resident = graph.constant_nodes() | {i for i in order if graph.nodes[i].op == "arg"}
+    owner: dict[int, int] = {}
+    for i in order:
+        node = graph.nodes[i]
+        owner[i] = owner[node.inputs[0]] if node.op in _VIEWS and node.inputs else i
+    return resident, owner, {i: graph.nodes[i].nbytes for i in order}
+
+
+def memory_order(graph: Graph) -> list[int]:
+    """A topological order of the live nodes that frees intermediates sooner (list scheduling).
+
+    Each step runs, of the nodes whose inputs have run, the one that adds the fewest bytes: its result
+    less the buffers it reads for the last time; ties go to the earlier node. Resident nodes and views
+    allocate nothing. Greedy, so not always the lowest peak: `reorder_for_memory` keeps whichever of
+    this order and the program's own has the lower one."""
+    order = graph.live()
+    position = {i: p for p, i in enumerate(order)}
+    resident, owner, size = _buffers(graph, order)
+    kept = resident | {owner[i] for i in graph.outputs}
+    reads = {i: {owner[j] for j in graph.nodes[i].inputs} for i in order}
+    pending: dict[int, int] = {}
+    users: dict[int, list[int]] = {}
+    for i in order:
+        for b in reads[i]:
+            pending[b] = pending.get(b, 0) + 1
+        for j in set(graph.nodes[i].inputs):
+            users.setdefault(j, []).append(i)
+    waiting = {i: len(set(graph.nodes[i].inputs)) for i in order}
+    ready = {i for i in order if waiting[i] == 0}
+
+    def growth(i: int) -> int:
+        alloc = 0 if i in resident or owner[i] != i else size[i]
+        return alloc - sum(size[b] for b in reads[i] if b not in kept and pending[b] == 1)
+
+    scheduled: list[int] = []
+    while ready:
+        i = min(ready, key=lambda k: (growth(k), position[k]))
+        ready.discard(i)
+        scheduled.append(i)
+        for b in reads[i]:
+            pending[b] -= 1
+        for u in users.get(i, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                ready.add(u)
+    assert len(scheduled) == len(order), "memory_order: the live nodes are not a DAG"
+    return scheduled
+
+
+def renumber(graph: Graph, order: list[int]) -> tuple[Graph, dict[int, int]]:
+    """The live nodes of `graph` in `order` (a topological order), and old id -> new id."""
+    new = Graph(consts=graph.consts, opaque=graph.opaque, n_args=graph.n_args)
+    ids: dict[int, int] = {}
+    for i in order:
+        node = graph.nodes[i]
+        ids[i] = new.add(replace(node, inputs=tuple(ids[j] for j in node.inputs)))
+    new.outputs = [ids[i] for i in graph.outputs]
+    return new, ids
+
+
+def reorder_for_memory(graph: Graph) -> tuple[Graph, dict[int, int]]:
+    """`graph` renumbered in `memory_order` where that lowers its peak, else in its own order (same
+    nodes, same results: only when each intermediate is computed, and so freed, changes)."""
+    order = memory_order(graph)
+    if order != graph.live():
+        new, ids = renumber(graph, order)
+        if peak_memory(new).bytes < peak_memory(graph).bytes:
+            return new, ids
+    return renumber(graph, graph.live())
+
+
+def fit_budget(choice: dict, choose, build, own: dict, budget: int,
+               max_rounds: int = 16) -> tuple[dict, Graph, str]:
     """Rematerialization: re-extract until the program's peak memory is within `budget` bytes.
 
     `choice` is the unconstrained extraction (e-class -> e-node); `choose(no_store)` extracts again with
     no chosen e-node reading a class in `no_store` (so its consumers recompute it inside their kernels,
     or it is not computed at all), raising ExtractionError when some output cannot do without one;
-    `build(choice)` gives (Graph, node id -> e-class); `own` is the cost of each e-node. Each round
-    forbids storing one more intermediate live at the peak, the one whose producer costs least per
-    byte it frees; a round is kept only if it lowers the bytes over budget summed over the program's
-    steps (`Peak.excess`), so it always makes progress. Returns the last choice kept (the
-    lowest peak reached) and a sentence saying what was done."""
+    `build(choice)` gives (Graph, node id -> e-class); `own` is the cost of each e-node.
+
+    First the program runs in the order that frees intermediates soonest (`reorder_for_memory`), which
+    costs no compute. While the peak is still over the budget, each round forbids storing one more
+    intermediate live at the peak, the one whose producer costs least per byte it frees; a round is
+    kept only if it lowers the bytes over budget summed over the program's steps (`Peak.excess`), so
+    it always makes progress. Returns the choice that reached the lowest peak with the fewest
+    intermediates recomputed, its program (reordered where that lowers the peak) and a sentence saying
+    what was done."""
     from superopt.extract.greedy import ExtractionError
-    graph, classes = build(choice)
-    first = peak = peak_memory(graph)
-    if peak.bytes <= budget:
-        return choice, f"peak {peak} within the budget of {budget / 1e6:.2f} MB; nothing recomputed"
-    if budget < peak.floor:
-        return choice, (f"budget of {budget / 1e6:.2f} MB is below the {peak.floor / 1e6:.2f} MB that arguments and "
-                        f"outputs need; peak {peak}, nothing recomputed")
+
+    def built(ch: dict) -> tuple[Graph, dict, Peak, bool]:
+        plain, plain_classes = build(ch)
+        graph, ids = reorder_for_memory(plain)
+        peak = peak_memory(graph)
+        return graph, {ids[i]: c for i, c in plain_classes.items() if i in ids}, peak, \
+            peak.bytes < peak_memory(plain).bytes
+
+    plain = build(choice)[0]
+    first = peak_memory(plain)
+    mb = size_str(budget)
+    if first.bytes <= budget:
+        return choice, plain, f"peak {first} within the budget of {mb}; nothing recomputed"
+    if budget < first.floor:
+        return choice, plain, (f"budget of {mb} is below the {size_str(first.floor)} that arguments and "
+                               f"outputs need; peak {first}, nothing recomputed")
+    graph, classes, peak, reordered = built(choice)
     no_store, refused, rounds = frozenset(), set(), 0
+    best = (choice, graph, peak, reordered, no_store)     # lowest peak, fewest recomputed
     while peak.bytes > budget and rounds < max_rounds:
         candidates = [classes[i] for i in peak.live if classes[i] not in refused]
         if not candidates:
@@ -130,15 +220,20 @@ def fit_budget(choice: dict, choose, build, own: dict, budget: int, max_rounds: 
         except ExtractionError:
             refused.add(cls)
             continue
-        trial_graph, trial_classes = build(trial)
-        trial_peak = peak_memory(trial_graph)
+        trial_graph, trial_classes, trial_peak, trial_reordered = built(trial)
         if trial_peak.excess(budget) >= peak.excess(budget):
             refused.add(cls)
             continue
         no_store, choice, graph, classes, peak = no_store | {cls}, trial, trial_graph, trial_classes, trial_peak
-    done = f"recomputed {len(no_store)} intermediate(s) in their consumers"
+        if peak.bytes < best[2].bytes:
+            best = (choice, graph, peak, trial_reordered, no_store)
+    # Recomputing costs compute: a round that spread the excess without lowering the peak is undone.
+    choice, graph, peak, reordered, no_store = best
+    done = f"recomputed {len(no_store)} intermediate(s) in their consumers" if no_store else "nothing recomputed"
+    if reordered:
+        done = f"reordered the program so intermediates are freed sooner{' and ' if no_store else '; '}{done}"
     if peak.bytes <= budget:
-        return choice, f"peak {first} -> {peak}, within the budget of {budget / 1e6:.2f} MB: {done}"
+        return choice, graph, f"peak {first} -> {peak}, within the budget of {mb}: {done}"
     why = "the round limit was reached" if rounds >= max_rounds else \
-        "no other intermediate live at the peak can be recomputed"
-    return choice, f"budget of {budget / 1e6:.2f} MB NOT met: peak {first} -> {peak} ({done}; {why})"
+        "no other intermediate live at the peak can be recomputed so that the peak falls"
+    return choice, graph, f"budget of {mb} NOT met: peak {first} -> {peak} ({done}; {why})"

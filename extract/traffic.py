@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from superopt.egraph.ir import BINARY_OPS, UNARY_OPS, Graph
+from superopt.extract.memory import size_str
 from superopt.egraph.siblings import internal
 
 _ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"select", "convert", "integer_pow", "broadcast", "transpose"}
@@ -36,7 +37,7 @@ class Traffic:
     tensors: int         # gradient tensors kept in global memory
 
     def __str__(self) -> str:
-        return f"{self.passes} passes, {self.bytes / 1e6:.2f} MB"
+        return f"{self.passes} passes, {size_str(self.bytes)}"
 
 
 def _through(graph: Graph, i: int) -> list[int]:

@@ -7,7 +7,8 @@ import pytest
 from bench.remat import mlp_grad
 from superopt import superopt
 from superopt.egraph.ir import Graph, Node
-from superopt.extract.memory import parse_bytes, peak_memory
+from superopt.extract.memory import memory_order, parse_bytes, peak_memory, reorder_for_memory
+from superopt.lowering.jax import lower
 
 F32 = "float32"
 
@@ -50,6 +51,41 @@ def test_peak_frees_after_last_use():
     assert peak.profile == (8192, 12288, 12288)
 
 
+def _late_reader() -> Graph:
+    """a = neg(x) -> b = exp(a) -> c = exp(b) -> s = sum(c) (output 0); t = sum(a) (output 1), built in
+    the order the extractor writes (output 0's term first), which keeps a alive until the end."""
+    g = Graph(n_args=1)
+    x = g.add(Node("arg", (), (0,), (1024,), F32))
+    a = g.add(Node("neg", (x,), (), (1024,), F32))
+    b = g.add(Node("exp", (a,), (), (1024,), F32))
+    c = g.add(Node("exp", (b,), (), (1024,), F32))
+    s = g.add(Node("reduce_sum", (c,), ((0,),), (), F32))
+    t = g.add(Node("reduce_sum", (a,), ((0,),), (), F32))
+    g.outputs = [s, t]
+    return g
+
+
+def test_memory_order_reads_a_value_for_the_last_time_before_allocating_more():
+    g = _late_reader()
+    # In its own order, c runs while x, a, b and c are live (16 KiB).
+    assert peak_memory(g).bytes == 4 * 4096
+    # Reordered: t runs right after a, so b's node frees a; x, two tensors and t are live at most.
+    assert memory_order(g) == [0, 1, 5, 2, 3, 4]
+    fitted, ids = reorder_for_memory(g)
+    assert peak_memory(fitted).bytes == 3 * 4096 + 4
+    assert [fitted.nodes[ids[i]].op for i in g.live()] == [n.op for n in g.nodes]
+    x = np.random.default_rng(0).normal(size=1024).astype(np.float32)
+    for got, want in zip(lower(fitted)(x), lower(g)(x)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+def test_reorder_keeps_its_own_order_when_that_is_no_worse():
+    g = _chain()
+    fitted, ids = reorder_for_memory(g)
+    assert ids == {i: i for i in g.live()}
+    assert peak_memory(fitted) == peak_memory(g)
+
+
 @pytest.mark.parametrize("text, expected", [("64MB", 64_000_000), ("1.5GiB", 3 * 2**29), ("4096", 4096),
                                             (" 2 kib ", 2048), (1 << 20, 1 << 20)])
 def test_parse_bytes(text, expected):
@@ -63,7 +99,7 @@ def test_parse_bytes_rejects(bad):
 
 
 def _mlp_grad():
-    return mlp_grad(layers=2, batch=1024, width=128)
+    return mlp_grad(layers=3, batch=512, width=64)
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +107,11 @@ def unconstrained():
     fn, args = _mlp_grad()
     spec = superopt(fn, target="gpu-h100").compile(*args)
     return fn, args, spec
+
+
+def _assert_same_gradients(got, fn, args):
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(fn(*args))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-9)
 
 
 def test_report_shows_peak_memory(unconstrained):
@@ -82,21 +123,40 @@ def test_report_shows_peak_memory(unconstrained):
     assert not spec.report.memory_note     # no budget given
 
 
-def test_budget_recomputes_until_the_peak_fits(unconstrained):
-    fn, args, spec = unconstrained
-    free_peak = spec.report.peak_memory[1]
-    budget = free_peak.bytes - 1
+def _fit_within(fn, args, budget):
+    """Optimize under `budget`, run it, and check the budget was met; the gradients and the report."""
     fitted = superopt(fn, target="gpu-h100", memory_budget=budget)
     got = fitted(*args)
     report = fitted.report
     assert report.outcome == "optimized"
     assert report.peak_memory[1].bytes <= budget
+    return got, report
+
+
+def test_budget_first_reorders_the_program(unconstrained):
+    # The extractor writes the gradient of the first layer's weight first; the other gradients keep
+    # their layers' intermediates alive meanwhile. Running them as soon as they can fits the budget.
+    fn, args, spec = unconstrained
+    budget = spec.report.peak_memory[1].bytes - 1
+    got, report = _fit_within(fn, args, budget)
+    assert "within the budget" in report.memory_note and "reordered" in report.memory_note
+    assert "nothing recomputed" in report.memory_note
+    assert report.cost_after == spec.report.cost_after      # the same kernels, run in another order
+    _assert_same_gradients(got, fn, args)
+
+
+def test_budget_recomputes_until_the_peak_fits(unconstrained):
+    fn, args, spec = unconstrained
+    reordered = peak_memory(reorder_for_memory(spec.term)[0]).bytes
+    assert reordered < spec.report.peak_memory[1].bytes
+    budget = reordered - 1
+    got, report = _fit_within(fn, args, budget)
     assert "within the budget" in report.memory_note and "recomputed" in report.memory_note
+    assert "nothing recomputed" not in report.memory_note
     assert "memory budget" in str(report)
+    assert report.cost_after > spec.report.cost_after        # recomputing costs compute
     # Recomputing in place of storing changes which tensors exist, not the result.
-    want = fn(*args)
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-9)
+    _assert_same_gradients(got, fn, args)
 
 
 def test_budget_below_the_floor_is_reported_not_met(unconstrained):
@@ -106,8 +166,7 @@ def test_budget_below_the_floor_is_reported_not_met(unconstrained):
     got = fitted(*args)
     assert "below" in fitted.report.memory_note
     assert fitted.report.peak_memory[1].bytes > floor // 2
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(fn(*args))):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-9)
+    _assert_same_gradients(got, fn, args)
 
 
 def test_budget_needs_the_greedy_extractor():

@@ -152,7 +152,8 @@ def function_and_args(target_spec: str, shapes: list[str] | None, dtype: str = "
 def _compile(args, backend: str | None = None):
     from superopt import superopt
     fn, example, name = function_and_args(args.function, args.shapes, args.dtype)
-    fast = superopt(fn, target=args.target, extractor=args.extractor, verify=not args.no_verify, backend=backend)
+    fast = superopt(fn, target=args.target, extractor=args.extractor, verify=not args.no_verify, backend=backend,
+                    memory_budget=args.memory_budget)
     return fast, fast.compile(*example), example, name
 
 
@@ -246,6 +247,8 @@ def _add_program_options(p, target: str = "cpu", html: bool = True) -> None:
     p.add_argument("--dtype", default="float32", help="dtype of --shapes without one (default float32)")
     p.add_argument("--extractor", default="greedy", choices=("greedy", "ilp"))
     p.add_argument("--no-verify", action="store_true", help="skip the check against the original")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="peak memory to fit, e.g. 64MB or 1.5GiB: reorder, then recompute intermediates (greedy only)")
     if html:
         p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
 

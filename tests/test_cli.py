@@ -101,6 +101,15 @@ def test_optimize_prints_the_report_and_the_chosen_program(program, capsys):
     assert out.count("matmul(") >= 2 and "f32[256,1]" in out.split("return")[0]
 
 
+def test_optimize_takes_a_memory_budget_and_says_what_it_did(program, capsys):
+    assert main(["optimize", program + ":chain", "--shapes", "256x256", "256x256", "256x1",
+                 "--memory-budget", "1KB"]) == 0
+    out = capsys.readouterr().out
+    assert "memory budget: budget of 1.0 KB is below the" in out
+    assert main(["optimize", program + ":chain", "--shapes", "4x4", "4x4", "4x1", "--memory-budget", "lots"]) == 2
+    assert "cannot read memory_budget 'lots'" in capsys.readouterr().err
+
+
 def test_optimize_reports_an_unknown_module(capsys):
     assert main(["optimize", "no_such_module_xyz:f", "--shapes", "2x2"]) == 2
     assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err

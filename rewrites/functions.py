@@ -213,6 +213,8 @@ ATTRIBUTES: dict[str, AttributeFn] = {f.name: f for f in [
     AttributeFn("fmin", lambda c, a, b: c.expr(a).min(c.expr(b)), lambda a, b: min(a, b)),
     AttributeFn("int32_conv", lambda c, n: c.bind(conv_int32(c.expr(n)), i64), lambda n: _int32_conv_py(n)),
     AttributeFn("last_axis_of", lambda c, t: _vec([c.rank(t) - 1]), lambda t: (np.ndim(t) - 1,), lambda t: _keyed(t)),
+    AttributeFn("axes_of", lambda c, t: _vec(range(c.rank(t))), lambda t: tuple(range(np.ndim(t))),
+                lambda t: _keyed(t)),
 ]}
 
 

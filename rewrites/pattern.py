@@ -63,6 +63,7 @@ ATTRIBUTE_FNS: dict[str, tuple[tuple[str, ...], str]] = {
     "fadd": ((FLOAT, FLOAT), FLOAT), "fsub": ((FLOAT, FLOAT), FLOAT), "fmul": ((FLOAT, FLOAT), FLOAT),
     "fdiv": ((FLOAT, FLOAT), FLOAT), "fmax": ((FLOAT, FLOAT), FLOAT), "fmin": ((FLOAT, FLOAT), FLOAT),
     "last_axis_of": ((TENSOR,), VEC),      # (rank(t) - 1,)
+    "axes_of": ((TENSOR,), VEC),           # (0, 1, ..., rank(t) - 1): every axis
     "int32_conv": ((INT,), INT),           # conv params k accumulating in int32 (egraph/encode.py)
 }
 
@@ -231,6 +232,7 @@ def zeros_like(t): return app("zeros_like", t)
 def ones_like(t): return app("ones_like", t)
 def set_last(v, value): return app("set_last", v, value)
 def last_axis_of(t): return app("last_axis_of", t)
+def axes_of(t): return app("axes_of", t)
 def int32_conv(k): return app("int32_conv", k)
 def iadd(a, b): return app("iadd", a, b)
 def set_at(v, i, value): return app("set_at", v, i, value)

@@ -6,7 +6,7 @@ cheaper is the cost model's business, so identities that can pay either way are 
 from __future__ import annotations
 
 from superopt.rewrites.pattern import (
-    add, app, arg, binary, broadcast, compose, concat, const, conv, dim, div, dtypes, exp, floats, iadd, ints, lit, log,
+    add, app, arg, axes_of, binary, broadcast, compose, concat, const, conv, dim, div, dtypes, exp, floats, iadd, ints, lit, log,
     last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_last, shape_of, slice_, sub, tensors,
     transpose, unary, vecs, zeros_like, integer_pow,
 )
@@ -115,6 +115,12 @@ ALGEBRA = RuleSet("algebra", {
     "reductions": [
         _by_rows("reduce_sum", "float32"), _by_rows("reduce_max"), _by_rows("reduce_min"),
         _by_rows("reduce_and", "bool"), _by_rows("reduce_or", "bool"),
+        rule("reduce-of-row-reductions", reduce(op, reduce(op, x, q), p),
+             reduce(op, reshape(reduce(op, x, q), set_last(shape_of(x), 1)), axes_of(x)),
+             when("last_axis", q, x), when("all_axes", p, reduce(op, x, q)),
+             numerics="reals", doc="the full reduction of a tensor's row reductions = the full reduction of "
+             "the rows kept as a size-1 axis, which a row kernel computes (a cross-entropy's per-example "
+             "losses are summed as the kernel that computes them writes them)"),
         rule("reduce-over-unit-axes", reduce(op, x, p), reshape(x, shape_of(reduce(op, x, p))),
              when("unit_axes", p, x), numerics="exact",
              doc="a reduction whose reduced axes all have size one reduces nothing: a reshape (the sum of a "

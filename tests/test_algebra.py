@@ -93,6 +93,7 @@ FIRES = {
     "reduce-min-all-by-rows": (lambda a: jnp.min(a + 1.0), (A,)),
     "reduce-and-all-by-rows": (lambda a: jnp.all(jnp.isfinite(a)), (A,)),
     "reduce-or-all-by-rows": (lambda a: jnp.any(a > 0.5), (A,)),
+    "reduce-of-row-reductions": (lambda a: jnp.sum(jnp.sum(jnp.exp(a), axis=-1)), (A,)),
     "reduce-over-unit-axes": (lambda a: jnp.sum(jnp.sum(a, axis=0, keepdims=True), axis=0) * 2.0, (A,)),
     "fold-add": (lambda a: a * (jnp.float32(2.0) + jnp.float32(3.0)), (A,)),
     "fold-sub": (lambda a: a * (jnp.float32(2.0) - jnp.float32(3.0)), (A,)),

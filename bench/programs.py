@@ -262,6 +262,7 @@ def resnet_bottleneck(batch: int = 1, size: int = 56, channels: int = 256, width
 # --------------------------------------------------------------------------
 
 ADAM = dict(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, max_norm=1.0)
+SGD = dict(lr=1e-2, momentum=0.9, max_norm=1.0)
 
 
 def _mlp_loss(params, x, labels):
@@ -272,44 +273,80 @@ def _mlp_loss(params, x, labels):
     return -jnp.mean(jnp.sum(labels * logp, axis=-1))
 
 
-def train_step_fn(params, m, v, x, labels, loss_scale, count):
-    """One step of Adam with global-norm clipping under dynamic loss scaling.
-
-    The loss is multiplied by the loss scale before differentiation; the gradients are unscaled
-    (multiplied by 1/scale), checked for Inf/NaN, clipped to a global norm and applied. A step whose
-    gradients are not finite is skipped (parameters and moments unchanged) and halves the scale;
-    a finite step keeps it (growth every N good steps is left to the caller's counter).
-    Returns (params, m, v, loss_scale, count, loss)."""
-    hp = ADAM
+def _scaled_grads(params, x, labels, loss_scale, max_norm):
+    """The front half of a step under dynamic loss scaling: the loss is multiplied by the loss scale
+    before differentiation; the gradients are unscaled (multiplied by 1/scale), checked for Inf/NaN and
+    clipped to a global norm. Returns (scaled loss, 1/scale, all finite, clipped gradients)."""
     scaled_loss, grads = jax.value_and_grad(lambda p: _mlp_loss(p, x, labels) * loss_scale)(params)
     inv = 1.0 / loss_scale
     grads = jax.tree_util.tree_map(lambda g: g * inv, grads)                            # unscale
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]))
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
-    clip = jnp.minimum(1.0, hp["max_norm"] / (norm + 1e-6))
-    grads = jax.tree_util.tree_map(lambda g: g * clip, grads)                            # clip
+    clip = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+    return scaled_loss, inv, finite, jax.tree_util.tree_map(lambda g: g * clip, grads)  # clip
+
+
+def _keep_if(finite, new, old):
+    """`new` where the step's gradients are finite, else `old` (the skipped step changes nothing)."""
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)
+
+
+def train_step_fn(params, m, v, x, labels, loss_scale, count):
+    """One step of Adam with global-norm clipping under dynamic loss scaling (`_scaled_grads`).
+
+    A step whose gradients are not finite is skipped (parameters and moments unchanged) and halves the
+    scale; a finite step keeps it (growth every N good steps is left to the caller's counter).
+    Returns (params, m, v, loss_scale, count, loss)."""
+    hp = ADAM
+    scaled_loss, inv, finite, grads = _scaled_grads(params, x, labels, loss_scale, hp["max_norm"])
     t = count + 1.0
     new_m = jax.tree_util.tree_map(lambda mm, g: hp["b1"] * mm + (1 - hp["b1"]) * g, m, grads)
     new_v = jax.tree_util.tree_map(lambda vv, g: hp["b2"] * vv + (1 - hp["b2"]) * g * g, v, grads)
     c1, c2 = 1 - hp["b1"] ** t, 1 - hp["b2"] ** t
     new_p = jax.tree_util.tree_map(lambda p, mm, vv: p - hp["lr"] * (mm / c1) / (jnp.sqrt(vv / c2) + hp["eps"]),
                                    params, new_m, new_v)
-    keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-    return (keep(new_p, params), keep(new_m, m), keep(new_v, v), jnp.where(finite, loss_scale, loss_scale / 2),
-            jnp.where(finite, t, count), scaled_loss * inv)
+    return (_keep_if(finite, new_p, params), _keep_if(finite, new_m, m), _keep_if(finite, new_v, v),
+            jnp.where(finite, loss_scale, loss_scale / 2), jnp.where(finite, t, count), scaled_loss * inv)
 
 
-def train_step(batch: int = 256, features: int = 512, hidden: int = 1024, classes: int = 128) -> Workload:
+def sgd_step_fn(params, mom, x, labels, loss_scale, count):
+    """One step of SGD with momentum (mom <- mu * mom + g; p <- p - lr * mom) with global-norm clipping
+    under dynamic loss scaling, skipping a step whose gradients are not finite as `train_step_fn` does.
+    Returns (params, mom, loss_scale, count, loss)."""
+    hp = SGD
+    scaled_loss, inv, finite, grads = _scaled_grads(params, x, labels, loss_scale, hp["max_norm"])
+    new_mom = jax.tree_util.tree_map(lambda mm, g: hp["momentum"] * mm + g, mom, grads)
+    new_p = jax.tree_util.tree_map(lambda p, mm: p - hp["lr"] * mm, params, new_mom)
+    return (_keep_if(finite, new_p, params), _keep_if(finite, new_mom, mom),
+            jnp.where(finite, loss_scale, loss_scale / 2), jnp.where(finite, count + 1.0, count),
+            scaled_loss * inv)
+
+
+def _mlp_batch(batch: int, features: int, hidden: int, classes: int):
+    """(params, zeros like params, x, one-hot labels) of the training-step MLP, deterministic."""
     keys = jax.random.split(jax.random.PRNGKey(7), 4)
     params = {"W1": _normal(keys[0], (features, hidden), 0.05), "b1": jnp.zeros((hidden,)),
               "W2": _normal(keys[1], (hidden, classes), 0.05), "b2": jnp.zeros((classes,))}
     zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
     x = _normal(keys[2], (batch, features))
     labels = jax.nn.one_hot(jax.random.randint(keys[3], (batch,), 0, classes), classes)
+    return params, zeros, x, labels
+
+
+def train_step(batch: int = 256, features: int = 512, hidden: int = 1024, classes: int = 128) -> Workload:
+    params, zeros, x, labels = _mlp_batch(batch, features, hidden, classes)
     desc = (f"training step: MLP {features}-{hidden}-{classes}, batch {batch}, dynamic loss scaling, "
             "global-norm clipping, Adam (f32)")
     return Workload("train-step", desc, train_step_fn,
                     (params, zeros, zeros, x, labels, jnp.float32(2.0 ** 15), jnp.float32(0.0)))
+
+
+def sgd_step(batch: int = 256, features: int = 512, hidden: int = 1024, classes: int = 128) -> Workload:
+    params, zeros, x, labels = _mlp_batch(batch, features, hidden, classes)
+    desc = (f"training step: MLP {features}-{hidden}-{classes}, batch {batch}, dynamic loss scaling, "
+            "global-norm clipping, SGD with momentum (f32)")
+    return Workload("train-step-sgd", desc, sgd_step_fn,
+                    (params, zeros, x, labels, jnp.float32(2.0 ** 15), jnp.float32(0.0)))
 
 
 # --------------------------------------------------------------------------
@@ -580,4 +617,5 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "int8-conv-per-channel": int8_conv_per_channel,
     "nasrnn": nasrnn,
     "train-step": train_step,
+    "train-step-sgd": sgd_step,
 }

@@ -296,7 +296,7 @@ def run(ns) -> int:
         "kernels": _selected(ns.filter, kernels.WORKLOADS_SHOWN),
         "tiling": chains,
         "npu": _selected(ns.filter, npu.PROGRAMS) + chains,
-        "training": _selected(ns.filter, ["train-step"]),
+        "training": _selected(ns.filter, ["train-step", "train-step-sgd"]),
         "remat": _selected(ns.filter, ["remat-mlp-grad"]),
         "layout": _selected(ns.filter, ["layout-packing"]),
         "ranking": _selected(ns.filter, ranking.CHAINS),
@@ -367,7 +367,7 @@ def run(ns) -> int:
         if "training" in sections and plan["training"]:
             bar.update("bench: training step")
             from bench import training
-            extra += training.main()
+            extra += training.main(plan["training"])
             bar.advance()
         if "remat" in sections and plan["remat"]:
             bar.update("bench: rematerialization")

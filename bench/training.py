@@ -1,5 +1,5 @@
-"""The training step (bench/programs.py `train_step`): dynamic loss scaling, global-norm clipping and
-Adam on a two-layer MLP, before and after superopt.
+"""The training steps (bench/programs.py `train_step`, `sgd_step`): dynamic loss scaling, global-norm
+clipping and Adam, or SGD with momentum, on a two-layer MLP, before and after superopt.
 
 - npu-910b: the captured program lowered op by op ("before") against the program superopt chose
   ("after"), both through the NPU lowering (which runs sibling kernels of either as one launch where
@@ -14,7 +14,7 @@ import statistics
 
 import jax
 
-from bench.programs import train_step
+from bench.programs import sgd_step, train_step
 from superopt import progress, superopt
 from superopt.extract.target import load_target
 from superopt.lowering.npu.lower import NpuExecutable
@@ -50,40 +50,59 @@ def cpu_row(w, rounds: int = 3, repeats: int = 9) -> dict:
             "outcome": spec.report.outcome, "optimize_s": sum(spec.report.stage_seconds.values())}
 
 
-def main() -> list[str]:
-    w = train_step()
-    progress.note("[training] train-step on npu-910b")
-    npu = npu_row(w)
-    progress.note("[training] train-step on cpu")
-    cpu = cpu_row(w)
+STEPS = {"train-step": ("Adam", train_step), "train-step-sgd": ("SGD with momentum", sgd_step)}
+
+
+def _rows(name: str, npu: dict, cpu: dict) -> list[str]:
+    """The table rows of one step: npu-910b cycles, bytes and gradient passes, then the CPU time."""
     (cb, ca), (gb, ga), (tb, ta) = npu["cycles"], npu["gm"], npu["grads"]
-    lines = ["", "## Training step: loss scaling, clipping and Adam", "",
-             *[line.strip() for line in __doc__.split("\n\n", 1)[1].splitlines()], "",
-             f"Workload: {w.description}.", "",
-             "| measure | before | after | ratio |", "|---|---|---|---|"]
     if ca is None:
-        lines.append(f"| npu-910b | not on the emulator: {npu['backend']} | | |")
+        rows = [f"| {name} | npu-910b | not on the emulator: {npu['backend']} | | |"]
     else:
-        lines += [f"| npu-910b emulator cycles | {cb:,} | {ca:,} | {cb / ca:.2f}x |",
-                  f"| npu-910b GM bytes moved | {gb / 1e6:.1f} MB | {ga / 1e6:.1f} MB | {gb / ga:.2f}x |"]
-    lines += [f"| passes over gradient memory (npu-910b program) | {tb.passes} | {ta.passes} | |",
-              f"| gradient bytes read and written (npu-910b program) | {tb.bytes / 1e6:.2f} MB | "
-              f"{ta.bytes / 1e6:.2f} MB | {tb.bytes / max(ta.bytes, 1):.2f}x |",
-              f"| passes over gradient memory (cpu program) | {cpu['grads'][0].passes} | {cpu['grads'][1].passes} | |",
-              f"| cpu time per step, jax.jit -> superopt | {cpu['jit_ms']:.2f} ms | {cpu['opt_ms']:.2f} ms | "
-              f"{cpu['ratio']:.2f}x |", "",
-              f"CPU ratio per round (jax.jit / superopt): {', '.join(f'{r:.2f}' for r in cpu['ratios'])}; "
-              f"superopt's outcome: {cpu['outcome']}, optimize time {cpu['optimize_s']:.1f} s. "
-              f"Ops left on the host in the npu-910b program: {npu['host']}. "
-              "Reproduce with `python -m bench.training`."]
-    if npu["apart"] is not None:
-        kernels = sum(len(g) for g in npu["groups"])
-        lines += ["", f"On npu-910b the lowering runs {kernels} kernels of superopt's program as {len(npu['groups'])} "
-                  "sibling launches (`egraph/siblings.py`: the is-finite check and squared norm of a gradient, a "
-                  "weight's clipped gradient with its parameter and moment updates, chained so that values only "
-                  "the launch reads stay on chip); run apart, the same program takes "
-                  f"{npu['apart'][0]:,} cycles and moves {npu['apart'][1] / 1e6:.1f} MB. The passes above count a "
-                  "sibling launch as one, for both programs (the captured one is grouped too)."]
+        rows = [f"| {name} | npu-910b emulator cycles | {cb:,} | {ca:,} | {cb / ca:.2f}x |",
+                f"| {name} | npu-910b GM bytes moved | {gb / 1e6:.1f} MB | {ga / 1e6:.1f} MB | {gb / ga:.2f}x |"]
+    return rows + [
+        f"| {name} | passes over gradient memory (npu-910b program) | {tb.passes} | {ta.passes} | |",
+        f"| {name} | gradient bytes read and written (npu-910b program) | {tb.bytes / 1e6:.2f} MB | "
+        f"{ta.bytes / 1e6:.2f} MB | {tb.bytes / max(ta.bytes, 1):.2f}x |",
+        f"| {name} | passes over gradient memory (cpu program) | {cpu['grads'][0].passes} | "
+        f"{cpu['grads'][1].passes} | |",
+        f"| {name} | cpu time per step, jax.jit -> superopt | {cpu['jit_ms']:.2f} ms | {cpu['opt_ms']:.2f} ms | "
+        f"{cpu['ratio']:.2f}x |"]
+
+
+def main(names=tuple(STEPS)) -> list[str]:
+    results = []
+    for name in names:
+        optimizer, build = STEPS[name]
+        w = build()
+        progress.note(f"[training] {name} on npu-910b")
+        npu = npu_row(w)
+        progress.note(f"[training] {name} on cpu")
+        results.append((optimizer, w, npu, cpu_row(w)))
+    lines = ["", "## Training step: loss scaling, clipping and Adam or SGD with momentum", "",
+             *[line.strip() for line in __doc__.split("\n\n", 1)[1].splitlines()], "",
+             "Workloads:", *[f"- `{w.name}`: {w.description}." for _, w, _, _ in results], "",
+             "| step | measure | before | after | ratio |", "|---|---|---|---|---|"]
+    for optimizer, _, npu, cpu in results:
+        lines += _rows(optimizer, npu, cpu)
+    lines.append("")
+    for optimizer, _, npu, cpu in results:
+        lines.append(f"{optimizer}: CPU ratio per round (jax.jit / superopt) "
+                     f"{', '.join(f'{r:.2f}' for r in cpu['ratios'])}; superopt's outcome: {cpu['outcome']}, "
+                     f"optimize time {cpu['optimize_s']:.1f} s; ops left on the host in the npu-910b program: "
+                     f"{npu['host']}.")
+    lines += ["", "Reproduce with `python -m bench.training`."]
+    for optimizer, _, npu, _ in results:
+        if npu["apart"] is not None:
+            kernels = sum(len(g) for g in npu["groups"])
+            lines += ["", f"{optimizer}: on npu-910b the lowering runs {kernels} kernels of superopt's program as "
+                      f"{len(npu['groups'])} sibling launches (`egraph/siblings.py`: the is-finite check and "
+                      "squared norm of a gradient, a weight's clipped gradient with its parameter and optimizer "
+                      "state updates, chained so that values only the launch reads stay on chip); run apart, the "
+                      f"same program takes {npu['apart'][0]:,} cycles and moves {npu['apart'][1] / 1e6:.1f} MB."]
+    lines += ["", "The passes above count a sibling launch as one, for both programs (the captured one is grouped "
+              "too)."]
     return lines
 
 

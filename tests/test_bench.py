@@ -17,7 +17,7 @@ def test_the_suite_has_every_family_the_issue_names():
     names = set(WORKLOADS)
     assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", n) for n in names)
     assert {"bert-encoder-128", "bert-encoder-512", "decoder-gqa-lora", "resnet-bottleneck", "mixed-precision-mlp",
-            "int8-linear", "int8-conv", "train-step", "nasrnn"} <= names
+            "int8-linear", "int8-conv", "train-step", "train-step-sgd", "nasrnn"} <= names
     assert {f"gemm-chain-{k}" for k in GEMM_CHAIN_SHAPES} <= names and len(GEMM_CHAIN_SHAPES) == 12
     assert {f"conv-chain-{k}" for k in CONV_CHAIN_SHAPES} <= names and len(CONV_CHAIN_SHAPES) == 8
     assert {f"yolo-{k}" for k in YOLO_SAMPLE} <= names

@@ -1,13 +1,14 @@
-"""A training step with dynamic loss scaling, global-norm clipping and Adam: the optimized program makes
-the same skip decisions as the original, keeps the parameters within tolerance, touches gradient memory
-fewer times, and says so in its report."""
+"""A training step with dynamic loss scaling, global-norm clipping and Adam (or SGD with momentum): the
+optimized program makes the same skip decisions as the original, keeps the parameters within tolerance,
+touches gradient memory fewer times, and says so in its report."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench.programs import train_step, train_step_fn
+from bench.programs import sgd_step, sgd_step_fn, train_step, train_step_fn
 from superopt import superopt
+from superopt.egraph.ir import body_str
 from superopt.egraph.runner import StopReason
 from superopt.extract.target import load_target
 from superopt.extract.traffic import gradient_tensors, gradient_traffic
@@ -23,33 +24,80 @@ def step():
 
 
 def _run(fn, args, schedule):
-    """One step per entry of `schedule`: (loss scale or None to keep the state's, corrupt the batch)."""
-    params, m, v, x, labels, scale, count = args
+    """One step per entry of `schedule`: (loss scale or None to keep the state's, corrupt the batch).
+
+    `args` is (params, optimizer state..., x, labels, loss scale, count) and `fn` returns (params,
+    optimizer state..., loss scale, count, loss), as the steps of bench/programs.py do."""
+    *state, x, labels, scale, count = args
     bad_x = np.asarray(x).copy()
     bad_x[3, 5] = np.inf                                  # one overflowed activation in the batch
     history = []
     for forced, corrupt in schedule:
         if forced is not None:
             scale = jnp.float32(forced)
-        params, m, v, scale, count, loss = fn(params, m, v, bad_x if corrupt else x, labels, scale, count)
-        history.append((jax.tree_util.tree_map(np.asarray, params), float(scale), float(count)))
+        *state, scale, count, loss = fn(*state, bad_x if corrupt else x, labels, scale, count)
+        history.append((jax.tree_util.tree_map(np.asarray, state), float(scale), float(count)))
     return history
+
+
+# Steps whose gradients are not finite (an Inf or NaN loss scale, an overflowed batch) are skipped and
+# halve the scale; the others are applied.
+SCHEDULE = [(2.0 ** 15, False), (float("inf"), False), (2.0 ** 12, True), (None, False), (None, True),
+            (float("nan"), False), (2.0 ** 10, False), (None, False)]
+APPLIED = [True, False, False, True, False, False, True, True]
+
+
+def _assert_same_steps(step_fn, args, fast):
+    want = _run(jax.jit(step_fn), args, SCHEDULE)
+    got = _run(fast, args, SCHEDULE)
+    applied = [b[2] > a[2] for a, b in zip([(None, None, 0.0)] + want, want)]
+    assert applied == APPLIED   # both paths are exercised
+    for (s_want, scale_want, c_want), (s_got, scale_got, c_got) in zip(want, got):
+        assert c_got == c_want
+        assert scale_got == scale_want or (np.isnan(scale_got) and np.isnan(scale_want))
+        for a, b in zip(jax.tree_util.tree_leaves(s_want), jax.tree_util.tree_leaves(s_got)):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)   # parameters and optimizer state
 
 
 def test_the_optimized_step_makes_the_same_skip_decisions(step):
     w, fn = step
-    # Steps whose gradients are not finite (an Inf or NaN loss scale, an overflowed batch) are skipped
-    # and halve the scale; the others are applied.
-    schedule = [(2.0 ** 15, False), (float("inf"), False), (2.0 ** 12, True), (None, False), (None, True),
-                (float("nan"), False), (2.0 ** 10, False), (None, False)]
-    want = _run(jax.jit(train_step_fn), w.args, schedule)
-    got = _run(fn, w.args, schedule)
-    applied = [b[2] > a[2] for a, b in zip([(None, None, 0.0)] + want, want)]
-    assert applied == [True, False, False, True, False, False, True, True]   # both paths are exercised
-    for (p_want, s_want, c_want), (p_got, s_got, c_got) in zip(want, got):
-        assert c_got == c_want and (s_got == s_want or (np.isnan(s_got) and np.isnan(s_want)))
-        for a, b in zip(jax.tree_util.tree_leaves(p_want), jax.tree_util.tree_leaves(p_got)):
-            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+    _assert_same_steps(train_step_fn, w.args, fn)
+
+
+@pytest.fixture(scope="module")
+def sgd():
+    w = sgd_step(batch=32, features=64, hidden=128, classes=16)
+    fn = superopt(sgd_step_fn, target="cpu")
+    return w, fn, fn.compile(*w.args)
+
+
+def test_sgd_with_momentum_makes_the_same_skip_decisions_in_fewer_passes(sgd):
+    # The same loss scaling, unscale, is-finite check and clipping in front of SGD with momentum: the
+    # unscale and the clip fold into the momentum and parameter updates as they do into Adam's
+    w, fn, spec = sgd
+    assert spec.report.outcome == "optimized", spec.report.outcome
+    _assert_same_steps(sgd_step_fn, w.args, fn)
+    before, after = spec.report.gradient_traffic
+    assert after.passes < before.passes and after.bytes < before.bytes
+    for i in spec.term.live():          # no launch only unscales or only clips a gradient
+        node = spec.term.nodes[i]
+        assert not (node.op == "mul" and node.shape in [g.shape for g in jax.tree_util.tree_leaves(w.args[0])])
+
+
+def test_the_cross_entropy_sums_its_rows_in_the_kernel_that_computes_them(sgd):
+    # -mean(sum(labels * log_softmax(logits))) * loss_scale: the per-example losses are row sums taken
+    # as the row kernel computes them, not a [batch, classes] tensor written and summed by another launch
+    w, _, spec = sgd
+    g = spec.term
+    batch, classes = w.args[3].shape
+    bodies = {i: body_str(g.nodes[i].attrs[0]) for i in g.live() if g.nodes[i].op == "kernel"}
+    loss_rows = [i for i, body in bodies.items() if "log(" in body and g.nodes[i].shape == (batch, 1)]
+    assert loss_rows and all(bodies[i].split("; ")[-1].startswith("row_sum(") for i in loss_rows), bodies
+    for i in g.live():
+        node = g.nodes[i]
+        if node.op == "reduce_sum":
+            assert not any(g.nodes[j].shape == (batch, classes) and "log(" in bodies.get(j, "")
+                           for j in node.inputs), "the cross-entropy's rows are summed by a separate launch"
 
 
 def test_the_report_counts_passes_over_gradient_memory(step):
@@ -128,3 +176,22 @@ def test_no_gradient_is_copied_into_a_full_size_mask_or_square(npu_step):
         last = node.attrs[0][-1].op if node.op == "kernel" else node.op
         if last in ("is_finite", "square"):
             assert not any(j in grads and g.nodes[j].shape == node.shape for j in node.inputs), (i, node.op)
+
+
+def test_on_the_npu_the_loss_scale_seed_runs_in_the_launch_of_the_softmax_row_sums(npu_step):
+    # d(loss * scale)/d logits starts from labels * (-scale / batch): that product is computed in the
+    # launch that computes the logits' softmax row sums, not in a launch of its own
+    _, spec = npu_step
+    g = spec.term
+    labels, scale = 13, 14                 # params, m and v (4 leaves each), x, labels, loss_scale, count
+    reads = lambda i, k: any(g.nodes[j].op == "arg" and g.nodes[j].attrs[0] == k for j in g.nodes[i].inputs)  # noqa: E731
+
+    def depends_on_scale(i):
+        return reads(i, scale) or any(depends_on_scale(j) for j in g.nodes[i].inputs if g.nodes[j].op != "arg")
+
+    seeds = [i for i in g.live() if g.nodes[i].op == "mul" and reads(i, labels) and depends_on_scale(i)]
+    assert seeds, "no labels * scale product in the program"
+    for seed in seeds:
+        group = next((grp for grp in spec.npu.groups if seed in grp), ())
+        bodies = [body_str(g.nodes[i].attrs[0]) for i in group if g.nodes[i].op == "kernel"]
+        assert any("row_sum(exp(" in body for body in bodies), (seed, spec.npu.groups)

@@ -114,8 +114,8 @@ def memory_order(graph: Graph) -> list[int]:
 
     Each step runs, of the nodes whose inputs have run, the one that adds the fewest bytes: its result
     less the buffers it reads for the last time; ties go to the earlier node. Resident nodes and views
-    allocate nothing. Greedy, so not always the lowest peak: `reorder_for_memory` keeps whichever of
-    this order and the program's own has the lower one."""
+    allocate nothing. Greedy, so not always the lowest peak: `reorder_for_memory` keeps the lowest of
+    this order, `beam_order`'s and the program's own."""
     order = graph.live()
     position = {i: p for p, i in enumerate(order)}
     resident, owner, size = _buffers(graph, order)
@@ -150,6 +150,63 @@ def memory_order(graph: Graph) -> list[int]:
     return scheduled
 
 
+def beam_order(graph: Graph, width: int = 8) -> list[int]:
+    """A topological order of the live nodes found by beam search on the peak.
+
+    `memory_order` commits to the step that adds the fewest bytes now, so of two producers of one size
+    it may run the one whose readers still wait on others first, and hold both results at once. This
+    keeps the `width` partial orders with the lowest peak so far (then the fewest bytes live, then the
+    program's own order), extending each by every node whose inputs have run, so a step that costs a
+    little now and frees a large tensor soon survives. Bytes are counted as `peak_memory` counts them."""
+    order = graph.live()
+    position = {i: p for p, i in enumerate(order)}
+    resident, owner, size = _buffers(graph, order)
+    kept = resident | {owner[i] for i in graph.outputs}
+    reads = {i: {owner[j] for j in graph.nodes[i].inputs} for i in order}
+    readers: dict[int, set[int]] = {}
+    users: dict[int, set[int]] = {}
+    for i in order:
+        for b in reads[i]:
+            readers.setdefault(b, set()).add(i)
+        for j in graph.nodes[i].inputs:
+            users.setdefault(j, set()).add(i)
+    deps = {i: set(graph.nodes[i].inputs) for i in order}
+    counted = {i for i in order if i not in resident and owner[i] == i}   # nodes that allocate a buffer
+
+    def step(peak: int, current: int, done: frozenset, i: int) -> tuple[int, int]:
+        """(peak, bytes live after) once node i runs next."""
+        if i not in counted:
+            return peak, current
+        current += size[i]
+        peak = max(peak, current)
+        for b in reads[i] | {i}:
+            if b in counted and b not in kept and all(r in done or r == i for r in readers.get(b, ())):
+                current -= size[b]
+        return peak, current
+
+    start = sum(size[i] for i in resident)
+    beam = [(start, start, (), frozenset(), frozenset(i for i in order if not deps[i]))]
+    for _ in order:
+        children = []
+        for k, (peak, current, _, done, ready) in enumerate(beam):
+            for i in ready:
+                children.append((*step(peak, current, done, i), position[i], k, i))
+        children.sort()
+        beam_next, seen = [], set()
+        for peak, current, _, k, i in children:
+            done = beam[k][3] | {i}
+            if done in seen:
+                continue
+            seen.add(done)
+            ready = (beam[k][4] - {i}) | {u for u in users.get(i, ()) if deps[u] <= done}
+            beam_next.append((peak, current, beam[k][2] + (i,), done, ready))
+            if len(beam_next) == width:
+                break
+        beam = beam_next
+    assert beam and len(beam[0][2]) == len(order), "beam_order: the live nodes are not a DAG"
+    return list(beam[0][2])
+
+
 def renumber(graph: Graph, order: list[int]) -> tuple[Graph, dict[int, int]]:
     """The live nodes of `graph` in `order` (a topological order), and old id -> new id."""
     new = Graph(consts=graph.consts, opaque=graph.opaque, n_args=graph.n_args)
@@ -162,14 +219,18 @@ def renumber(graph: Graph, order: list[int]) -> tuple[Graph, dict[int, int]]:
 
 
 def reorder_for_memory(graph: Graph) -> tuple[Graph, dict[int, int]]:
-    """`graph` renumbered in `memory_order` where that lowers its peak, else in its own order (same
-    nodes, same results: only when each intermediate is computed, and so freed, changes)."""
-    order = memory_order(graph)
-    if order != graph.live():
-        new, ids = renumber(graph, order)
-        if peak_memory(new).bytes < peak_memory(graph).bytes:
-            return new, ids
-    return renumber(graph, graph.live())
+    """`graph` renumbered in whichever of its own order, `memory_order` and `beam_order` gives the
+    lowest peak, its own on a tie (same nodes, same results: only when each intermediate is computed,
+    and so freed, changes)."""
+    own = graph.live()
+    best, best_ids = renumber(graph, own)
+    best_peak = peak_memory(best).bytes
+    for order in (memory_order(graph), beam_order(graph)):
+        if order != own:
+            new, ids = renumber(graph, order)
+            if peak_memory(new).bytes < best_peak:
+                best, best_ids, best_peak = new, ids, peak_memory(new).bytes
+    return best, best_ids
 
 
 def fit_budget(choice: dict, choose, build, own: dict, budget: int,

@@ -7,7 +7,7 @@ import pytest
 from bench.remat import mlp_grad
 from superopt import superopt
 from superopt.egraph.ir import Graph, Node
-from superopt.extract.memory import memory_order, parse_bytes, peak_memory, reorder_for_memory
+from superopt.extract.memory import beam_order, memory_order, parse_bytes, peak_memory, renumber, reorder_for_memory
 from superopt.lowering.jax import lower
 
 F32 = "float32"
@@ -75,6 +75,42 @@ def test_memory_order_reads_a_value_for_the_last_time_before_allocating_more():
     assert peak_memory(fitted).bytes == 3 * 4096 + 4
     assert [fitted.nodes[ids[i]].op for i in g.live()] == [n.op for n in g.nodes]
     x = np.random.default_rng(0).normal(size=1024).astype(np.float32)
+    for got, want in zip(lower(fitted)(x), lower(g)(x)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+def _equal_producers() -> Graph:
+    """The shape of a jax.grad program: of producers of one size, greedily the earliest runs first,
+    though only another one's reader frees what it reads. Big tensors are f32[1, 1024] (4 KiB); each
+    output is one dot product of two of them (the column is a reshape, a view)."""
+    g = Graph(n_args=1)
+
+    def big(op, *ins):
+        return g.add(Node(op, ins, (), (1, 1024), F32))
+
+    def dot(a, b):
+        return g.add(Node("matmul", (a, g.add(Node("reshape", (b,), (), (1024, 1), F32))), (), (1, 1), F32))
+
+    x = g.add(Node("arg", (), (0,), (1, 1024), F32))
+    a = big("exp", x)
+    b = big("tanh", a)
+    c = big("neg", b)
+    d = big("exp", c)
+    f = big("mul", d, b)
+    h = big("mul", big("exp", a), d)
+    g.outputs = [dot(f, a), dot(h, b), dot(big("tanh", b), c)]
+    return g
+
+
+def test_beam_order_holds_fewer_tensors_than_the_greedy_order():
+    g = _equal_producers()
+    greedy = peak_memory(renumber(g, memory_order(g))[0]).bytes
+    beam = peak_memory(renumber(g, beam_order(g))[0]).bytes
+    assert greedy // 4096 == 6             # x and five intermediates at once
+    assert beam // 4096 == 5 and beam < greedy
+    fitted, ids = reorder_for_memory(g)
+    assert peak_memory(fitted).bytes == beam
+    x = np.random.default_rng(0).normal(size=(1, 1024)).astype(np.float32)
     for got, want in zip(lower(fitted)(x), lower(g)(x)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
 

@@ -17,9 +17,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m superopt.demo
 
-# pytest exits 5 when no test ran; make treats that as a failure, as it should.
+# pytest exits 5 when no test ran; make treats that as a failure, as it should. The suite runs on one
+# worker per core, at most 4 (each worker loads JAX; tests are independent and write only to tmp dirs).
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses=4
 
 bench: $(STAMP)
 	$(PY) -m bench.run

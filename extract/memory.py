@@ -109,6 +109,38 @@ def _buffers(graph: Graph, order: list[int]) -> tuple[set, dict, dict]:
     return resident, owner, {i: graph.nodes[i].nbytes for i in order}
 
 
+@dataclass(frozen=True)
+class _Scheduling:
+    """What the schedulers need of a program, counted as `peak_memory` counts it."""
+    order: list[int]                  # the live nodes in program order
+    position: dict[int, int]          # node -> its index in `order`
+    resident: set[int]                # arguments and constants: live for the whole call
+    size: dict[int, int]              # node -> bytes of its result
+    kept: set[int]                    # buffers never freed: resident ones and outputs'
+    counted: set[int]                 # nodes that allocate a buffer (not resident, not a view)
+    reads: dict[int, set[int]]        # node -> the buffers it reads
+    readers: dict[int, set[int]]      # buffer -> the nodes that read it
+    deps: dict[int, set[int]]         # node -> its inputs
+    users: dict[int, set[int]]        # node -> the nodes that take it as an input
+
+    @classmethod
+    def of(cls, graph: Graph) -> "_Scheduling":
+        order = graph.live()
+        resident, owner, size = _buffers(graph, order)
+        deps = {i: set(graph.nodes[i].inputs) for i in order}
+        reads = {i: {owner[j] for j in deps[i]} for i in order}
+        readers: dict[int, set[int]] = {}
+        users: dict[int, set[int]] = {}
+        for i in order:
+            for b in reads[i]:
+                readers.setdefault(b, set()).add(i)
+            for j in deps[i]:
+                users.setdefault(j, set()).add(i)
+        return cls(order, {i: p for p, i in enumerate(order)}, resident, size,
+                   resident | {owner[i] for i in graph.outputs},
+                   {i for i in order if i not in resident and owner[i] == i}, reads, readers, deps, users)
+
+
 def memory_order(graph: Graph) -> list[int]:
     """A topological order of the live nodes that frees intermediates sooner (list scheduling).
 
@@ -116,37 +148,28 @@ def memory_order(graph: Graph) -> list[int]:
     less the buffers it reads for the last time; ties go to the earlier node. Resident nodes and views
     allocate nothing. Greedy, so not always the lowest peak: `reorder_for_memory` keeps the lowest of
     this order, `beam_order`'s and the program's own."""
-    order = graph.live()
-    position = {i: p for p, i in enumerate(order)}
-    resident, owner, size = _buffers(graph, order)
-    kept = resident | {owner[i] for i in graph.outputs}
-    reads = {i: {owner[j] for j in graph.nodes[i].inputs} for i in order}
-    pending: dict[int, int] = {}
-    users: dict[int, list[int]] = {}
-    for i in order:
-        for b in reads[i]:
-            pending[b] = pending.get(b, 0) + 1
-        for j in set(graph.nodes[i].inputs):
-            users.setdefault(j, []).append(i)
-    waiting = {i: len(set(graph.nodes[i].inputs)) for i in order}
-    ready = {i for i in order if waiting[i] == 0}
+    sc = _Scheduling.of(graph)
+    size, kept, reads = sc.size, sc.kept, sc.reads
+    pending = {b: len(r) for b, r in sc.readers.items()}
+    waiting = {i: len(sc.deps[i]) for i in sc.order}
+    ready = {i for i in sc.order if not waiting[i]}
 
     def growth(i: int) -> int:
-        alloc = 0 if i in resident or owner[i] != i else size[i]
+        alloc = size[i] if i in sc.counted else 0
         return alloc - sum(size[b] for b in reads[i] if b not in kept and pending[b] == 1)
 
     scheduled: list[int] = []
     while ready:
-        i = min(ready, key=lambda k: (growth(k), position[k]))
+        i = min(ready, key=lambda k: (growth(k), sc.position[k]))
         ready.discard(i)
         scheduled.append(i)
         for b in reads[i]:
             pending[b] -= 1
-        for u in users.get(i, ()):
+        for u in sc.users.get(i, ()):
             waiting[u] -= 1
             if waiting[u] == 0:
                 ready.add(u)
-    assert len(scheduled) == len(order), "memory_order: the live nodes are not a DAG"
+    assert len(scheduled) == len(sc.order), "memory_order: the live nodes are not a DAG"
     return scheduled
 
 
@@ -158,20 +181,8 @@ def beam_order(graph: Graph, width: int = 8) -> list[int]:
     keeps the `width` partial orders with the lowest peak so far (then the fewest bytes live, then the
     program's own order), extending each by every node whose inputs have run, so a step that costs a
     little now and frees a large tensor soon survives. Bytes are counted as `peak_memory` counts them."""
-    order = graph.live()
-    position = {i: p for p, i in enumerate(order)}
-    resident, owner, size = _buffers(graph, order)
-    kept = resident | {owner[i] for i in graph.outputs}
-    reads = {i: {owner[j] for j in graph.nodes[i].inputs} for i in order}
-    readers: dict[int, set[int]] = {}
-    users: dict[int, set[int]] = {}
-    for i in order:
-        for b in reads[i]:
-            readers.setdefault(b, set()).add(i)
-        for j in graph.nodes[i].inputs:
-            users.setdefault(j, set()).add(i)
-    deps = {i: set(graph.nodes[i].inputs) for i in order}
-    counted = {i for i in order if i not in resident and owner[i] == i}   # nodes that allocate a buffer
+    sc = _Scheduling.of(graph)
+    size, kept, reads, counted = sc.size, sc.kept, sc.reads, sc.counted
 
     def step(peak: int, current: int, done: frozenset, i: int) -> tuple[int, int]:
         """(peak, bytes live after) once node i runs next."""
@@ -180,17 +191,17 @@ def beam_order(graph: Graph, width: int = 8) -> list[int]:
         current += size[i]
         peak = max(peak, current)
         for b in reads[i] | {i}:
-            if b in counted and b not in kept and all(r in done or r == i for r in readers.get(b, ())):
+            if b in counted and b not in kept and all(r in done or r == i for r in sc.readers.get(b, ())):
                 current -= size[b]
         return peak, current
 
-    start = sum(size[i] for i in resident)
-    beam = [(start, start, (), frozenset(), frozenset(i for i in order if not deps[i]))]
-    for _ in order:
+    start = sum(size[i] for i in sc.resident)
+    beam = [(start, start, (), frozenset(), frozenset(i for i in sc.order if not sc.deps[i]))]
+    for _ in sc.order:
         children = []
         for k, (peak, current, _, done, ready) in enumerate(beam):
             for i in ready:
-                children.append((*step(peak, current, done, i), position[i], k, i))
+                children.append((*step(peak, current, done, i), sc.position[i], k, i))
         children.sort()
         beam_next, seen = [], set()
         for peak, current, _, k, i in children:
@@ -198,12 +209,12 @@ def beam_order(graph: Graph, width: int = 8) -> list[int]:
             if done in seen:
                 continue
             seen.add(done)
-            ready = (beam[k][4] - {i}) | {u for u in users.get(i, ()) if deps[u] <= done}
+            ready = (beam[k][4] - {i}) | {u for u in sc.users.get(i, ()) if sc.deps[u] <= done}
             beam_next.append((peak, current, beam[k][2] + (i,), done, ready))
             if len(beam_next) == width:
                 break
         beam = beam_next
-    assert beam and len(beam[0][2]) == len(order), "beam_order: the live nodes are not a DAG"
+    assert beam and len(beam[0][2]) == len(sc.order), "beam_order: the live nodes are not a DAG"
     return list(beam[0][2])
 
 
@@ -223,14 +234,9 @@ def reorder_for_memory(graph: Graph) -> tuple[Graph, dict[int, int]]:
     lowest peak, its own on a tie (same nodes, same results: only when each intermediate is computed,
     and so freed, changes)."""
     own = graph.live()
-    best, best_ids = renumber(graph, own)
-    best_peak = peak_memory(best).bytes
-    for order in (memory_order(graph), beam_order(graph)):
-        if order != own:
-            new, ids = renumber(graph, order)
-            if peak_memory(new).bytes < best_peak:
-                best, best_ids, best_peak = new, ids, peak_memory(new).bytes
-    return best, best_ids
+    candidates = [renumber(graph, own)]
+    candidates += [renumber(graph, order) for order in (memory_order(graph), beam_order(graph)) if order != own]
+    return min(candidates, key=lambda c: peak_memory(c[0]).bytes)    # min keeps the first of equals
 
 
 def fit_budget(choice: dict, choose, build, own: dict, budget: int,

@@ -6,9 +6,9 @@ cheaper is the cost model's business, so identities that can pay either way are 
 from __future__ import annotations
 
 from superopt.rewrites.pattern import (
-    add, app, arg, axes_of, binary, broadcast, compose, concat, const, conv, dim, div, dtypes, exp, floats, iadd, ints, lit, log,
-    last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_last, shape_of, slice_, sub, tensors,
-    transpose, unary, vecs, zeros_like, integer_pow,
+    add, app, arg, axes_of, binary, broadcast, compose, concat, const, conv, dim, div, dtypes, exp, floats, iadd,
+    ints, lit, log, last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_last, shape_of,
+    slice_, sub, tensors, transpose, unary, vecs, zeros_like, integer_pow,
 )
 from superopt.rewrites.rule import RuleSet, multi_rule, rule, when
 

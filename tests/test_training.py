@@ -11,6 +11,7 @@ from superopt import superopt
 from superopt.egraph.ir import body_str
 from superopt.egraph.runner import StopReason
 from superopt.extract.target import load_target
+from superopt.extract.tiling import cone
 from superopt.extract.traffic import gradient_tensors, gradient_traffic
 from superopt.lowering.npu.lower import NpuExecutable
 
@@ -79,9 +80,10 @@ def test_sgd_with_momentum_makes_the_same_skip_decisions_in_fewer_passes(sgd):
     _assert_same_steps(sgd_step_fn, w.args, fn)
     before, after = spec.report.gradient_traffic
     assert after.passes < before.passes and after.bytes < before.bytes
+    param_shapes = {p.shape for p in jax.tree_util.tree_leaves(w.args[0])}
     for i in spec.term.live():          # no launch only unscales or only clips a gradient
         node = spec.term.nodes[i]
-        assert not (node.op == "mul" and node.shape in [g.shape for g in jax.tree_util.tree_leaves(w.args[0])])
+        assert not (node.op == "mul" and node.shape in param_shapes)
 
 
 def test_the_cross_entropy_sums_its_rows_in_the_kernel_that_computes_them(sgd):
@@ -184,12 +186,12 @@ def test_on_the_npu_the_loss_scale_seed_runs_in_the_launch_of_the_softmax_row_su
     _, spec = npu_step
     g = spec.term
     labels, scale = 13, 14                 # params, m and v (4 leaves each), x, labels, loss_scale, count
-    reads = lambda i, k: any(g.nodes[j].op == "arg" and g.nodes[j].attrs[0] == k for j in g.nodes[i].inputs)  # noqa: E731
 
-    def depends_on_scale(i):
-        return reads(i, scale) or any(depends_on_scale(j) for j in g.nodes[i].inputs if g.nodes[j].op != "arg")
+    def args_of(nodes):
+        return {g.nodes[j].attrs[0] for j in nodes if g.nodes[j].op == "arg"}
 
-    seeds = [i for i in g.live() if g.nodes[i].op == "mul" and reads(i, labels) and depends_on_scale(i)]
+    seeds = [i for i in g.live() if g.nodes[i].op == "mul" and labels in args_of(g.nodes[i].inputs)
+             and scale in args_of(cone(g.nodes, i, stop=lambda j: False))]
     assert seeds, "no labels * scale product in the program"
     for seed in seeds:
         group = next((grp for grp in spec.npu.groups if seed in grp), ())

@@ -53,6 +53,10 @@ class _Builder:
     def const(self, value, dtype=None) -> int:
         arr = np.asarray(value, dtype=dtype)
         if arr.ndim == 0 and arr.dtype.kind in "fiub":
+            if arr.dtype.kind == "f" and arr == 0 and np.signbit(arr):
+                # egglog's f64 holds -0.0 and 0.0 as one value, so the literal -0.0 would merge with 0.0
+                # (x * -0.0 and x * 0.0 would become one term): it enters the e-graph as neg(0.0)
+                return self.node("neg", (self.node("lit", (), (0.0,), (), arr.dtype),), (), (), arr.dtype)
             return self.node("lit", (), (arr.item(),), (), arr.dtype)
         key = id(value)
         if key not in self.const_ids:

@@ -5,8 +5,21 @@ Bindings are generated top-down from the left-hand side: each sub-pattern is giv
 needs (a matmul picks a contracting size, a transpose a permutation, a broadcast its dimensions), so
 shapes are consistent by construction and shared variables stay consistent. Bindings that break a
 predicate, or a left-hand side that is still ill typed, are rejected; a right-hand side that is ill typed
-or differs is unsound. Values: "exact" rules see zeros, negatives, large magnitudes, NaN and Inf;
-"reals" rules see moderate finite values, since they may differ where an intermediate overflows.
+or differs is unsound.
+
+Values, by the rule's `numerics` (rewrites/rule.py):
+- "exact" and "rounding" rules see, in tensors and in literal constants alike, ordinary values and the
+  values that break rules: NaN, +-inf, -0, subnormals, the dtype's largest finite value, values near
+  half of it and near its square root (`_extremes`). Both sides are evaluated in the declared dtypes.
+  "exact" sides must be equal, NaN where NaN, zeros of the same sign. "rounding" sides must be finite,
+  NaN and +-inf (with the sign) at the same elements, and equal within the dtype's rounding tolerance
+  or as close to the float64 value as the original; the one allowed difference is a result within
+  rounding tolerance of the dtype's largest finite value that rounds to inf of the same sign on one
+  side only (`_range_edge`).
+- "reals" rules (legal only under numerics="fast") see moderate finite values, since they may differ
+  where an intermediate overflows; they must still be equal over the reals, up to rounding.
+Literal constants are drawn as the e-graph holds them: values of the rule's dtype (what capture
+produces), or normal numbers of it (what constant folding produces, `fold_in_range`).
 """
 from __future__ import annotations
 
@@ -24,7 +37,7 @@ from superopt.rewrites.pattern import (
     CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, SCALAR, SCALAR_AS_TENSOR, TENSOR, App, Const, Var, variables,
 )
 from superopt.rewrites.reference import evaluate_node
-from superopt.verify import as_accurate, is_float, mismatch
+from superopt.verify import TOLERANCES, as_accurate, is_float, mismatch
 
 DTYPES = ("float32", "float16", "bfloat16")
 DRAWN_ELEMENTS = 128   # larger arrays are filled from a drawn seed (`_large_arrays`)
@@ -133,7 +146,8 @@ def evaluate(p, env: dict):
     typed = (CONV_TABLE.conv_params[prims[0]],) if p.fn == "conv" else prims
     shape, dtype = infer(p.fn, typed, [(tuple(np.shape(t)), str(np.asarray(t).dtype)) for t in tensors])
     if p.fn == "lit":
-        return np.asarray(prims[0], dtype=np.dtype(dtype))
+        with np.errstate(over="ignore"):   # a literal past the dtype's range is its inf, as XLA holds it
+            return np.asarray(prims[0], dtype=np.dtype(dtype))
     op, attrs = decode(p.fn, prims, (), CONV_TABLE)
     return evaluate_node(op, attrs, tensors, shape, np.dtype(dtype))
 
@@ -190,7 +204,7 @@ class _Generator:
                 if v.sort == DTYPE and v not in self.env:
                     self.env[v] = draw(st.sampled_from(CAST_DTYPES)) if v in cast_targets else self.dtype
                 elif v.sort == FLOAT:
-                    self.env[v] = draw(st.sampled_from(FLOATS))
+                    self.env[v] = draw(_literals(self.dtype, rule.numerics))
                 elif v.sort == INT and v not in ints:
                     ints.append(v)
         # Integer variables are leaf ids; drawn distinct and increasing, so `less` chains hold.
@@ -606,6 +620,31 @@ def _list_items(p) -> list:
     return items
 
 
+def _extremes(dtype: str) -> list[float]:
+    """The values of a float dtype that break rules: NaN, +-inf, -0, subnormals, the smallest normal,
+    the largest finite value, values near half of it and near its square root (where a square or a
+    product of two overflows), each with both signs."""
+    import ml_dtypes
+    info, dt = ml_dtypes.finfo(dtype), np.dtype(dtype)
+    big, root = float(info.max), math.sqrt(float(info.max))
+    magnitudes = [float(info.smallest_subnormal), 3 * float(info.smallest_subnormal), float(info.tiny),
+                  root / 2, root, 2 * root, big / 2, big / 1.5, big]
+    out = [0.0, -0.0, math.nan, math.inf, -math.inf]
+    for m in magnitudes:
+        exact = float(np.asarray(m).astype(dt).astype(np.float64))   # as the dtype holds it
+        out += [exact, -exact]
+    return out
+
+
+def _literals(dtype: str, numerics: str):
+    """A literal constant for a rule whose tensors have `dtype`. "reals" rules see `FLOATS`; the others
+    see the dtype's extremes too, and normal numbers that the dtype does not hold exactly (a folded
+    constant), which `FLOATS` has (1e-3, say)."""
+    if numerics == "reals":
+        return st.sampled_from(FLOATS)
+    return st.one_of(st.sampled_from(FLOATS), st.sampled_from(_extremes(dtype)))
+
+
 def _arrays(shape, dtype: str, numerics: str):
     if dtype == "bool":
         return st.lists(st.booleans(), min_size=math.prod(shape), max_size=math.prod(shape)).map(
@@ -616,14 +655,13 @@ def _arrays(shape, dtype: str, numerics: str):
         elements = st.one_of(st.sampled_from(edges), st.integers(int(info.min), int(info.max)))
         return st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)).map(
             lambda xs: np.array(xs, dtype=np.int64).astype(np.dtype(dtype)).reshape(shape))
-    big = {"float16": 3e4, "bfloat16": 1e30, "float32": 1e30}[dtype]
-    if numerics == "exact":
-        elements = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, big, -big, math.inf, -math.inf, math.nan]),
-                             st.floats(-100, 100, width=32))
-    else:
+    if numerics == "reals":
         elements = st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-4, 4, width=32))
+    else:  # ordinary values twice as often as extremes, so a matmul also sees finite sums
+        ordinary = st.one_of(st.sampled_from([1.0, -1.0, 2.0, 0.5]), st.floats(-100, 100, width=32))
+        elements = st.one_of(st.sampled_from(_extremes(dtype)), ordinary, ordinary)
     return st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)).map(
-        lambda xs: np.array(xs, dtype=np.float32).astype(np.dtype(dtype)).reshape(shape))
+        lambda xs: np.array(xs, dtype=np.float64).astype(np.dtype(dtype)).reshape(shape))
 
 
 def _large_arrays(shape, dtype: str, numerics: str):
@@ -672,16 +710,56 @@ def _one_case(rule, draw) -> tuple[dict, str | None]:
             right = evaluate(rhs, env)
         except IllTyped as exc:
             return shown, f"right-hand side is ill typed: {exc}"
-        problem = mismatch(np.asarray(left), np.asarray(right))
-        if problem and rule.numerics == "reals":
-            # Equal over the reals may still round differently (x@y + x@z cancels where x@(y+z) does
-            # not): the rewritten side passes if it is as close to the float64 value as the original.
-            truth = _precise(lhs, env)
-            if truth is not None and as_accurate(np.asarray(left), np.asarray(right), truth) is None:
-                problem = None
+        left, right = np.asarray(left), np.asarray(right)
+        if rule.numerics == "exact":
+            problem = _inexact(left, right)
+        else:
+            if rule.numerics == "rounding":
+                right = _range_edge(left, right)
+            problem = mismatch(left, right)
+            if problem:
+                # Sides that round differently (x@y + x@z cancels where x@(y+z) does not) pass if the
+                # rewritten one is as close to the float64 value as the original (either way round, for a
+                # two-way rule).
+                truth = _precise(lhs, env)
+                if truth is not None and as_accurate(left, right, truth) is None and \
+                        not (rule.two_way and as_accurate(right, left, truth) is not None):
+                    problem = None
         if problem:
-            return shown | {"lhs": np.asarray(left), "rhs": np.asarray(right)}, problem
+            return shown | {"lhs": left, "rhs": right}, problem
     return shown, None
+
+
+def _inexact(left: np.ndarray, right: np.ndarray) -> str | None:
+    """None if the two sides are equal in IEEE arithmetic: the same values, NaN at the same elements
+    (any payload), zeros of the same sign."""
+    if left.shape != right.shape or left.dtype != right.dtype:
+        return f"type {right.dtype}{list(right.shape)} != {left.dtype}{list(left.shape)}"
+    if not is_float(left.dtype):
+        bad = int(np.sum(left != right))
+        return f"{bad} of {left.size} elements differ" if bad else None
+    a, b = left.astype(np.float64), right.astype(np.float64)
+    if not np.array_equal(a, b, equal_nan=True):
+        return "values differ (the rule is labelled exact)" if np.array_equal(np.isnan(a), np.isnan(b)) \
+            else "NaN positions differ"
+    if not np.array_equal(np.signbit(a[a == 0]), np.signbit(b[a == 0])):
+        return "zeros of different signs (the rule is labelled exact)"
+    return None
+
+
+def _range_edge(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """`right`, with each element where one side is +-inf and the other a finite value of the same sign
+    within rounding tolerance of the dtype's largest finite value taken from `left`: the contract's one
+    allowed difference in where results are finite."""
+    if left.shape != right.shape or left.dtype != right.dtype or not is_float(left.dtype) \
+            or str(left.dtype) not in TOLERANCES:
+        return right
+    import ml_dtypes
+    big = float(ml_dtypes.finfo(left.dtype).max) * (1 - TOLERANCES[str(left.dtype)][0])
+    a, b = left.astype(np.float64), right.astype(np.float64)
+    edge = ((np.isinf(a) & np.isfinite(b) & (np.abs(b) >= big)) |
+            (np.isinf(b) & np.isfinite(a) & (np.abs(a) >= big))) & (np.sign(a) == np.sign(b))
+    return np.where(edge, left, right) if edge.any() else right
 
 
 def _precise(pattern, env: dict):

@@ -19,6 +19,10 @@ from superopt.egraph.terms import conv_channels_last, conv_int32, dtype as dtype
 from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+# Terms of int8 products an int32 sum always holds: each product lies in [-128 * 127, (-128) ** 2] =
+# [-16256, 16384], so K terms fit while K * 2**14 <= 2**31 - 1 (the negative side, K * 16256 <= 2**31,
+# allows more). 131072 terms of (-128) * (-128) sum to 2**31, one past int32's largest value.
+INT8_TERMS = (2**31 - 1) // 2**14   # 131071
 
 
 @dataclass(frozen=True)
@@ -122,17 +126,33 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
               "the operands' dtype: no preferred_element_type, or float32)",
               lambda c, n: [[conv_int32(c.expr(n)) >= i64(0)]], lambda n: _int32_conv_py(n) is not None),
     Predicate("int32_accumulates_conv", (TENSOR,), "int8 products summed over a channels-last conv kernel's "
-              "window and input features (all axes but the last) fit int32 (at most 131072 terms)",
-              lambda c, t: [[_product(c.shape(t), c.rank(t) - 1) <= i64(131072)]] if c.rank(t) else [],
-              lambda t: np.ndim(t) > 0 and math.prod(np.shape(t)[:-1]) <= 131072, lambda t: _keyed(t)),
-    Predicate("nonzero", (FLOAT,), "a nonzero constant",
-              lambda c, v: [[ne(c.expr(v)).to(f64(0.0))]], lambda v: v != 0.0),    Predicate("row_vector", (TENSOR,), "a rank-2 tensor with one row (a per-column vector, as broadcast)",
+              f"window and input features (all axes but the last) fit int32 (2 to {INT8_TERMS} terms: one "
+              "product keeps float32's -0.0, which XLA's zero-started sum of two or more turns to +0.0 as int32 does)",
+              lambda c, t: [[_product(c.shape(t), c.rank(t) - 1) <= i64(INT8_TERMS),
+                             _product(c.shape(t), c.rank(t) - 1) >= i64(2)]] if c.rank(t) else [],
+              lambda t: np.ndim(t) > 0 and 2 <= math.prod(np.shape(t)[:-1]) <= INT8_TERMS, lambda t: _keyed(t)),
+    Predicate("nonzero", (FLOAT,), "a nonzero constant (egglog's f64 holds -0.0 and 0.0 as one value)",
+              lambda c, v: [[ne(c.expr(v)).to(f64(0.0))]], lambda v: v != 0.0),
+    Predicate("int8_scale", (FLOAT,), "a float32 scale an int8 matmul or conv may take inside or outside: zero, "
+              "or 2**-60 <= |c| <= 2**48, so that with at most INT8_TERMS products (each at most 2**14) and a "
+              "scale on each operand, neither side overflows float32 or leaves its normal range",
+              lambda c, v: [[eq(c.expr(v)).to(f64(0.0))],
+                            [c.expr(v) >= f64(2.0**-60), c.expr(v) <= f64(2.0**48)],
+                            [c.expr(v) >= f64(-2.0**48), c.expr(v) <= f64(-2.0**-60)]],
+              lambda v: v == 0.0 or 2.0**-60 <= abs(v) <= 2.0**48),
+    Predicate("fold_in_range", (FLOAT, DTYPE), "a folded constant is a normal number of the float dtype: "
+              "not NaN, and rounding it to the dtype neither overflows nor underflows; not zero, whose sign "
+              "egglog's f64 does not keep (-0.0 and 0.0 are one value there)",
+              lambda c, v, d: _in_range_egg(c.expr(v), c.expr(d)), lambda v, d: _in_range_py(v, d)),
+    Predicate("row_vector", (TENSOR,), "a rank-2 tensor with one row (a per-column vector, as broadcast)",
               lambda c, t: [[eq(c.shape(t).length()).to(i64(2)), eq(c.shape(t)[i64(0)]).to(i64(1))]],
               lambda t: np.ndim(t) == 2 and np.shape(t)[0] == 1),
     Predicate("int32_accumulates", (TENSOR,), "int8 products summed over the tensor's last axis fit int32 "
-              "(at most 2**31 / 2**14 = 131072 terms)",
-              lambda c, t: [[c.shape(t)[c.rank(t) - 1] <= i64(131072)]] if c.rank(t) else [],
-              lambda t: np.ndim(t) > 0 and np.shape(t)[-1] <= 131072, lambda t: _keyed(t)),
+              f"(2 to (2**31 - 1) // 2**14 = {INT8_TERMS} terms: one product keeps float32's -0.0, which "
+              "XLA's zero-started sum of two or more turns to +0.0 as int32 does)",
+              lambda c, t: [[c.shape(t)[c.rank(t) - 1] <= i64(INT8_TERMS), c.shape(t)[c.rank(t) - 1] >= i64(2)]]
+              if c.rank(t) else [],
+              lambda t: np.ndim(t) > 0 and 2 <= np.shape(t)[-1] <= INT8_TERMS, lambda t: _keyed(t)),
     Predicate("all_axes", (VEC, TENSOR), "the axis list names every axis of the tensor (a full reduction)",
               lambda c, p, t: [[eq(c.expr(p)).to(_vec(range(c.rank(t))))]] if c.rank(t) else [],
               lambda p, t: np.ndim(t) > 0 and tuple(p) == tuple(range(np.ndim(t))), lambda p, t: _keyed(t)),
@@ -147,6 +167,51 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
               "no padding, so unpacking and packing again gives back the same tensor",
               _fills_blocks_egg, _fills_blocks_py, lambda s, f: _keyed(s)),
 ]}
+
+
+# ---- constant folding (rulesets/algebra.py `_fold`) ----
+# egglog folds in f64. Of two literals exactly representable in a dtype, the f64 sum, difference, product
+# or quotient rounded once to the dtype is the dtype's own correctly rounded result (f64 has more than
+# 2p + 2 bits for every p here, so the double rounding is innocuous), i.e. what XLA computes. Where the
+# result overflows or underflows the dtype it is not: the f64 value of a later fold would not be the
+# dtype's inf or zero. `fold_in_range` keeps folded values to zero or the dtype's normal numbers, so every
+# literal in an e-graph is either captured (representable) or such a folded value.
+
+def _dtype_range(dtype: str) -> tuple[float, float]:
+    """(smallest normal, largest finite) of a float dtype."""
+    import ml_dtypes
+    info = ml_dtypes.finfo(dtype)
+    return float(info.tiny), float(info.max)
+
+
+def _in_range_egg(v, d) -> list:
+    # egglog orders f64 with NaN above +inf, so `v <= hi` excludes NaN in the positive alternative, and
+    # `v <= -lo` in the negative one
+    out = []
+    for dt in FLOAT_DTYPES:
+        lo, hi = _dtype_range(dt)
+        out += [[eq(d).to(String(dt)), v >= f64(lo), v <= f64(hi)],
+                [eq(d).to(String(dt)), v >= f64(-hi), v <= f64(-lo)]]
+    return out
+
+
+def _in_range_py(v: float, d: str) -> bool:
+    if d not in FLOAT_DTYPES:
+        return False
+    lo, hi = _dtype_range(d)
+    return lo <= abs(v) <= hi
+
+
+def _fmax(a: float, b: float) -> float:
+    """lax.max: NaN if either is NaN, and max(-0.0, 0.0) = 0.0."""
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return b if a < b or (a == b and math.copysign(1.0, a) < 0) else a
+
+
+def _fmin(a: float, b: float) -> float:
+    """lax.min: NaN if either is NaN, and min(-0.0, 0.0) = -0.0."""
+    return -_fmax(-a, -b)
 
 
 def _int32_conv_py(n: int) -> int | None:
@@ -209,8 +274,11 @@ ATTRIBUTES: dict[str, AttributeFn] = {f.name: f for f in [
     AttributeFn("fsub", lambda c, a, b: c.expr(a) - c.expr(b), lambda a, b: a - b),
     AttributeFn("fmul", lambda c, a, b: c.expr(a) * c.expr(b), lambda a, b: a * b),
     AttributeFn("fdiv", lambda c, a, b: c.expr(a) / c.expr(b), lambda a, b: a / b),
-    AttributeFn("fmax", lambda c, a, b: c.expr(a).max(c.expr(b)), lambda a, b: max(a, b)),
-    AttributeFn("fmin", lambda c, a, b: c.expr(a).min(c.expr(b)), lambda a, b: min(a, b)),
+    # egglog's f64 max propagates NaN (its order puts NaN above +inf) but its min drops it, so min is
+    # computed as -max(-a, -b). Its f64 holds -0.0 and 0.0 as one value: the sign of a folded zero is
+    # whichever the e-graph saw first (a rounding-sized difference).
+    AttributeFn("fmax", lambda c, a, b: c.expr(a).max(c.expr(b)), _fmax),
+    AttributeFn("fmin", lambda c, a, b: -((-c.expr(a)).max(-c.expr(b))), _fmin),
     AttributeFn("int32_conv", lambda c, n: c.bind(conv_int32(c.expr(n)), i64), lambda n: _int32_conv_py(n)),
     AttributeFn("last_axis_of", lambda c, t: _vec([c.rank(t) - 1]), lambda t: (np.ndim(t) - 1,), lambda t: _keyed(t)),
     AttributeFn("axes_of", lambda c, t: _vec(range(c.rank(t))), lambda t: tuple(range(np.ndim(t))),

@@ -10,9 +10,21 @@ A rule-set module declares one table:
     })
 
 Each rule records its name, rule set, category (the table section), doc line and source file:line.
-`numerics` says in which sense the sides are equal, which decides how the checker compares them:
-  "exact" - equal in IEEE arithmetic (same values; NaN and Inf where they arise);
-  "reals" - equal over the reals: may differ by rounding, and where an intermediate overflows.
+`numerics` says in which sense the sides are equal. It decides when the rule may run and how the checker
+(rewrites/checker.py) compares the sides. superopt's contract in its default mode, numerics="strict": for
+every input the optimized program is finite, NaN and +-inf (with the sign) exactly where the original is,
+its integer results are bit-identical and its float results within the dtype's rounding tolerance; the
+one allowed difference is a result within rounding tolerance of the dtype's largest finite value, which
+may round to +-inf in one program and not in the other.
+  "exact"    - equal in IEEE arithmetic: the same values, NaN, inf and -0 where they arise (NaN payloads
+               aside). Legal by default.
+  "rounding" - the same real function, and the sides differ by rounding only: for every input (NaN,
+               +-inf, -0, subnormals, the dtype's largest value, values near its square root) and every
+               literal constant the rule can bind, they are finite, NaN and inf at the same elements
+               (the range edge above aside). Legal by default.
+  "reals"    - equal over the reals only: may change where results overflow, underflow or are NaN
+               (re-association, distribution, moving a scale across a sum). Legal only with
+               numerics="fast"; in strict mode the schedule drops these rules.
 """
 from __future__ import annotations
 
@@ -25,7 +37,7 @@ from functools import cached_property
 from superopt.rewrites.functions import PREDICATES, when
 from superopt.rewrites.pattern import SCALAR, TENSOR, Pattern, variables
 
-NUMERICS = ("exact", "reals")
+NUMERICS = ("exact", "rounding", "reals")
 _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -6,7 +6,8 @@
       :numerics reals :category matmul :ruleset algebra
       :doc "(x@y)@z <-> x@(y@z)")
 
-`=>` is one-way, `<=>` two-way, and `(group (LHS => RHS) ...)` matches several patterns together.
+`:numerics` is `exact`, `rounding` or `reals` (rewrites/rule.py; `exact` when left out). `=>` is one-way,
+`<=>` two-way, and `(group (LHS => RHS) ...)` matches several patterns together.
 Elementwise ops and reductions are written by name (`(add ?x ?y)`, `(exp ?x)`, `(reduce_sum ?x [1])`);
 a variable op is written `(binary ?op ?x ?y)`. Vectors are `[0 1 2]`, strings are JSON strings, and a
 variable's sort comes from where it first appears. `dialect="taso"` also reads the operator names of

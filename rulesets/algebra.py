@@ -36,7 +36,7 @@ def _merge_shared_lhs(leaf, n: int):
     order = [when("less", a, b) for a, b in zip(ids, ids[1:])]
     kind = "inputs" if leaf is arg else "constants"
     return multi_rule(f"matmul-merge-{n}-shared-lhs-{kind}", pairs, *order, *(when("rank", w, 2) for w in ws),
-                      numerics="reals", doc=f"x@W1..x@W{n} ({kind}) -> slices of x@concat(W1..W{n})")
+                      numerics="rounding", doc=f"x@W1..x@W{n} ({kind}) -> slices of x@concat(W1..W{n})")
 
 
 def _by_rows(op_name: str, dtype: str | None = None):
@@ -52,8 +52,14 @@ def _by_rows(op_name: str, dtype: str | None = None):
 
 
 def _fold(op_name: str, symbol: str, attribute: str, *conditions):
-    return rule(f"fold-{op_name}", binary(op_name, lit(c1, d), lit(c2, d)), lit(app(attribute, c1, c2), d),
-                when("float_dtype", d), *conditions, numerics="reals", doc=f"c1 {symbol} c2 -> one literal")
+    """c1 op c2 -> one literal, computed in f64 (functions.py: for literals the dtype holds, the f64
+    result rounded once to the dtype is what XLA computes), kept only when the result is a normal number
+    of the dtype: an overflow to inf or an underflow to zero would not be the f64 value, and a zero
+    result's sign is lost in egglog's f64 (-0.0 and 0.0 are one value there)."""
+    folded = app(attribute, c1, c2)
+    return rule(f"fold-{op_name}", binary(op_name, lit(c1, d), lit(c2, d)), lit(folded, d),
+                when("float_dtype", d), *conditions, when("fold_in_range", folded, d), numerics="rounding",
+                doc=f"c1 {symbol} c2 -> one literal, a normal number of the dtype")
 
 
 ALGEBRA = RuleSet("algebra", {
@@ -118,19 +124,19 @@ ALGEBRA = RuleSet("algebra", {
         rule("reduce-of-row-reductions", reduce(op, reduce(op, x, q), p),
              reduce(op, reshape(reduce(op, x, q), set_last(shape_of(x), 1)), axes_of(x)),
              when("last_axis", q, x), when("all_axes", p, reduce(op, x, q)),
-             numerics="reals", doc="the full reduction of a tensor's row reductions = the full reduction of "
+             numerics="rounding", doc="the full reduction of a tensor's row reductions = the full reduction of "
              "the rows kept as a size-1 axis, which a row kernel computes (a cross-entropy's per-example "
              "losses are summed as the kernel that computes them writes them)"),
         rule("reduce-over-unit-axes", reduce(op, x, p), reshape(x, shape_of(reduce(op, x, p))),
-             when("unit_axes", p, x), numerics="exact",
+             when("unit_axes", p, x), numerics="rounding",   # a sum starts at +0: the sum of -0 is +0
              doc="a reduction whose reduced axes all have size one reduces nothing: a reshape (the sum of a "
                  "bias gradient's one row, say, is a view instead of a pass over it)"),
     ],
     "identity": [
         rule("mul-one", mul(x, one), x, doc="x*1 -> x"),
         rule("mul-one-left", mul(one, x), x, doc="1*x -> x"),
-        rule("add-zero", add(x, zero), x, doc="x+0 -> x"),
-        rule("add-zero-left", add(zero, x), x, doc="0+x -> x"),
+        rule("add-zero", add(x, zero), x, numerics="rounding", doc="x+0 -> x (-0 + 0 is +0: a zero's sign only)"),
+        rule("add-zero-left", add(zero, x), x, numerics="rounding", doc="0+x -> x (0 + -0 is +0)"),
         rule("sub-zero", sub(x, zero), x, doc="x-0 -> x"),
         rule("div-one", div(x, one), x, doc="x/1 -> x"),
         rule("neg-neg", neg(neg(x)), x, doc="-(-x) -> x"),
@@ -149,8 +155,10 @@ ALGEBRA = RuleSet("algebra", {
         rule("exp-zero", exp(zero), one, doc="exp(0) -> 1"),
         rule("log-one", log(one), zero, doc="log(1) -> 0"),
         rule("div-sqrt-as-rsqrt", div(x, unary("sqrt", y)), mul(x, unary("rsqrt", y)), two_way=True,
-             numerics="reals", doc="x / sqrt(y) <-> x * rsqrt(y)"),
-        rule("recip-sqrt", div(one, unary("sqrt", x)), unary("rsqrt", x), numerics="reals", doc="1/sqrt(x) -> rsqrt(x)"),
+             numerics="rounding", doc="x / sqrt(y) <-> x * rsqrt(y) (rsqrt of the smallest subnormal is "
+             "finite; y = +-0, inf and negative y give the same inf, 0 and NaN)"),
+        rule("recip-sqrt", div(one, unary("sqrt", x)), unary("rsqrt", x), numerics="rounding",
+             doc="1/sqrt(x) -> rsqrt(x)"),
         rule("reduce-sum-scale", reduce("reduce_sum", mul(x, lit(c1, d)), p), mul(reduce("reduce_sum", x, p), lit(c1, d)),
              two_way=True, numerics="reals", doc="sum(x*c) <-> sum(x)*c, scalar c"),
     ],

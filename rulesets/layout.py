@@ -54,8 +54,8 @@ LAYOUT = RuleSet("layout", {
     "cube": [
         rule("matmul-on-fractals", matmul(x, y, d),
              unpack(fractal_matmul(pack(x, "ZZ"), pack(y, "ZN"), d), "NZ", shape_of(matmul(x, y, d))),
-             numerics="reals",
+             numerics="rounding",
              doc="x@y = unpack(fractal_matmul(pack(x, ZZ), pack(y, ZN)), NZ): the cube's contraction on "
-                 "fractals (sums in another order)"),
+                 "fractals (the same products summed in another order, as a matmul's order is its own)"),
     ],
 })

@@ -29,11 +29,18 @@ def _caught(bad_rule):
 
 
 def test_times_zero_is_not_zero_under_nan_and_inf():
-    bad = rule("mul-zero", mul(x, lit(0.0, d)), broadcast(lit(0.0, d), shape_of(x), ()), doc="wrong: x*0 -> 0")
+    # labelled "rounding", so that the sign of -1 * 0 does not count: only a NaN or an Inf can break it
+    bad = rule("mul-zero", mul(x, lit(0.0, d)), broadcast(lit(0.0, d), shape_of(x), ()), numerics="rounding",
+               doc="wrong: x*0 -> 0")
     cex = _caught(bad)
     x_value = cex.bindings["?x"].astype(np.float32)
     assert not np.all(np.isfinite(x_value)), cex   # the shrunk counterexample is a NaN or an Inf
     assert "NaN" in cex.problem
+
+
+def test_times_zero_labelled_exact_is_caught_on_the_sign_of_zero_too():
+    bad = rule("mul-zero", mul(x, lit(0.0, d)), broadcast(lit(0.0, d), shape_of(x), ()), doc="wrong: x*0 -> 0")
+    assert _caught(bad).problem
 
 
 def test_inexact_cast_round_trip_is_caught():

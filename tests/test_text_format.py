@@ -99,3 +99,15 @@ def test_a_taso_rule_rewrites_a_real_program(taso_rules):
 def test_bad_text_is_a_clear_error(text, message):
     with pytest.raises((ParseError, ValueError, KeyError), match=message):
         parse_rules(text)
+
+
+@pytest.mark.parametrize("numerics", ["exact", "rounding", "reals"])
+def test_each_numerics_label_reads_and_prints(numerics):
+    r = parse_rule(f'(rule r (exp ?a) => (exp ?a) :numerics {numerics} :doc "d")')
+    assert r.numerics == numerics and f":numerics {numerics} " in format_rule(r)
+    assert parse_rule(format_rule(r)) == r
+
+
+def test_an_unknown_numerics_label_is_an_error():
+    with pytest.raises(ValueError, match="numerics must be one of"):
+        parse_rule('(rule r (exp ?a) => (exp ?a) :numerics fast :doc "d")')

@@ -1,6 +1,9 @@
-"""Verify: the optimized program against the original on random inputs, with tolerances per dtype."""
+"""Verify: the optimized program against the original under the numerics contract (README.md), on random
+inputs and on adversarial ones built per argument dtype (near overflow, zeros, infinities, NaN, integer
+extremes), with tolerances per dtype. `verify` is what superopt runs on every specialization."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 # Floating-point outputs pass two checks (integers and bools must be equal):
@@ -59,7 +62,10 @@ def mismatch(expected, actual, as_dtype: str | None = None) -> str | None:
     if as_dtype:
         tol, norm_tol = (max(x, y) for x, y in zip((tol, norm_tol), TOLERANCES[as_dtype]))
     ef, af = e64[finite], a64[finite]
-    scale = max(float(np.max(np.abs(ef))), np.finfo(np.float32).tiny)
+    # Below the dtype's smallest normal number rounding is absolute (a subnormal's ulp), so the scale
+    # is at least that: float16 values near 1e-7 differ by whole subnormal steps.
+    tiny = max(float(ml_dtypes.finfo(e.dtype).tiny), float(np.finfo(np.float32).tiny))
+    scale = max(float(np.max(np.abs(ef))), tiny)
     err = np.abs(ef - af)
     bound = tol * (np.abs(ef) + scale)
     if not np.all(err <= bound):
@@ -109,3 +115,317 @@ def as_accurate(expected, actual, truth, factor: float = 2.0) -> str | None:
         return None
     return (f"error against the float64 value {err_actual:.3g} exceeds {factor}x the original's "
             f"{err_expected:.3g} (normwise, dtype {e.dtype})")
+
+
+# ---- adversarial inputs and the numerics contract (README.md, "Numerics contract") ----
+#
+# Random normal inputs never reach the values where rewrites differ: a re-associated matrix product
+# overflows only where one operand is huge and another tiny, `x*0 -> 0` differs only at inf and NaN, a
+# cast rule only past the narrow type's range. Next to the random trials, verification runs a small
+# deterministic family of input sets built per argument dtype (`input_sets`, `calibrated`):
+#
+#   "zeros"     floats: +0, -0, subnormals, the smallest normal, +-1 (divisions by zero, signed zeros,
+#               flushing); ints: their extremes (int8 -128/127, int32 min/max), 0, +-1;
+#   "specials"  floats: random normal with NaN, +inf, -inf, +-max, -0 and a subnormal at a few seeded
+#               positions of every tensor (NaN and inf propagation; few, so that the patterns say
+#               something); ints: values over the whole range mixed with small ones;
+#   scaled      float arguments scaled per a pattern, one of "up" (magnitude max**s), "one" (left at
+#               magnitudes 0.5-1), "down" (a few times the smallest normal) or "mixed" (each element up
+#               or down), with s in [0, 1] calibrated on the original (`calibrated`): the largest s,
+#               found by bisection, at which the original program has no more non-finite outputs than
+#               at s = 0. There the original is finite but close to overflowing, so a rewritten program
+#               whose intermediates are larger than any of the original's (x@y where the original
+#               computes x@(y@z) with z tiny, x@y where it scales x down first, y+z where it computes
+#               x@y + x@z with x tiny) overflows. Patterns (`scale_patterns`): every float argument up;
+#               every element up or down; each argument up with the others at magnitude one, and down
+#               with the others up (the first and last arguments first); every argument up with random
+#               signs. Up to MAX_PATTERNS of them. Values are positive except in the last pattern, so
+#               that a sum overflows in every order or in none (the order in which XLA sums a reduction
+#               is outside the contract). Each costs one call of the original where it is finite at
+#               s = 1, else CALIBRATION_STEPS + 2, and one call of the optimized program.
+#
+# Integer arguments of the scaled sets keep random small values; bools are random everywhere.
+# Under numerics="fast" only the random and zeros sets run (finite inputs; see `verify`).
+MAX_PATTERNS = 8
+CALIBRATION_STEPS = 5          # bisection steps on s: a factor of max**(1/32) (f16: 1.4x, f32: 16x)
+STRICT_SETS = ("zeros", "specials")
+FAST_SETS = ("zeros",)
+MODES = ("strict", "fast")
+
+
+def _finfo(dtype):
+    import ml_dtypes
+    return ml_dtypes.finfo(np.dtype(dtype))
+
+
+def _as(values: np.ndarray, dtype) -> np.ndarray:
+    """float64 values as `dtype` (through float32, as random_args does, for the ml_dtypes floats)."""
+    return np.asarray(values, np.float64).astype(np.float32).astype(np.dtype(dtype))
+
+
+def _int_extremes(rng, shape, dt: np.dtype) -> np.ndarray:
+    info = np.iinfo(dt)
+    edges = np.array([info.min, info.max, info.min + 1, info.max - 1, 0, 1, -1 if info.min < 0 else 2],
+                     dtype=np.int64)
+    n = int(np.prod(shape))
+    pick = rng.integers(0, 2, n).astype(bool)
+    wide = rng.integers(int(info.min), int(info.max), n, endpoint=True, dtype=np.int64)
+    out = np.where(pick, edges[rng.integers(0, edges.size, n)], wide)
+    out[: min(n, edges.size)] = edges[: min(n, edges.size)]          # every extreme where there is room
+    return out.astype(dt).reshape(shape)
+
+
+def special_args(avals, kind: str, seed: int = 0) -> list[np.ndarray]:
+    """One adversarial input set: `kind` is "zeros" or "specials" (see above); `seed` varies the values
+    and positions (verification uses seed 0; the fuzzer others)."""
+    out = []
+    for index, (shape, dtype) in enumerate(avals):
+        dt = np.dtype(dtype)
+        rng = np.random.default_rng([seed, index, 1 + STRICT_SETS.index(kind)])
+        n = int(np.prod(shape))
+        if dt == np.bool_:
+            out.append(rng.random(shape) < 0.5)
+        elif dt.kind in "iu":
+            if kind == "zeros":
+                out.append(_int_extremes(rng, shape, dt))
+            else:
+                wide = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, n, endpoint=True, dtype=np.int64)
+                small = rng.integers(-8 if dt.kind == "i" else 0, 9, n)
+                out.append(np.where(rng.random(n) < 0.5, wide, small).astype(dt).reshape(shape))
+        elif kind == "zeros":
+            info = _finfo(dt)
+            sub, tiny = float(info.smallest_subnormal), float(info.tiny)
+            choices = np.array([0.0, -0.0, 0.0, -0.0, sub, -sub, 3 * sub, tiny, -tiny, 1.0, -1.0, 0.5])
+            vals = choices[rng.integers(0, choices.size, n)]
+            vals[: min(n, 2)] = [0.0, -0.0][: min(n, 2)]
+            out.append(_as(vals, dt).reshape(shape))
+        else:
+            info = _finfo(dt)
+            big = float(info.max)
+            specials = np.array([np.nan, np.inf, -np.inf, big, -big, -0.0, float(info.smallest_subnormal)])
+            specials = np.roll(specials, -index)            # a one-element tensor gets a different one per argument
+            vals = rng.standard_normal(n)
+            room = min(specials.size, max(1, n // 4)) if n else 0
+            vals[rng.choice(n, room, replace=False)] = specials[:room]
+            out.append(_as(vals, dt).reshape(shape))
+    return out
+
+
+def scale_patterns(avals, limit: int = MAX_PATTERNS) -> list[tuple[str, tuple]]:
+    """(name, per-argument scale) for the scaled input sets, most telling first (see above)."""
+    floats = [i for i, (_, dtype) in enumerate(avals) if is_float(dtype)]
+    if not floats:
+        return []
+
+    def pattern(default, **at):
+        return tuple(at.get(f"a{i}", default) if i in floats else None for i in range(len(avals)))
+    found = [("all up", pattern("up")), ("elements up or down", pattern("mixed"))]
+    order = []
+    lo, hi = 0, len(floats) - 1
+    while lo <= hi:                      # the ends first: a chain's first and last operands
+        order += [floats[lo]] + ([floats[hi]] if hi != lo else [])
+        lo, hi = lo + 1, hi - 1
+    if len(floats) > 1:
+        for i in order:
+            found.append((f"argument {i} up, the others one", pattern("one", **{f"a{i}": "up"})))
+            found.append((f"argument {i} down, the others up", pattern("up", **{f"a{i}": "down"})))
+    else:
+        found.append(("the argument down", pattern("down")))
+    found.append(("all up, random signs", pattern("up+-")))
+    if len(found) > limit:
+        found = found[:limit - 1] + [found[-1]]
+    return found
+
+
+class Scaler:
+    """Builds the scaled input sets of one argument list: the random parts (magnitudes, signs, which
+    elements are up or down, integer and bool values) are drawn once per seed, so the calibration's
+    bisection only multiplies."""
+
+    def __init__(self, avals, seed: int = 0):
+        self.avals, self.seed = list(avals), seed
+        self._base: list | None = None
+        self._parts: dict = {}
+
+    def _part(self, index: int):
+        if index not in self._parts:
+            n = int(np.prod(self.avals[index][0]))
+            rng = np.random.default_rng([self.seed, index, 7])
+            self._parts[index] = (rng.uniform(0.5, 1.0, n).astype(np.float32),
+                                  np.where(rng.random(n) < 0.5, -1, 1).astype(np.float32), rng.random(n) < 0.5)
+        return self._parts[index]
+
+    def __call__(self, pattern: tuple, s: float) -> list[np.ndarray]:
+        if self._base is None:
+            self._base = random_args(self.avals, 1000 + self.seed)
+        out = []
+        for index, ((shape, dtype), kind) in enumerate(zip(self.avals, pattern)):
+            if kind is None:
+                out.append(self._base[index])
+                continue
+            dt = np.dtype(dtype)
+            info = _finfo(dt)
+            mag, sign, pick = self._part(index)
+            big = float(info.max)
+            up, down = np.float32(min(big ** s, big)), np.float32(4 * float(info.tiny))
+            if dt.itemsize > 4 or big > np.finfo(np.float32).max:    # float64: scale in float64
+                mag, sign = mag.astype(np.float64), sign.astype(np.float64)
+                up, down = np.float64(big ** s), np.float64(4 * float(info.tiny))
+            if kind == "up":
+                vals = mag * up
+            elif kind == "up+-":
+                vals = mag * up * sign
+            elif kind == "down":
+                vals = mag * down
+            elif kind == "mixed":
+                vals = mag * np.where(pick, up, down)
+            else:
+                vals = mag
+            out.append(np.clip(vals, -big, big).astype(dt).reshape(shape))
+        return out
+
+
+def scaled_args(avals, pattern: tuple, s: float, seed: int = 0) -> list[np.ndarray]:
+    """Arguments scaled per `pattern` (from `scale_patterns`) at exponent s in [0, 1]: an "up" element
+    has magnitude between max**s / 2 and max**s of its dtype, a "down" one 2 to 4 times the smallest
+    normal, a "one" one between 0.5 and 1; positive but in the "up+-" pattern. Integers and bools are
+    random_args' values."""
+    return Scaler(avals, seed)(pattern, s)
+
+
+def _outputs(fn, args) -> list[np.ndarray]:
+    return [np.asarray(o) for o in fn(*args)]
+
+
+def _nonfinite(outputs) -> int:
+    return sum(int(np.sum(~np.isfinite(np.asarray(o, np.float64)))) for o in outputs if is_float(np.asarray(o).dtype))
+
+
+def calibrated(reference, avals, pattern: tuple, seed: int = 0, steps: int = CALIBRATION_STEPS,
+               scaler: Scaler | None = None):
+    """(s, args, the reference's outputs) for the largest s in [0, 1] found by bisection at which
+    `reference` has no more non-finite float outputs than at s = 0 (see above): one call where the
+    original is finite at s = 1, at most steps + 2 otherwise."""
+    scaler = scaler or Scaler(avals, seed)
+    at = lambda s: (lambda args: (s, args, _outputs(reference, args)))(scaler(pattern, s))
+    top = at(1.0)
+    worst = _nonfinite(top[2])
+    if worst == 0:
+        return top
+    low = at(0.0)
+    allowed = _nonfinite(low[2])
+    if worst <= allowed:
+        return top
+    lo, hi = 0.0, 1.0
+    for _ in range(steps):
+        mid = at((lo + hi) / 2)
+        if _nonfinite(mid[2]) <= allowed:
+            lo, low = mid[0], mid
+        else:
+            hi = mid[0]
+    return low
+
+
+# ---- the contract's comparison ----
+
+def range_edge(expected, actual) -> np.ndarray:
+    """`actual`, with each element where one program has +-inf and the other a finite value of the same
+    sign within the output dtype's rounding tolerance of its largest finite value replaced by the
+    expected one: the contract's one allowed difference in where results are finite."""
+    e, a = np.asarray(expected), np.asarray(actual)
+    if e.shape != a.shape or e.dtype != a.dtype or not is_float(e.dtype) or e.size == 0:
+        return a
+    tol = TOLERANCES.get(str(e.dtype), TOLERANCES["float32"])[0]
+    big = float(_finfo(e.dtype).max) * (1 - tol)
+    e64, a64 = e.astype(np.float64), a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        edge = ((np.isinf(e64) & np.isfinite(a64) & (np.abs(a64) >= big)) |
+                (np.isinf(a64) & np.isfinite(e64) & (np.abs(e64) >= big))) & (np.sign(e64) == np.sign(a64))
+    return np.where(edge, e, a) if edge.any() else a
+
+
+def _patterns_differ(e, a) -> bool:
+    e64, a64 = np.asarray(e, np.float64), np.asarray(a, np.float64)
+    return not (np.array_equal(np.isnan(e64), np.isnan(a64)) and
+                np.array_equal(np.where(np.isinf(e64), e64, 0), np.where(np.isinf(a64), a64, 0)))
+
+
+def overflowed(expected: list, actual: list) -> bool:
+    """Under numerics="fast": the two programs differ in where their float outputs are finite and one of
+    them has an infinite output, i.e. (the inputs being finite) one of them overflowed."""
+    floats = [(np.asarray(e), np.asarray(a)) for e, a in zip(expected, actual)
+              if is_float(np.asarray(e).dtype) and np.shape(e) == np.shape(a)]
+    return any(_patterns_differ(e, a) for e, a in floats) and \
+        any(np.isinf(np.asarray(x, np.float64)).any() for pair in floats for x in pair)
+
+
+def judge(expected: list, actual: list, truth, numerics: str = "strict", as_dtype: str | None = None) -> str | None:
+    """None if `actual` (the optimized program's outputs) keeps the contract against `expected` (the
+    original's) on one input set, else a description. Integers and bools equal; floats NaN and +-inf
+    exactly where the original has them (up to `range_edge`) and finite values within the dtype's
+    tolerance (`mismatch`) or, failing that, as close to the float64 value as the original (`as_accurate`;
+    for integer outputs rounded from floats, rounding differently no more often). `truth` is the
+    original's float64 outputs or a callable that computes them (called only when needed), or None (no
+    fallback). Under "fast", an input set on which one program overflowed (`overflowed`) is not
+    compared. `as_dtype` widens the tolerance to a narrower type's, as `mismatch` does."""
+    if len(expected) != len(actual):
+        return f"{len(actual)} outputs, expected {len(expected)}"
+    if numerics == "fast" and overflowed(expected, actual):
+        return None
+    values = None
+    for k, (e, a) in enumerate(zip(expected, actual)):
+        e, a = np.asarray(e), range_edge(e, a)
+        problem = mismatch(e, a, as_dtype)
+        if problem is None:
+            continue
+        if values is None and truth is not None:
+            values = truth() if callable(truth) else truth
+        if values is not None:
+            problem = as_accurate(e, a, values[k])
+        if problem:
+            return f"output {k}: {problem}"
+    return None
+
+
+def input_sets(avals, numerics: str = "strict", trials: int = 2) -> list[tuple[str, list]]:
+    """The fixed input sets of a verification: `trials` random ones, then the adversarial ones of the
+    mode ("strict": zeros and specials; "fast": zeros only, no NaN or inf); the scaled ones are built
+    against the original (`calibrated`)."""
+    sets = [(f"random inputs (seed {seed})", random_args(avals, seed)) for seed in range(trials)]
+    return sets + [(f"{kind} inputs", special_args(avals, kind)) for kind in
+                   (STRICT_SETS if numerics == "strict" else FAST_SETS)]
+
+
+def verify(reference, candidate, avals, original, numerics: str = "strict", trials: int = 2) -> str | None:
+    """None if `candidate` keeps the numerics contract against `reference` (the original program, as
+    jax.jit runs it) on every input set of the mode, else a description naming the set.
+
+    "strict" (README.md's contract for every input): `trials` random sets, the zeros and specials sets,
+    and the scaled sets of `scale_patterns`, each calibrated to where the original is close to
+    overflowing. "fast" (rewrites equal over the reals, which may overflow where the original does not):
+    the random sets and the zeros set, whose inputs are finite (+-0, subnormals, +-1): NaN and inf inputs
+    and near-overflow ones are left out, since a re-associated or factored product may turn an inf into a
+    NaN or overflow where the original does not; and a set on which one program overflowed is skipped
+    (`judge`). NaN positions, zeros, subnormals and finite values are still compared."""
+    from superopt.rewrites.reference import evaluate
+    if numerics not in MODES:
+        raise ValueError(f"unknown numerics mode {numerics!r}; valid: {', '.join(MODES)}")
+
+    def check(where: str, args, expected=None) -> str | None:
+        expected = _outputs(reference, args) if expected is None else expected
+        problem = judge(expected, _outputs(candidate, args), lambda: evaluate(original, args, precise=True),
+                        numerics)
+        return f"{problem}, on {where}" if problem else None
+
+    for where, args in input_sets(avals, numerics, trials):
+        problem = check(where, args)
+        if problem:
+            return problem
+    if numerics == "strict":
+        scaler = Scaler(avals)
+        for name, pattern in scale_patterns(avals):
+            s, args, expected = calibrated(reference, avals, pattern, scaler=scaler)
+            problem = check(f"scaled inputs ({name}, s={s:.3g})", args, expected)
+            if problem:
+                return problem
+    return None

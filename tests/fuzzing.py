@@ -376,29 +376,56 @@ def programs(draw, min_ops: int = 1, max_ops: int = 60) -> Program:
     return Program(tuple(b.args), tuple(b.lines), outputs, exact)
 
 
+# ---- inputs ----
+
+INPUT_KINDS = ("random", "random", "zeros", "specials", "scaled", "scaled")
+
+
+def draw_inputs(draw, avals, reference=None) -> tuple[str, list]:
+    """(a description, arguments) for a fuzzed program: random normal a third of the time, else one of
+    superopt.verify's adversarial sets with a drawn seed, so never the inputs superopt verified with:
+    "zeros" (+-0, subnormals, the smallest normal; integer extremes, int8 -128/127, int32 min/max),
+    "specials" (NaN, +-inf, +-max and -0 among random values; integers over their whole range) or
+    "scaled" (float arguments per a drawn `scale_patterns` pattern: near the dtype's overflow, near its
+    smallest normal, or a mix; calibrated against `reference`, the original under jax.jit, to just below
+    where it overflows, or at a drawn exponent without one)."""
+    from superopt.verify import calibrated, random_args, scale_patterns, scaled_args, special_args
+    avals = [(tuple(shape), np.dtype(dtype)) for shape, dtype in avals]
+    kind = draw(st.sampled_from(INPUT_KINDS))
+    seed = draw(st.integers(2, 2**16))
+    patterns = scale_patterns(avals, limit=1000)
+    if kind == "scaled" and not patterns:
+        kind = "zeros"                  # no float arguments: integer extremes instead
+    if kind == "random":
+        return f"random inputs (seed {seed})", random_args(avals, seed)
+    if kind in ("zeros", "specials"):
+        return f"{kind} inputs (seed {seed})", special_args(avals, kind, seed)
+    name, pattern = draw(st.sampled_from(patterns))
+    if reference is not None:
+        s, args, _ = calibrated(reference, avals, pattern, seed)
+    else:
+        s = draw(st.sampled_from((0.25, 0.5, 0.75, 1.0)))
+        args = scaled_args(avals, pattern, s, seed)
+    return f"scaled inputs ({name}, s={s:.3g}, seed {seed})", args
+
+
 # ---- the checks ----
 
-def agrees(expected: list, actual: list, original, args, exact: bool, as_dtype: str | None = None) -> str | None:
-    """None if `actual` (the optimized program's outputs) is the original's `expected`, as superopt's own
-    verification judges it (`superopt.verify`): within the dtype's tolerance (or `as_dtype`'s, for a
-    program that computes in a narrower type), or as accurate as the original against the float64 value
+def agrees(expected: list, actual: list, original, args, exact: bool, as_dtype: str | None = None,
+           numerics: str = "strict") -> str | None:
+    """None if `actual` (the optimized program's outputs) keeps the numerics contract against the original's
+    `expected`, as superopt's own verification judges it (`superopt.verify.judge`): NaN and +-inf in the
+    same places (up to the range edge), finite values within the dtype's tolerance (or `as_dtype`'s, for
+    a program that computes in a narrower type), or as accurate as the original against the float64 value
     of the original graph. Integer programs must match exactly."""
     from superopt.rewrites.reference import evaluate
-    from superopt.verify import as_accurate, compare_outputs
+    from superopt.verify import compare_outputs, judge
     if exact:
         for k, (e, a) in enumerate(zip(expected, actual)):
             if np.asarray(e).dtype != np.asarray(a).dtype or not np.array_equal(e, a):
                 return f"output {k}: an integer program's output differs"
         return compare_outputs(expected, actual)
-    problem = compare_outputs(expected, actual, as_dtype)
-    if problem is None:
-        return None
-    truth = evaluate(original, args, precise=True)
-    for k, (e, a, t) in enumerate(zip(expected, actual, truth)):
-        problem = as_accurate(e, a, t)
-        if problem:
-            return f"output {k}: {problem}"
-    return None
+    return judge(expected, actual, lambda: evaluate(original, args, precise=True), numerics, as_dtype)
 
 
 def same_value(original, candidate, args) -> str | None:

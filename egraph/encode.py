@@ -1,20 +1,35 @@
-"""Encode a `Graph` into an egglog e-graph (one `let` per op, so depth never recurses), and decode
-chosen e-nodes back into IR nodes. The two tables below mirror each other, keyed by op and by egglog
-function name; a missing entry is an error naming the op.
+"""Encode a `Graph` into an egglog e-graph, and decode chosen e-nodes back into IR nodes. The encoder
+and the decoding table below mirror each other, keyed by op and by egglog function name; a missing
+entry is an error naming the op.
+
+Encoding takes time linear in the program's size. egglog 13.2 makes every global `let` a table of its
+own and every later command pays for all of them (40,000 lets: 26 s; 5,000: 0.7 s), and the Python
+expression layer costs about 0.7 ms a node. So the encoder writes egglog's command objects directly,
+`_CHUNK` nodes to a rule with an empty query, run once: in a rule each node is a local `let` (depth
+never recurses) with its shape and dtype rows, and a node that a later rule reads is stored in one
+helper table, `superopt_encode_ref` (node id -> e-class), which that rule's query looks up. When every
+node and output is in, the helper table's rows are deleted: the e-graph holds the same terms, analysis
+rows and outputs as when each node was a global `let`, and the frozen e-graph (`egraph/frozen.py`) is
+the same, table order included, because functions are declared where the expression layer declared
+them (`tests/test_limits.py` compares the two encoders).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-from egglog import EGraph, String, i64, set_
+from egglog import EGraph, bindings, i64, set_
+from egglog.bindings import Call, Lit, Var
 
+from superopt.deadline import Deadline
 from superopt.egraph import terms as T
 from superopt.egraph.analysis import facts
 from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
 
-_BATCH = 256  # actions registered per call: fewer FFI round trips, no deep expressions
+_CHUNK = 256                 # nodes per rule: a rule compiles in time linear in its actions; few cross rules
+_REF = "superopt_encode_ref"  # the helper table: node id -> e-class, for nodes read across rules
+_SPAN = bindings.RustSpan("", 0, 0)
+_ANALYSES_DECLARED_AT = 128  # the expression layer declared `shape` and `dtype` with the 128th node's rows
 
 
 @dataclass
@@ -51,61 +66,172 @@ def channels_last(params) -> bool:
     return spec.out_spec[1] == len(spec.out_spec) - 1 and spec.rhs_spec[0] == len(spec.rhs_spec) - 1
 
 
-def _to_expr(enc: Encoding, node: Node, ins: list):
-    op, a = node.op, node.attrs
-    if op in UNARY_OPS:
-        return T.unary(op, ins[0])
-    if op in BINARY_OPS:
-        return T.binary(op, ins[0], ins[1])
-    if op in REDUCTIONS:
-        return T.reduce(op, ins[0], T.ints(a[0]))
-    if op in ARG_REDUCTIONS:
-        return T.argreduce(op, ins[0], a[0], node.dtype)
-    if op in WINDOW_REDUCTIONS:
-        return T.pool(op, ins[0], *(T.ints(v) for v in a))
-    build = {
-        "arg": lambda: T.arg(a[0]),
-        "const": lambda: T.const(a[0]),
-        "lit": lambda: T.lit(float(a[0]), node.dtype),
-        "iota": lambda: T.iota(a[0], T.ints(node.shape), node.dtype),
-        "integer_pow": lambda: T.integer_pow(ins[0], a[0]),
-        "select": lambda: T.select(*ins),
-        "convert": lambda: T.convert(ins[0], node.dtype),
-        "matmul": lambda: T.matmul(ins[0], ins[1], node.dtype),
-        "conv": lambda: T.conv(ins[0], ins[1], enc.intern_conv(a[0])),
-        "transpose": lambda: T.transpose(ins[0], T.ints(a[0])),
-        "reshape": lambda: T.reshape(ins[0], T.ints(node.shape)),
-        "broadcast": lambda: T.broadcast(ins[0], T.ints(node.shape), T.ints(a[0])),
-        "concat": lambda: T.concat(T.tlist(ins), a[0]),
-        "slice": lambda: T.slice_(ins[0], *(T.ints(v) for v in a)),
-        "pad": lambda: T.pad(ins[0], ins[1], *(T.ints(v) for v in a)),
-        "pack": lambda: T.pack(ins[0], a[0]),
-        "unpack": lambda: T.unpack(ins[0], a[0], T.ints(node.shape)),
-        "fractal_matmul": lambda: T.fractal_matmul(ins[0], ins[1], node.dtype),
-        "opaque": lambda: T.opaque(a[0], a[1], T.tlist(ins)),
-    }.get(op)
-    if build is None:
-        raise NotImplementedError(f"superopt: no egglog encoding for op {op!r}")
-    return build()
+class _Writer:
+    """egglog actions for the nodes of a graph, as egglog's own command objects (module doc)."""
+
+    def __init__(self, enc: Encoding):
+        self.enc, self.eg = enc, enc.egraph
+        self.names: dict = {}          # term function -> its egglog name, once declared
+        self.strings: dict = {}
+        self.ref_declared = False
+        self.rules = 0
+
+    def declare(self, fn) -> str:
+        """`fn`'s egglog name, declaring it first where the expression layer would have declared it."""
+        name = self.names.get(fn)
+        if name is None:
+            name = self.names[fn] = self.eg._callable_to_egg(fn)[1]
+        return name
+
+    def string(self, value: str):
+        lit = self.strings.get(value)
+        if lit is None:
+            lit = self.strings[value] = Lit(_SPAN, bindings.String(value))
+        return lit
+
+    @staticmethod
+    def int(value):
+        return Lit(_SPAN, bindings.Int(int(value)))
+
+    @staticmethod
+    def vec(values):
+        if len(values):
+            return Call(_SPAN, "vec-of", [Lit(_SPAN, bindings.Int(int(v))) for v in values])
+        return Call(_SPAN, "vec-empty", [])
+
+    def tlist(self, items: list):
+        cons = self.declare(T.tcons) if items else None
+        out = Call(_SPAN, self.declare(T.tnil), [])
+        for item in reversed(items):
+            out = Call(_SPAN, cons, [item, out])
+        return out
+
+    def expr(self, node: Node, ins: list):
+        """The egglog call for `node` with its inputs `ins` (variables)."""
+        op, a = node.op, node.attrs
+        call, s, i, v = self.declare, self.string, self.int, self.vec
+        if op in UNARY_OPS:
+            return Call(_SPAN, call(T.unary), [s(op), ins[0]])
+        if op in BINARY_OPS:
+            return Call(_SPAN, call(T.binary), [s(op), ins[0], ins[1]])
+        if op in REDUCTIONS:
+            return Call(_SPAN, call(T.reduce), [s(op), ins[0], v(a[0])])
+        if op in ARG_REDUCTIONS:
+            return Call(_SPAN, call(T.argreduce), [s(op), ins[0], i(a[0]), s(node.dtype)])
+        if op in WINDOW_REDUCTIONS:
+            return Call(_SPAN, call(T.pool), [s(op), ins[0], *(v(x) for x in a)])
+        if op == "conv":   # the params are interned first, as the expression layer did
+            index = self.enc.intern_conv(a[0])
+            return Call(_SPAN, call(T.conv), [ins[0], ins[1], i(index)])
+        fn, args = {
+            "arg": (T.arg, lambda: [i(a[0])]),
+            "const": (T.const, lambda: [i(a[0])]),
+            "lit": (T.lit, lambda: [Lit(_SPAN, bindings.Float(float(a[0]))), s(node.dtype)]),
+            "iota": (T.iota, lambda: [i(a[0]), v(node.shape), s(node.dtype)]),
+            "integer_pow": (T.integer_pow, lambda: [ins[0], i(a[0])]),
+            "select": (T.select, lambda: list(ins)),
+            "convert": (T.convert, lambda: [ins[0], s(node.dtype)]),
+            "matmul": (T.matmul, lambda: [ins[0], ins[1], s(node.dtype)]),
+            "transpose": (T.transpose, lambda: [ins[0], v(a[0])]),
+            "reshape": (T.reshape, lambda: [ins[0], v(node.shape)]),
+            "broadcast": (T.broadcast, lambda: [ins[0], v(node.shape), v(a[0])]),
+            "concat": (T.concat, lambda: [self.tlist(ins), i(a[0])]),
+            "slice": (T.slice_, lambda: [ins[0], *(v(x) for x in a)]),
+            "pad": (T.pad, lambda: [ins[0], ins[1], *(v(x) for x in a)]),
+            "pack": (T.pack, lambda: [ins[0], s(a[0])]),
+            "unpack": (T.unpack, lambda: [ins[0], s(a[0]), v(node.shape)]),
+            "fractal_matmul": (T.fractal_matmul, lambda: [ins[0], ins[1], s(node.dtype)]),
+            "opaque": (T.opaque, lambda: [i(a[0]), i(a[1]), self.tlist(ins)]),
+        }.get(op, (None, None))
+        if fn is None:
+            raise NotImplementedError(f"superopt: no egglog encoding for op {op!r}")
+        name = call(fn)        # the function first, then what its arguments use (a list's cons cells)
+        return Call(_SPAN, name, args())
+
+    def run_rule(self, actions: list, query: list, tag: str) -> None:
+        """Run `actions` once, as a rule with the (constant) `query`, in a rule set of its own."""
+        self.rules += 1
+        name = f"superopt_encode_{tag}{self.rules}"
+        self.eg._egraph.run_program(
+            bindings.AddRuleset(_SPAN, name),
+            bindings.RuleCommand(bindings.Rule(_SPAN, actions, query, name, name)),
+            bindings.RunSchedule(bindings.Run(_SPAN, bindings.RunConfig(name, None))))
+
+    def declare_ref(self) -> None:
+        if not self.ref_declared:
+            tensor = next(sort for sort in self.eg._state.type_ref_to_egg_sort.values()
+                          if sort.rsplit(".", 1)[-1] == "Tensor")
+            self.eg._egraph.run_program(
+                bindings.FunctionCommand(_SPAN, _REF, bindings.Schema(["i64"], tensor), None))
+            self.ref_declared = True
 
 
-def encode(graph: Graph) -> Encoding:
-    """Insert every live node of `graph` into a fresh e-graph with its shape and dtype."""
+def encode(graph: Graph, deadline: Deadline | None = None) -> Encoding:
+    """Insert every live node of `graph` into a fresh e-graph with its shape and dtype; in time linear
+    in the number of nodes (module doc). With `deadline`, raises `TimeLimit("encode")` once it passes
+    (checked after every `_CHUNK` nodes)."""
     enc = Encoding(EGraph(), graph)
     eg = enc.egraph
     eg.register(*facts())
-    exprs: dict[int, Any] = {}
-    pending = []
-    for i in graph.live():
-        node = graph.nodes[i]
-        exprs[i] = eg.let(f"n{i}", _to_expr(enc, node, [exprs[j] for j in node.inputs]))
-        pending += [set_(T.shape(exprs[i])).to(T.ints(node.shape)), set_(T.dtype(exprs[i])).to(String(node.dtype))]
-        if len(pending) >= _BATCH:
-            eg.register(*pending)
-            pending = []
-    pending += [T.output(k, exprs[o]) for k, o in enumerate(graph.outputs)]
-    if pending:  # a program with no outputs has nothing to register
-        eg.register(*pending)
+    live = graph.live()
+    if not live:
+        return enc
+    nodes = graph.nodes
+    position = {i: p for p, i in enumerate(live)}
+    last_read = {}   # node -> position of its last reader (len(live): an output)
+    for p, i in enumerate(live):
+        for j in nodes[i].inputs:
+            last_read[j] = p
+    for o in graph.outputs:
+        last_read[o] = len(live)
+    w = _Writer(enc)
+    stored = False
+    for first in range(0, len(live), _CHUNK):
+        if deadline is not None:
+            deadline.check("encode")
+        end = min(first + _CHUNK, len(live))
+        actions, query, bound, shapes = [], [], set(), {}
+
+        def var(j):
+            if j not in bound:      # written by an earlier rule: look it up in the helper table
+                bound.add(j)
+                query.append(bindings.Eq(_SPAN, Var(_SPAN, f"n{j}"), Call(_SPAN, _REF, [w.int(j)])))
+            return Var(_SPAN, f"n{j}")
+
+        for p in range(first, end):
+            i = live[p]
+            node = nodes[i]
+            actions.append(bindings.Let(_SPAN, f"n{i}", w.expr(node, [var(j) for j in node.inputs])))
+            bound.add(i)
+            here = Var(_SPAN, f"n{i}")
+            shape = shapes.get(node.shape)
+            if shape is None:       # one Vec per distinct shape in a rule
+                shape = shapes[node.shape] = Var(_SPAN, f"s{len(shapes)}")
+                actions.append(bindings.Let(_SPAN, f"s{len(shapes) - 1}", w.vec(node.shape)))
+            actions.append(bindings.Set(_SPAN, "shape", [here], shape))
+            actions.append(bindings.Set(_SPAN, "dtype", [here], w.string(node.dtype)))
+            if p + 1 == _ANALYSES_DECLARED_AT:   # where the expression layer declared shape and dtype
+                w.declare(T.shape), w.declare(T.dtype)
+            if last_read.get(i, -1) >= end:    # read by a later rule, or an output
+                w.declare_ref()
+                actions.append(bindings.Set(_SPAN, _REF, [w.int(i)], here))
+                stored = True
+        w.declare(T.shape), w.declare(T.dtype)
+        w.run_rule(actions, query, "nodes")
+    out = w.declare(T.output)
+    actions, query, bound = [], [], set()
+
+    def ref(j):
+        if j not in bound:
+            bound.add(j)
+            query.append(bindings.Eq(_SPAN, Var(_SPAN, f"n{j}"), Call(_SPAN, _REF, [w.int(j)])))
+        return Var(_SPAN, f"n{j}")
+
+    w.run_rule([bindings.Expr_(_SPAN, Call(_SPAN, out, [w.int(k), ref(o)])) for k, o in enumerate(graph.outputs)],
+               query, "outputs")
+    if stored:   # the helper table goes: the e-graph holds the program's terms and nothing else
+        w.run_rule([bindings.Change(_SPAN, bindings.Delete(), _REF, [Var(_SPAN, "i")])],
+                   [bindings.Eq(_SPAN, Var(_SPAN, "x"), Call(_SPAN, _REF, [Var(_SPAN, "i")]))], "clear")
     return enc
 
 

@@ -5,7 +5,10 @@ crash in Rust would take the caller's process down. So `saturate_isolated` forks
 (`runner.saturate`, whose limits are checked after each rule application), freezes the result into
 plain Python data and sends it back through a pipe, reporting each step on the way (progress bars).
 The parent waits until the time limit plus 10% and kills the child then; the child's address space is
-capped at its size at the fork plus `Limits.memory`. A child that is killed, runs out of memory or
+capped at its size at the fork plus `Limits.memory`. Under a call's deadline (`superopt/deadline.py`)
+the time limit is the smaller of `Limits.seconds` and `SATURATION_SHARE` of the time left once the
+rules are compiled (compiling them is the first call's cost in a process), so the stages after
+saturation keep the rest. A child that is killed, runs out of memory or
 crashes yields a report with that stop reason and an error, and no e-graph: the caller keeps the
 original program.
 """
@@ -22,10 +25,12 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import replace
 
 from superopt import progress
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
-from superopt.egraph.runner import NODE_SLACK, Limits, RunReport, StopReason, saturate
+from superopt.deadline import Deadline
+from superopt.egraph.runner import NODE_SLACK, SATURATION_SHARE, Limits, RunReport, StopReason, saturate
 
 _HEADER = struct.Struct("<Q")
 
@@ -47,12 +52,21 @@ def portable(view: FrozenEGraph) -> FrozenEGraph:
     return out
 
 
-def saturate_isolated(egraph, schedule, limits: Limits = Limits()) -> tuple[RunReport, FrozenEGraph | None]:
+def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
+                      deadline: Deadline | None = None) -> tuple[RunReport, FrozenEGraph | None]:
     """`saturate` in a child process: (report, the frozen e-graph), or (report, None) where the child
-    was killed at the time limit, ran out of memory, crashed, or saturation failed (module doc)."""
+    was killed at the time limit, ran out of memory, crashed, or saturation failed (module doc). With
+    `deadline`, saturation gets at most `SATURATION_SHARE` of the time it leaves, and `TimeLimit` is
+    raised if it has passed before saturation starts."""
     for phase in getattr(schedule, "phases", schedule):
         for rule in phase.rules:
+            if deadline is not None:
+                deadline.check("saturate")
             rule.egg  # compiled here, where the cache outlives the child (compiling takes most of a first run)
+    limits = replace(limits, seconds=min(limits.seconds, limits.saturation_seconds))
+    if deadline is not None:
+        deadline.check("saturate")
+        limits = replace(limits, seconds=max(min(limits.seconds, deadline.share(SATURATION_SHARE)), 1e-3))
     start = time.perf_counter()
     read_fd, write_fd = os.pipe()
     errors = tempfile.TemporaryFile()
@@ -94,8 +108,8 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits()) -> tuple[RunR
     report = RunReport(StopReason.ERROR, seconds=seconds)
     if timed_out:
         report.stop_reason = StopReason.TIME_LIMIT
-        report.error = (f"saturation did not stop within the time limit plus 10% ({limits.seconds * NODE_SLACK:.3g} s): "
-                        "the child process running egglog was killed")
+        report.error = (f"saturation did not stop within its time limit plus 10% "
+                        f"({limits.seconds * NODE_SLACK:.3g} s): the child process running egglog was killed")
     elif (message is not None and message[0] == "memory") or "memory allocation" in stderr:
         report.stop_reason = StopReason.MEMORY_LIMIT
         report.error = f"saturation ran out of its memory limit ({limits.memory / 2**30:.3g} GiB)"

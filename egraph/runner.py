@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from egglog import EGraph, back_off, bindings, ruleset
 from egglog import run as egg_run
@@ -35,16 +35,31 @@ from superopt.rewrites.pattern import CONSTRUCTORS
 
 @dataclass(frozen=True)
 class Limits:
+    """Limits on one optimization. `seconds` bounds the whole call for one specialization: capture,
+    encoding, saturation, extraction, lowering and verification together, on one clock
+    (`superopt/deadline.py`). Saturation gets at most `SATURATION_SHARE` of the time left when it
+    starts, and at most `saturation_seconds`, so that extraction, lowering and verification have the
+    rest; where the time runs out before a program is verified, the original program runs and the report
+    names the stage that ran out ("kept original: time limit (extract: ...)"). Run directly
+    (`saturate`), the smaller of `seconds` and `saturation_seconds` bounds the run. `iterations` and
+    `nodes` bound saturation, `memory` its child process."""
     iterations: int = 16    # a reshape moves one op along an elementwise chain per iteration: a training
                             # step's Adam updates saturate the algebra phase in 13
     nodes: int = 60_000     # rows in all tables: e-nodes plus their shape and dtype rows
-    seconds: float = 8.0
+    seconds: float = 60.0   # the whole call; a BERT-base layer takes about 8 s on 2 cores
+    saturation_seconds: float = 8.0
     memory: int = 4 << 30   # bytes saturation may allocate; enforced in a child process (egraph/isolate.py)
 
     def __post_init__(self):
-        for name in ("iterations", "nodes", "seconds", "memory"):
+        for name in ("iterations", "nodes", "seconds", "saturation_seconds", "memory"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
+
+
+# Of the time a call has left when saturation starts, the most saturation takes; extraction, lowering
+# and verification share the rest (extraction's optional work, kernel growth and sharing trials, stops
+# at half of what it is left: extract/greedy.py).
+SATURATION_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -248,6 +263,7 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
     A node or time limit of the whole run stops every later phase; a phase's own limit ends that phase.
     `on_step(phase name, iteration, iteration limit)` is called after each step."""
     phases = list(getattr(schedule, "phases", schedule))
+    limits = replace(limits, seconds=min(limits.seconds, limits.saturation_seconds))
     start = time.perf_counter()
     egraph.set_report_level(bindings.TimeOnly())
     report = RunReport(StopReason.SATURATED)

@@ -2,21 +2,48 @@
 
 The greedy choice first; then, for every e-class with alternatives, the greedy choice with one
 alternative forced (the class's other nodes excluded); then pairs of forced choices, until `limit`
-distinct programs are found. Programs are distinct when their printed terms differ.
+distinct programs are found or the time budget is spent. Programs are distinct when their printed terms
+differ up to the order of independent nodes (`program_key`); of equal ones the cheapest is kept.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+import time
 
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
-from superopt.egraph.ir import pretty
+from superopt.egraph.ir import Graph, body_str, type_str
 from superopt.extract.greedy import ExtractionError, Extraction, extract, node_costs
 from superopt.extract.kernels import expand
 from superopt.extract.target import Target
 
 
-def candidates(fz: FrozenEGraph, enc: Encoding, target: Target, limit: int = 8) -> list[Extraction]:
+def program_key(graph: Graph) -> str:
+    """The printed program (`pretty`: ops, attributes, types and kernel bodies) up to the numbering and
+    order of its nodes, and with a reshape and a broadcast that only add unit axes the same view: equal
+    for two extractions that compute the same thing and differ in nothing a reader could see."""
+    from math import prod
+    from superopt.egraph.ir import _attr_str
+    keys: dict[int, str] = {}
+    for i in graph.live():
+        node = graph.nodes[i]
+        if node.op == "kernel":
+            head = f"kernel{{{body_str(node.attrs[0])}}}"
+        elif node.op in ("reshape", "broadcast") and len(node.inputs) == 1 and \
+                prod(node.shape) == prod(graph.nodes[node.inputs[0]].shape):
+            head = "view"
+        else:
+            head = f"{node.op}[{_attr_str(node, graph)}]"
+        text = f"{head}({','.join(keys[j] for j in node.inputs)}):{type_str(node)}"
+        keys[i] = hashlib.sha1(text.encode()).hexdigest()
+    return ",".join(keys[o] for o in graph.outputs)
+
+
+def candidates(fz: FrozenEGraph, enc: Encoding, target: Target, limit: int = 8,
+               deadline: float | None = None) -> list[Extraction]:
+    """Up to `limit` distinct programs, cheapest first; the greedy choice is always tried, and no further
+    extraction starts after `deadline` (a `time.perf_counter()` value)."""
     fz = expand(fz, enc.conv_params, target)  # once: kernels as concrete variants
     found: dict[str, Extraction] = {}
 
@@ -25,18 +52,23 @@ def candidates(fz: FrozenEGraph, enc: Encoding, target: Target, limit: int = 8) 
             e = extract(fz, enc, target, exclude=frozenset(exclude))
         except ExtractionError:
             return
-        found.setdefault(pretty(e.graph), e)
+        key = program_key(e.graph)
+        if key not in found or e.cost < found[key].cost:
+            found[key] = e
+
+    def done() -> bool:
+        return len(found) >= limit or (deadline is not None and time.perf_counter() > deadline)
 
     add(())
     typed = node_costs(fz, enc, target)
     choices = [[n for n in nodes if n in typed] for _, nodes in sorted(fz.classes.items(), key=lambda kv: str(kv[0]))]
     forcings = [(node, [m for m in nodes if m is not node]) for nodes in choices if len(nodes) > 1 for node in nodes]
     for _, others in forcings:
-        if len(found) >= limit:
+        if done():
             break
         add(others)
     for (_, a), (_, b) in itertools.combinations(forcings, 2):
-        if len(found) >= limit:
+        if done():
             break
         add(a + b)
     return sorted(found.values(), key=lambda e: e.cost)

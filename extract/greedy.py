@@ -4,13 +4,19 @@ Each e-class keeps its cheapest e-node together with the set of e-classes that c
 sub-term shared by several users is paid for once (the "cost set" of extraction-gym's greedy-dag).
 A node whose cost set would contain its own class would make a cycle and is never chosen. Sub-terms that
 depend on constants only are computed once when the program is built, so they cost nothing per call.
+
+Under a call's deadline (`superopt/deadline.py`), the optional work (growing kernels, trying producers
+computed once) stops when `OPTIONAL_SHARE` of the time left at the start of extraction is spent,
+keeping what it found; the greedy choice itself raises `TimeLimit("extract")` once the deadline passes.
 """
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from superopt.deadline import Deadline, current
 from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
 from superopt.egraph.ir import CycleError, Graph, Node, hoistable, postorder
@@ -20,6 +26,8 @@ from superopt.extract.target import Target
 
 _LISTS = frozenset({"tcons", "tnil"})
 _EPS = 1e-15
+OPTIONAL_SHARE = 0.5   # of the time left when extraction starts, what kernel growth and sharing trials may take
+_CHECK_EVERY = 4096    # e-nodes visited between two looks at the clock
 
 
 class ExtractionError(RuntimeError):
@@ -73,10 +81,13 @@ def _list_types(fz, cls, tensor_type):
     return out
 
 
-def node_costs(fz: FrozenEGraph, enc: Encoding, target: Target) -> dict[ENode, float]:
+def node_costs(fz: FrozenEGraph, enc: Encoding, target: Target, deadline: Deadline | None = None) -> dict[ENode, float]:
     """Cost of every e-node the analyses could type (the others are never chosen)."""
     own: dict[ENode, float] = {}
-    for cls in fz.classes.values():
+    deadline = deadline or current()
+    for k, cls in enumerate(fz.classes.values()):
+        if k % _CHECK_EVERY == 0:
+            deadline.check("extract")
         for n in cls:
             if n.fn in _LISTS:
                 own[n] = 0.0
@@ -94,6 +105,7 @@ def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict, previous:
     """Cheapest node per class by cost sets; classes in `fixed` are already paid for and never change.
     With `previous` (this function's result before the classes in `new` were fixed), only what the
     newly free classes make cheaper is recomputed."""
+    deadline, visits = current(), 0
     if previous is None:
         best = dict(fixed)
         queue = deque(n for n in nodes if not n.children and n in own)
@@ -105,6 +117,9 @@ def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict, previous:
         queue.extend(parents.get(cls, ()))
     while queue:
         n = queue.popleft()
+        visits += 1
+        if visits % _CHECK_EVERY == 0:
+            deadline.check("extract")
         if n not in own or n.eclass in fixed or any(c not in best for c in n.children):
             continue
         costs: dict = {}
@@ -127,8 +142,12 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
     """Outputs are extracted in order; what one output's program computes is free for the next ones.
     Nodes in `exclude` are never chosen (used to force alternatives). With `memory_budget` (bytes), a
     program whose peak memory (`extract/memory.py`) is above it is re-extracted with the largest
-    intermediates recomputed in their consumers instead of stored, cheapest recompute per byte first."""
-    fz = expand(fz, enc.conv_params, target)
+    intermediates recomputed in their consumers instead of stored, cheapest recompute per byte first.
+    Under a call's deadline, optional work stops early and the choice raises `TimeLimit` (module doc)."""
+    deadline = current()
+    optional_until = time.perf_counter() + deadline.share(OPTIONAL_SHARE) if deadline.seconds != math.inf \
+        else math.inf
+    fz = expand(fz, enc.conv_params, target, stop_at=optional_until)
     own = {n: c for n, c in node_costs(fz, enc, target).items() if n not in exclude}
     nodes = [n for cls in fz.classes.values() for n in cls]
     parents: dict = {}
@@ -144,7 +163,8 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
         return _choose(fz, nodes, allowed, parents)
 
     choice, no_recompute, shared = share_producers(fz, choose,
-                                                   lambda ch: program_cost(_build(fz, enc, ch)[0], target)[0])
+                                                   lambda ch: program_cost(_build(fz, enc, ch)[0], target)[0],
+                                                   stop_at=optional_until)
 
     def remat_choose(no_store=frozenset()) -> dict:   # budget rounds keep the producers computed once
         return choose(no_store | shared, no_recompute)
@@ -159,6 +179,8 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
     cost, per_node = program_cost(graph, target)
     hoisted = _hoisted(choice)
     method = f"greedy ({fz.growth_cut} kernels grew less: growth budget spent)" if fz.growth_cut else "greedy"
+    if time.perf_counter() >= optional_until:
+        method += f"; kernel growth and sharing trials stopped at {OPTIONAL_SHARE:.0%} of the time left"
     return Extraction(graph, cost, per_node, method=method,
                       declined=declined_fusions(fz, choice, own, target, hoisted), memory=memory)
 
@@ -191,7 +213,7 @@ def _choose(fz: FrozenEGraph, nodes: list, own: dict, parents: dict) -> dict:
 MAX_SHARING_TRIALS = 24  # re-extractions that try a producer computed once, most used first
 
 
-def share_producers(fz: FrozenEGraph, choose, cost) -> tuple[dict, frozenset, frozenset]:
+def share_producers(fz: FrozenEGraph, choose, cost, stop_at: float = math.inf) -> tuple[dict, frozenset, frozenset]:
     """Greedy choice, plus the producers it should compute once: (choice, no_recompute, no_store).
 
     Each class's choice is cheapest for that class alone, so every consumer of a matmul may prefer
@@ -202,7 +224,8 @@ def share_producers(fz: FrozenEGraph, choose, cost) -> tuple[dict, frozenset, fr
     extract again with no kernel recomputing it, and with each stored orientation in turn as the only
     one stored, and keep the cheapest if the whole program's cost (`cost(choice)`) is lower.
     `choose(no_store=, no_recompute=)` extracts with no e-node loading a class in `no_store` and no
-    kernel recomputing one in `no_recompute`."""
+    kernel recomputing one in `no_recompute`. Trials stop at `stop_at` (a `time.perf_counter()`
+    reading), keeping the best choice found."""
     choice = choose()
     if not fz.recomputes:
         return choice, frozenset(), frozenset()
@@ -232,7 +255,7 @@ def share_producers(fz: FrozenEGraph, choose, cost) -> tuple[dict, frozenset, fr
         return groups
 
     best, no_recompute, no_store, tried, refused = cost(choice), frozenset(), frozenset(), 0, set()
-    while tried < MAX_SHARING_TRIALS:
+    while tried < MAX_SHARING_TRIALS and time.perf_counter() < stop_at:
         # after a kept trial, a producer refused before may pay (its consumers changed): try it again
         group = next((g for g in producers(choice) if g not in refused), None)
         if group is None:
@@ -244,7 +267,7 @@ def share_producers(fz: FrozenEGraph, choose, cost) -> tuple[dict, frozenset, fr
             options += [group - {c} for c in stored]
         found = None
         for forbid in options:
-            if tried == MAX_SHARING_TRIALS:
+            if tried == MAX_SHARING_TRIALS or time.perf_counter() >= stop_at:
                 break
             tried += 1
             try:

@@ -10,12 +10,15 @@ the ILP is never worse than greedy; without a solution in the time limit it fall
 from __future__ import annotations
 
 import math
+import time
 
+from superopt.deadline import current
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
 from superopt.egraph.ir import hoistable
 from superopt.extract.kernels import expand
-from superopt.extract.greedy import Extraction, build_graph, declined_fusions, extract as extract_greedy, node_costs, program_cost
+from superopt.extract.greedy import (OPTIONAL_SHARE, Extraction, build_graph, declined_fusions, extract as extract_greedy,
+                                     node_costs, program_cost)
 from superopt.extract.target import Target
 
 
@@ -50,8 +53,11 @@ def _reachable(fz: FrozenEGraph, typed) -> set:
 
 
 def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: float = 10.0) -> Extraction:
-    fz = expand(fz, enc.conv_params, target)  # kernels as concrete variants, each with a fixed cost
+    deadline = current()   # the call's (superopt/deadline.py): growth, greedy and HiGHS share what is left
+    fz = expand(fz, enc.conv_params, target, stop_at=time.perf_counter() + deadline.share(OPTIONAL_SHARE / 2)
+                if deadline.seconds != math.inf else math.inf)  # kernels as concrete variants, each with a fixed cost
     greedy = extract_greedy(fz, enc, target)
+    time_limit = max(min(time_limit, deadline.share(OPTIONAL_SHARE)), 1e-3)
     try:
         import highspy
     except ImportError:  # pragma: no cover - highspy is a dependency

@@ -15,6 +15,7 @@ each of them while one that they load is computed once: the cost decides.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from types import SimpleNamespace
 
@@ -43,8 +44,15 @@ KERNEL_FLOOR = 6_000
 class GrowthBudget:
     """Body nodes that kernel growth may still build in one expansion (`GROWTH_BUDGET`)."""
 
-    def __init__(self, kernels: int, total: int | None = None):
+    def __init__(self, kernels: int, total: int | None = None, stop_at: float = math.inf):
         self.left, self.kernels, self.cut = GROWTH_BUDGET if total is None else total, kernels, 0
+        self.stop_at = stop_at   # a time.perf_counter() reading: growth stops there (the call's deadline)
+        self.timed_out = False
+
+    def out_of_time(self) -> bool:
+        if not self.timed_out and self.stop_at != math.inf and time.perf_counter() >= self.stop_at:
+            self.timed_out = True
+        return self.timed_out
 
     def share(self) -> int:
         """What the next kernel may build."""
@@ -301,7 +309,7 @@ def variants(fz: FrozenEGraph, conv_params, own, root, target: Target, tensor_ty
                 else:
                     largest = nodes        # past the cap, only the largest body is kept
             fits = inline
-            if spent >= allowance:
+            if spent >= allowance or (budget is not None and budget.out_of_time()):
                 cut = True
                 break
             inline = _next_to_inline(fz, order, build, root, inline, producers)
@@ -409,16 +417,19 @@ def _next_to_inline(fz: FrozenEGraph, order: dict, build, root, inline: dict, pr
     return best
 
 
-def expand(fz: FrozenEGraph, conv_params, target: Target) -> FrozenEGraph:
+def expand(fz: FrozenEGraph, conv_params, target: Target, stop_at: float = math.inf) -> FrozenEGraph:
     """A view of `fz` where every `kernel` e-node is replaced by its concrete variants and the Scalar
-    classes are gone (the variants carry their bodies). Views without kernels are returned as they are."""
+    classes are gone (the variants carry their bodies). Views without kernels are returned as they are.
+    At `stop_at` (a `time.perf_counter()` reading) growth stops: each kernel left keeps the bodies
+    grown so far, at least its root's own op, and counts in `growth_cut`."""
     scalar = {cls for cls, nodes in fz.classes.items() if nodes and nodes[0].fn in SCALAR_FNS}
     if not scalar:
         return fz
     types = {cls: (fz.shapes[cls], fz.dtypes[cls]) for cls in fz.classes if cls in fz.shapes and cls in fz.dtypes}
     view = FrozenEGraph(shapes=fz.shapes, dtypes=fz.dtypes, outputs=fz.outputs)
     order = inline_order(fz, types)
-    budget = GrowthBudget(sum(1 for nodes in fz.classes.values() for n in nodes if n.fn == "kernel" and not n.args))
+    budget = GrowthBudget(sum(1 for nodes in fz.classes.values() for n in nodes if n.fn == "kernel" and not n.args),
+                          stop_at=stop_at)
     for cls, nodes in fz.classes.items():
         if cls in scalar:
             continue

@@ -103,7 +103,7 @@ def program_rows(names=PROGRAMS, targets=PROGRAM_TARGETS, timeline: str | None =
             start = time.perf_counter()
             optimized = spec.npu.estimate()
             wall_symbolic = time.perf_counter() - start
-            op_by_op = NpuExecutable(spec.original, target)
+            op_by_op = NpuExecutable(spec.original, target, precision=spec.npu.precision)
             unfused = op_by_op.estimate()
             traced = spec.npu.run(*flat)
             err = max(float(np.abs(g - e).max() / (np.abs(e).max() or 1.0)) for g, e in zip(traced.outputs, want))

@@ -18,6 +18,7 @@ from bench.programs import sgd_step, train_step
 from superopt import progress, superopt
 from superopt.extract.target import load_target
 from superopt.lowering.npu.lower import NpuExecutable
+from superopt.npu_backend import default_precision
 from superopt.timing import interleaved_medians
 
 
@@ -25,9 +26,11 @@ def npu_row(w, target_name: str = "npu-910b") -> dict:
     fast = superopt(w.fn, target=target_name)
     spec = fast.compile(*w.args)
     target = load_target(target_name)
-    before = NpuExecutable(spec.original, target).estimate()
+    precision = spec.npu.precision if spec.npu is not None else default_precision(spec.original, target)
+    before = NpuExecutable(spec.original, target, precision=precision).estimate()
     after = spec.npu.estimate() if spec.npu is not None else None
-    apart = NpuExecutable(spec.term, target, siblings=False).estimate() if spec.npu is not None else None
+    apart = NpuExecutable(spec.term, target, siblings=False, precision=precision).estimate() \
+        if spec.npu is not None else None
     grads_before, grads_after = spec.report.gradient_traffic
     return {"target": target_name, "backend": spec.report.backend, "cycles": (before.cycles, after and after.cycles),
             "gm": (before.gm_bytes, after and after.gm_bytes), "grads": (grads_before, grads_after),

@@ -25,7 +25,7 @@ import numpy as np
 from superopt.egraph.layout import FORMATS, packed_shape
 from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
-    ALIGNMENT, Buf, CopyIn, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, WaitFlag,
+    ALIGNMENT, CUBE_FP32, PRECISIONS, Buf, CopyIn, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, WaitFlag,
 )
 
 FRACTAL = 16
@@ -35,6 +35,33 @@ EVENTS = 8              # event ids per pair of queues
 
 class CodegenError(ValueError):
     """A kernel the generator cannot place on the target as tiled."""
+
+
+def check_precision(precision: str, target: Target) -> str:
+    """`precision` if `target`'s cube takes it, else a one-line ValueError naming the target: "fp16" (the
+    cube multiplies float32 operands rounded to fp16, at its full rate) everywhere, "fp32" (float32
+    operands as they are, at half that rate) where the chip's cube takes fp32 (`isa.CUBE_FP32`)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"superopt: unknown NPU precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    if precision == "fp32" and target.name not in CUBE_FP32:
+        raise ValueError(f"superopt: precision 'fp32' is not available on {target.name}: its cube declares no "
+                         f"fp32 rate (fp16 and int8 operands only); valid: fp16")
+    return precision
+
+
+def cube_dtype(dtype: str, precision: str = "fp16", other: str | None = None) -> str:
+    """The type the cube multiplies a matmul whose left operand is `dtype` (and right `other`) in: int8 and
+    bf16 as they are, float32 (or float64) operands as fp32 under `precision` "fp32" and as fp16 under "fp16"."""
+    if dtype == "int8":
+        return "int8"
+    if precision == "fp32" and {dtype, other or dtype} & {"float32", "float64"}:
+        return "float32"
+    return "bfloat16" if dtype == "bfloat16" else "float16"
+
+
+def _depth_block(dtype: str) -> int:
+    """The K edge of an L0 block: 128 fp16 (128x128 fp16 = 32 KB, two slots fit L0A), 64 fp32 (the same bytes)."""
+    return L0_BLOCK * 2 // max(2, np.dtype(dtype).itemsize)
 
 
 def _up(n: int, m: int = FRACTAL) -> int:
@@ -152,13 +179,14 @@ def _gm_window(tensor: str, layout: str, start: tuple, size: tuple) -> Gm:
 
 
 def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target: Target,
-                 relu: bool = False, layouts: tuple = ("ND", "ND", "ND")) -> Program:
+                 relu: bool = False, layouts: tuple = ("ND", "ND", "ND"), precision: str = "fp16") -> Program:
     """C = A @ B (relu optional) tiled as the Chimera model counts it. `a`, `b`, `c` are (name, shape,
     dtype) of GM tensors: A [batch, M, K], B [K, N] or [batch, K, N], C [batch, M, N] (a leading batch
     of 1 may be left out). `order` names the loops m, n, k outermost first; `tiles` their tile sizes.
     `layouts` are the GM formats of A, B and C: ND, or the cube's own (ZZ, ZN, NZ: egraph/layout.py), in
     which case the shapes are those of the padded matrices they hold and tiles move as whole fractals (the
-    same bytes; the conversions to and from ND that MTE1 and FixPipe do are not needed)."""
+    same bytes; the conversions to and from ND that MTE1 and FixPipe do are not needed). `precision`
+    is the type float32 operands are multiplied in (`cube_dtype`: "fp16", or "fp32" where the chip takes it)."""
     (an, ashape, adt), (bn_, bshape, bdt), (cn, cshape, cdt) = a, b, c
     a3, b3, c3 = _as3(ashape), _as3(bshape), _as3(cshape)
     batch, m, k = a3
@@ -177,9 +205,10 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     program = Program(inputs=[(an, _gm_shape(a3, la_), adt), (bn_, _gm_shape(b3, lb_), bdt)],
                       outputs=[(cn, _gm_shape(c3, lc_), cdt)])
     alloc = Allocator(program)
-    cube_dt = "int8" if adt == "int8" else ("bfloat16" if adt == "bfloat16" else "float16")
+    cube_dt = cube_dtype(adt, check_precision(precision, target), bdt)
     acc_dt = "int32" if cube_dt == "int8" else "float32"
-    bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(tk, L0_BLOCK)
+    depth_block = _depth_block(cube_dt)
+    bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(tk, depth_block)
     acc_bytes = tm * tn * np.dtype(acc_dt).itemsize
     # An output tile larger than L0C cannot accumulate across k steps. With k innermost it need not: the
     # k tiles of one (m, n) step gather in L1 (the same bytes, each copied in once) and the tile is then
@@ -193,7 +222,7 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     a_l1 = [alloc(f"A{s}", "L1", (tm, kk), cube_dt) for s in range(1 if whole_k else 2)]
     b_l1 = [alloc(f"B{s}", "L1", (kk, tn), cube_dt) for s in range(1 if whole_k else 2)]
     if whole_k:
-        bk = min(kk, L0_BLOCK)
+        bk = min(kk, depth_block)
         acc_slots = 2
         acc = [{(0, 0): alloc(f"c{s}", "L0C", (bm, bn), acc_dt)} for s in range(2)]
     else:
@@ -309,12 +338,13 @@ def _check_nd(layouts: tuple, names: tuple, target: Target, what: str) -> None:
 
 
 def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: dict, target: Target,
-                  layouts: tuple = ("ND", "ND", "ND", "ND")) -> Program:
+                  layouts: tuple = ("ND", "ND", "ND", "ND"), precision: str = "fp16") -> Program:
     """E = (A @ B) @ D with the intermediate C never leaving the chip. `a`, `b`, `d`, `e` are (name, shape,
     dtype) of GM tensors: A [batch, M, K], B [K, L], D [L, N], E [batch, M, N] (B and D may be batched).
     `order` starts with m and l (the loops both GEMMs share); per (m, l) tile the chip takes the A rows
     and B columns over the whole K (the same bytes as one TK tile at a time: k is the first GEMM's
-    innermost loop), computes the C tile block by block in L0C and keeps it in L1 as fp16, then streams
+    innermost loop), computes the C tile block by block in L0C and keeps it in L1 in the cube's operand
+    type (fp16, or fp32 under `precision` "fp32": `cube_dtype`), then streams
     D tiles over n and adds each E tile into GM (atomic add; a plain write when one l tile covers L).
     So the bytes moved are the Chimera model's DV for these tiles. `layouts` are the GM formats of A, B,
     D and E: ND, or the cube's own (ZZ, ZN, ZN, NZ), as in `gemm_program`."""
@@ -336,15 +366,17 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     program = Program(inputs=[(an, _gm_shape(a3, la_), adt), (bname, _gm_shape(b3, lb_), bdt),
                               (dname, _gm_shape(d3, ld_), ddt)], outputs=[(en, _gm_shape(e3, le_), edt)])
     alloc = Allocator(program)
-    cube_dt = "bfloat16" if adt == "bfloat16" else "float16"
-    blk = L0_BLOCK
+    cube_dt = cube_dtype(adt, check_precision(precision, target), bdt)
+    if cube_dt == "int8":
+        cube_dt = "float16"         # the chain's intermediate is a float product
+    blk, dblk = L0_BLOCK, _depth_block(cube_dt)
     a_l1 = alloc("A", "L1", (tm, kk), cube_dt)
     b_l1 = alloc("B", "L1", (kk, tl), cube_dt)
     c_l1 = {(i, j): alloc(f"C_{i}_{j}", "L1", (min(blk, tm - i), min(blk, tl - j)), cube_dt)
             for i in range(0, tm, blk) for j in range(0, tl, blk)}
     d_l1 = [alloc(f"D{s}", "L1", (tl, tn), cube_dt) for s in range(2)]
-    l0a = [alloc(f"a{s}", "L0A", (blk, blk), cube_dt) for s in range(2)]
-    l0b = [alloc(f"b{s}", "L0B", (blk, blk), cube_dt) for s in range(2)]
+    l0a = [alloc(f"a{s}", "L0A", (blk, dblk), cube_dt) for s in range(2)]
+    l0b = [alloc(f"b{s}", "L0B", (dblk, blk), cube_dt) for s in range(2)]
     acc = [alloc(f"c{s}", "L0C", (blk, blk), "float32") for s in range(2)]
     cores = cube_cores(target)
     instrs: list = []
@@ -380,7 +412,7 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
         for (i, j), cbuf in c_l1.items():   # C = A @ B, one L0C block at a time, kept in L1 as fp16
             s = nxt(core, "acc")
             cacc = _view(acc[s], cbuf.shape)
-            depth = [(a_l1, (i, z), b_l1, (z, j), min(blk, kk - z)) for z in range(0, kk, blk)]
+            depth = [(a_l1, (i, z), b_l1, (z, j), min(dblk, kk - z)) for z in range(0, kk, dblk)]
             product(core, cbuf.shape, depth, cacc)
             instrs.append(FixPipe(core, "cube", src=cacc, dst=cbuf))
         for ni in range(steps["n"]):   # E += C @ D over n tiles
@@ -395,7 +427,8 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
                         continue
                     s = nxt(core, "acc")
                     eacc = _view(acc[s], (rows, cols))
-                    depth = [(c_l1[(i, z)], (0, 0), d_l1[ds], (z, j), c_l1[(i, z)].shape[1]) for z in range(0, tl, blk)]
+                    depth = [(c_l1[(i, z)], (0, y), d_l1[ds], (z + y, j), min(dblk, c_l1[(i, z)].shape[1] - y))
+                             for z in range(0, tl, blk) for y in range(0, c_l1[(i, z)].shape[1], dblk)]
                     product(core, (rows, cols), depth, eacc)
                     size = (1, min(rows, tile["m"] - i), min(cols, tile["n"] - j))
                     window = _gm_window(en, le_, (bt, mi * tile["m"] + i, ni * tile["n"] + j), size)

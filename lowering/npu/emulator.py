@@ -7,7 +7,7 @@ overwrites one another queue still reads, before the flags order them is a race,
 numbers are computed in issue order, so a program without races gives them exactly as the timed,
 overlapped schedule would. Durations come from the target (`NpuSpec`): GM transfers at one core's
 share of the chip's bandwidth plus a start-up latency, L1 -> L0 and L0C drains at their path widths,
-the cube at one 16x16x16 fractal per cycle (16x32x16 for int8), the vector unit at one 256-byte
+the cube at one 16x16x16 fractal per cycle (16x32x16 for int8, 16x8x16 for fp32), the vector unit at one 256-byte
 repeat per cycle (several passes for transcendental functions).
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ import numpy as np
 
 from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
-    ALIGNMENT, Barrier, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, VecOp, WaitFlag,
+    ALIGNMENT, CUBE_K_PER_CYCLE, Barrier, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag,
+    VecOp, WaitFlag,
 )
 from superopt.egraph.ir import BINARY_OPS, UNARY_OPS
 from superopt.egraph.layout import holds, pack_np, unpack_np
@@ -177,7 +178,7 @@ class _Machine:
             return math.ceil(ins.dst.nbytes / npu.mte1_bytes_per_cycle)
         if isinstance(ins, Mmad):
             (m, k), n = ins.a.shape, ins.b.shape[1]
-            kstep = 32 if ins.a.dtype == "int8" else FRACTAL
+            kstep = CUBE_K_PER_CYCLE.get(str(ins.a.dtype), FRACTAL)
             return math.ceil(m / FRACTAL) * math.ceil(n / FRACTAL) * math.ceil(k / kstep)
         if isinstance(ins, FixPipe):
             drain = math.ceil(ins.src.nbytes / npu.fixpipe_bytes_per_cycle)

@@ -7,7 +7,8 @@ Unified Buffer) or windows of global memory (`Gm`). Data paths and their queues:
 
     MTE2   GM -> L1, GM -> UB            (copy in)
     MTE1   L1 -> L0A / L0B               (ND -> fractal; img2col for a convolution)
-    cube   L0A x L0B -> L0C              (MMAD on 16x16x16 fp16 fractals, 16x32x16 int8; fp32 / int32 accumulation)
+    cube   L0A x L0B -> L0C              (MMAD on 16x16x16 fp16 fractals, 16x32x16 int8, 16x8x16 fp32 where the
+                                          chip takes fp32 operands; fp32 / int32 accumulation)
            L0C -> GM / L1 / UB           (FIXPIPE: cast, relu, requantize; drains the cube, on its queue)
     vector UB -> UB                      (elementwise, row reductions, casts, select; 256-byte repeats)
     MTE3   UB -> GM                      (copy out; atomic add into GM for partial sums)
@@ -26,6 +27,18 @@ import numpy as np
 SPACES = ("L1", "L0A", "L0B", "L0C", "UB")
 QUEUES = ("scalar", "vector", "cube", "MTE1", "MTE2", "MTE3")
 ALIGNMENT = {"UB": 32, "L1": 32, "L0A": 512, "L0B": 512, "L0C": 512}   # bytes (reference facts: UB 32, L0A/B 512)
+
+# The cube's operand types and the depth K of the 16 x K x 16 fractal it multiplies per cycle: 32 bytes of
+# K for every type (the C0 of the fractal formats), so 16 fp16 or bf16, 32 int8, 8 fp32. fp32 operands
+# halve the fp16 rate; which chips take them is `CUBE_FP32`.
+CUBE_K_PER_CYCLE = {"float16": 16, "bfloat16": 16, "int8": 32, "float32": 8}
+# Chips whose cube multiplies fp32 operands (accumulating in fp32), at CUBE_K_PER_CYCLE's rate: Ascend C's
+# Mmad lists float A and B for the Atlas A2 series (the 910B); the 910's cube takes fp16 and int8 only.
+# The rate is the C0 rule above, not a published figure. (Belongs in the target file's [npu] table once
+# NpuSpec has a field for it: `extract/targets/*.toml`.)
+CUBE_FP32 = frozenset({"npu-910b"})
+# `precision` of an NPU program: the type the cube multiplies float32 operands in.
+PRECISIONS = ("fp16", "fp32")
 
 
 @dataclass(frozen=True)

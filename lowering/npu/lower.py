@@ -46,7 +46,7 @@ from superopt.egraph.siblings import internal, merged_body, run_before, sibling_
 from superopt.extract.cost import one_op_body
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, cone
-from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_program
+from superopt.lowering.npu.codegen import CodegenError, chain_program, check_precision, cube_dtype, gemm_program
 from superopt.lowering.npu.emulator import CapacityError, check_buffers, emulate
 from superopt.lowering.npu.isa import Program
 from superopt.lowering.npu.layout import layout_program
@@ -122,10 +122,14 @@ class Run:
 class NpuExecutable:
     """A program lowered to NPU stages; calling it runs them on the emulator (numerically)."""
 
-    def __init__(self, graph: Graph, target: Target, siblings: bool = True):
-        """`siblings`: run sibling kernels as one launch where the emulator finds it faster (`_group`)."""
+    def __init__(self, graph: Graph, target: Target, siblings: bool = True, precision: str = "fp16"):
+        """`siblings`: run sibling kernels as one launch where the emulator finds it faster (`_group`).
+        `precision`: the type the cube multiplies float32 operands in: "fp16" (rounded, the cube's full
+        rate; every NPU) or "fp32" (as they are, at the cube's fp32 rate; a ValueError naming the target
+        where the chip has none, `isa.CUBE_FP32`). fp16, bf16 and int8 operands are multiplied as they are."""
         if target.npu is None:
             raise CodegenError(f"target {target.name!r} is not an NPU; the emulator runs npu-910 and npu-910b")
+        self.precision = check_precision(precision, target)
         self.graph, self.target, self.siblings = graph, target, siblings
         self.stages: list[Stage] = []
         self.tensors: dict[str, tuple] = {}       # GM name -> (shape, dtype)
@@ -239,7 +243,8 @@ class NpuExecutable:
         label = f"{'+'.join(f'%{i}' for i in group)} siblings"
         try:   # workspace names of their own: the members' stages above declared theirs
             return KernelLowering(body, ins, outs, tiling, self.target, group[-1], label,
-                                  lambda name, shape, dtype: self._tensor(f"s{name}", shape, dtype), roots).stages()
+                                  lambda name, shape, dtype: self._tensor(f"s{name}", shape, dtype), roots,
+                                  precision=self.precision).stages()
         except CodegenError:
             return None
 
@@ -254,11 +259,12 @@ class NpuExecutable:
                 program = layout_program(ins[0], out, node.attrs[0], node.op == "pack", self.target)
                 self.stages.append(Stage(f"%{i} {node.op} {node.attrs[0]} (TransData)", i, program))
             elif node.op == "fractal_matmul":
-                self.stages.append(fractal_stage(ins, out, self.target, i))
+                self.stages.append(fractal_stage(ins, out, self.target, i, self.precision))
             elif node.op in REDUCTIONS and len(node.attrs[0]) > 1 and len(ins[0][1]) - 1 in node.attrs[0]:
                 self._reduce_by_rows(i, node, ins[0], out)
             else:
-                self.stages += KernelLowering(body, ins, out, tiling, self.target, i, label, self._tensor).stages()
+                self.stages += KernelLowering(body, ins, out, tiling, self.target, i, label, self._tensor,
+                                              precision=self.precision).stages()
         except CodegenError as exc:
             if node.op == "kernel":
                 raise CodegenError(f"{label}: {exc}") from exc
@@ -279,7 +285,8 @@ class NpuExecutable:
         for ins, result, axes in (([x], rows, (last,)), ([rows], out, rest)):
             body = one_op_body(node.op, (axes,), [(s, d) for _, s, d in ins], (result[1], result[2]))
             label = f"%{i} {node.op}[{','.join(map(str, axes))}]"
-            self.stages += KernelLowering(body, ins, result, None, self.target, i, label, self._tensor).stages()
+            self.stages += KernelLowering(body, ins, result, None, self.target, i, label, self._tensor,
+                                          precision=self.precision).stages()
 
     # ---- running ----
     def run(self, *flat_args, symbolic: bool = False, trace: bool = True) -> Run:
@@ -371,9 +378,10 @@ class KernelLowering:
     """The stages of one kernel body (module doc)."""
 
     def __init__(self, body: tuple, ins: list, out, tiling: Tiling | None, target: Target, node: int,
-                 label: str, declare, roots: tuple | None = None):
+                 label: str, declare, roots: tuple | None = None, precision: str = "fp16"):
         """`out` is the GM tensor of the body's last value; with `roots` (sibling kernels merged into one
-        body, `egraph/siblings.py`), a list of GM tensors, one per root."""
+        body, `egraph/siblings.py`), a list of GM tensors, one per root. `precision` as `NpuExecutable`'s."""
+        self.precision = precision
         self.roots = (len(body) - 1,) if roots is None else tuple(roots)
         self.outs = [out] if roots is None else list(out)
         self.body, self.ins, self.tiling, self.target = body, ins, tiling, target
@@ -499,7 +507,7 @@ class KernelLowering:
             (a, av), (b, bv) = self._pack(a, av, "ZZ", m, "lhs"), self._pack(b, bv, "ZN", m, "rhs")
             c, cv = self._packed_result(m, av, bv, c[2])
             layouts = CUBE_FORMATS
-        placed = place_gemm(a, b, c, (av, bv, cv), self.target, extractors, layouts=layouts)
+        placed = place_gemm(a, b, c, (av, bv, cv), self.target, extractors, layouts=layouts, precision=self.precision)
         # The fastest placed tiling runs. The extractor's tiles minimise the bytes moved (the Chimera
         # model); on many cores a tiling with more output tiles can be faster, and the label says so.
         cycles, rank, order, tiles, program = min(placed)
@@ -539,8 +547,8 @@ class KernelLowering:
                                  layout_program(packed, (nd[0], _matrix(view), nd[2]), "NZ", False, self.target)))
 
     def _img2col(self, m: int, lhs: tuple) -> tuple:
-        """A convolution as a GEMM: the img2col stage writes the patch matrix (fp16, or int8 for an int8
-        conv) to GM; the weights [KH, KW, C, O] are its right operand as [KH * KW * C, O], the output
+        """A convolution as a GEMM: the img2col stage writes the patch matrix (in the cube's operand type:
+        fp16, fp32 under precision "fp32", int8 for an int8 conv) to GM; the weights [KH, KW, C, O] are its right operand as [KH * KW * C, O], the output
         [N * Ho * Wo, O] is NHWC."""
         node, x, wt = self.body[m], self.body[self.body[m].inputs[0]], self.body[self.body[m].inputs[1]]
         p = dict(node.attrs[0])
@@ -555,7 +563,8 @@ class KernelLowering:
         n, h, w, c = x.shape
         kh, kw, _, o = wt.shape
         _, ho, wo, _ = node.shape
-        cube_dt = "int8" if x.dtype == "int8" else "float16"    # int8 convs run on the int8 cube
+        cube_dt = cube_dtype(x.dtype, self.precision, wt.dtype)    # int8 convs run on the int8 cube
+        cube_dt = cube_dt if cube_dt in ("int8", "float32") else "float16"
         patches = (self.declare(f"k{self.node}_img2col{m}", (n * ho * wo, kh * kw * c), cube_dt),
                    (n * ho * wo, kh * kw * c), cube_dt)
         program = img2col_program(lhs, patches, (kh, kw), tuple(p["window_strides"]), tuple(p["padding"]),
@@ -580,7 +589,7 @@ class KernelLowering:
             e, ev = self._packed_result(second, av, dv, e[2])
             layouts = ("ZZ", "ZN", "ZN", "NZ")
         placed = place_chain((a[0], av, a[2]), (b[0], bv, b[2]), (d[0], dv, d[2]), (e[0], ev, e[2]),
-                             self.target, (t.order, dict(t.tiles)), layouts)
+                             self.target, (t.order, dict(t.tiles)), layouts, self.precision)
         # As for a lone GEMM, the fastest placed tiling runs. The extractor's tiles move the least data,
         # but the chain deals its m tiles to the cores, so a chain with few of them (a batch of one) can
         # run faster on smaller ones, and the label says so.
@@ -603,16 +612,18 @@ def _matrix(view: tuple) -> tuple:
 
 
 def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first: tuple | None = None,
-               layouts: tuple = ("ND", "ND", "ND")) -> list:
+               layouts: tuple = ("ND", "ND", "ND"), precision: str = "fp16") -> list:
     """Every tiling of C = A @ B that can be placed, as (cycles, rank, order, tiles, program): `first`
     (the extractor's order and tiles) when given, then `gemm_candidates`. `a`, `b`, `c` are GM tensors
-    (name, shape, dtype), `views` their [batch, rows, columns] shapes, `layouts` their formats."""
+    (name, shape, dtype), `views` their [batch, rows, columns] shapes, `layouts` their formats, `precision`
+    the cube's type for float32 operands (`codegen.cube_dtype`)."""
     (av, bv, cv), errors, placed = views, [], []
     batch, m, k = av
-    for order, tiles in ([first] if first else []) + gemm_candidates(batch, m, bv[-1], k, a[2], target):
+    operands = cube_dtype(a[2], precision, b[2])
+    for order, tiles in ([first] if first else []) + gemm_candidates(batch, m, bv[-1], k, operands, target):
         try:
             program = gemm_program((a[0], av, a[2]), (b[0], bv, b[2]), (c[0], cv, c[2]), order, tiles, target,
-                                   layouts=layouts)
+                                   layouts=layouts, precision=precision)
             check_buffers(program, target)
         except (CodegenError, CapacityError) as exc:
             errors.append(str(exc))
@@ -625,7 +636,7 @@ def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first
 
 
 def place_chain(a: tuple, b: tuple, d: tuple, e: tuple, target: Target, first: tuple,
-                layouts: tuple = ("ND",) * 4) -> list:
+                layouts: tuple = ("ND",) * 4, precision: str = "fp16") -> list:
     """Every tiling of E = (A @ B) @ D that can be placed, as (cycles, rank, order, tiles, program): `first`
     (the extractor's order and tiles; rank 0) and then `chain_candidates`. `a`, `b`, `d`, `e` are GM
     tensors (name, [batch, rows, columns] view, dtype) in `layouts`; packed operands take tiles of whole
@@ -634,14 +645,14 @@ def place_chain(a: tuple, b: tuple, d: tuple, e: tuple, target: Target, first: t
     l, n = b[1][-1], d[1][-1]
     fractal = layouts[0] != "ND"
     tried, errors, placed = [], [], []
-    for order, tiles in [first] + chain_candidates(batch, m, n, k, l, a[2], target):
+    for order, tiles in [first] + chain_candidates(batch, m, n, k, l, cube_dtype(a[2], precision, b[2]), target):
         if fractal:
             tiles = {x: -(-v // 16) * 16 for x, v in tiles.items()}   # windows of whole fractals
         if (order, tiles) in tried:
             continue
         tried.append((order, tiles))
         try:
-            program = chain_program(a, b, d, e, order, tiles, target, layouts=layouts)
+            program = chain_program(a, b, d, e, order, tiles, target, layouts=layouts, precision=precision)
             check_buffers(program, target)
         except (CodegenError, CapacityError) as exc:
             errors.append(str(exc))
@@ -661,7 +672,7 @@ def chain_candidates(batch: int, m: int, n: int, k: int, l: int, dtype: str, tar
     Chimera model counts at the chip's bandwidth against the cube cycles of the busiest core (the chain
     deals its batch entries and m tiles to the cores, `codegen.chain_program`)."""
     npu = target.npu
-    item = 1 if dtype == "int8" else 2
+    item = {"int8": 1, "float32": 4}.get(dtype, 2)     # the cube's operand type (`codegen.cube_dtype`)
     up = lambda x: -(-x // 16) * 16                                            # noqa: E731
     sizes = lambda ext: sorted({min(up(ext), t) for t in (16, 32, 64, 128, 256, 512)})   # noqa: E731
     kk, nn = up(k), up(n)
@@ -681,7 +692,7 @@ def chain_candidates(batch: int, m: int, n: int, k: int, l: int, dtype: str, tar
     return [r[2] for r in ranked[:keep]]
 
 
-def fractal_stage(ins: list, out: tuple, target: Target, node: int) -> Stage:
+def fractal_stage(ins: list, out: tuple, target: Target, node: int, precision: str = "fp16") -> Stage:
     """A fractal_matmul as one cube stage: A (ZZ), B (ZN) and C (NZ) stay packed in GM, each tile moves
     as whole fractals; the fastest placeable tiling runs. The matrices are the padded ones the operands
     hold (their padding is zero where they were packed), with the batch of A's leading axes."""
@@ -689,15 +700,19 @@ def fractal_stage(ins: list, out: tuple, target: Target, node: int) -> Stage:
     batch = math.prod(ashape[:-4])
     (mp, kp), (_, np_) = holds("ZZ", ashape[-4:]), holds("ZN", bshape[-4:])
     views = ((batch, mp, kp), (math.prod(bshape[:-4]), kp, np_), (batch, mp, np_))
-    cycles, _, order, tiles, program = min(place_gemm(ins[0], ins[1], out, views, target, layouts=CUBE_FORMATS))
+    cycles, _, order, tiles, program = min(place_gemm(ins[0], ins[1], out, views, target, layouts=CUBE_FORMATS,
+                                                      precision=precision))
     tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
     return Stage(f"%{node} fractal_matmul: cube {views[0]}x{views[1]} on fractals (ZZ x ZN -> NZ) order "
                  f"{''.join(order)} {tiles_str}", node, program)
 
 
-def _round_cube_operands(nodes: list) -> tuple[list, dict]:
+def _round_cube_operands(nodes: list, precision: str = "fp16") -> tuple[list, dict]:
     """`nodes` with every float operand of a matmul rounded to fp16 first (as the cube's copy-in does;
-    bf16 and int8 operands are multiplied as they are), kernel bodies included; and the id map."""
+    bf16 and int8 operands are multiplied as they are; under `precision` "fp32" nothing is rounded),
+    kernel bodies included; and the id map."""
+    if precision == "fp32":
+        return list(nodes), {i: i for i in range(len(nodes))}
     out, remap = [], {}
     for i, n in enumerate(nodes):
         ins = [remap[j] for j in n.inputs]
@@ -719,11 +734,12 @@ def _round_cube_operands(nodes: list) -> tuple[list, dict]:
     return out, remap
 
 
-def cube_reference(graph: Graph, args) -> list:
-    """The program's outputs computed in numpy with the NPU's rounding: matmul operands in fp16, the rest
-    in the program's own types. The emulator's results differ from these only by summation order."""
+def cube_reference(graph: Graph, args, precision: str = "fp16") -> list:
+    """The program's outputs computed in numpy with the NPU's rounding: matmul operands in fp16 (as they
+    are under `precision` "fp32"), the rest in the program's own types. The emulator's results differ
+    from these only by summation order."""
     from superopt.rewrites.reference import evaluate
-    nodes, remap = _round_cube_operands(list(graph.nodes))
+    nodes, remap = _round_cube_operands(list(graph.nodes), precision)
     rounded = Graph(nodes=nodes, outputs=[remap[o] for o in graph.outputs], consts=graph.consts,
                     opaque=graph.opaque, n_args=graph.n_args)
     return evaluate(rounded, args)
@@ -736,7 +752,7 @@ def gemm_candidates(batch: int, m: int, n: int, k: int, dtype: str, target: Targ
     if 0 in (batch, m, n, k):
         raise CodegenError(f"an empty matmul ({batch}x{m}x{n}x{k}): no tiles for the cube")
     npu = target.npu
-    item = 1 if dtype == "int8" else 2
+    item = {"int8": 1, "float32": 4}.get(dtype, 2)     # the cube's operand type (`codegen.cube_dtype`)
     up = lambda x: -(-x // 16) * 16                                            # noqa: E731
     sizes = lambda ext: sorted({min(up(ext), t) for t in (16, 32, 64, 128, 256)})   # noqa: E731
     ranked = []

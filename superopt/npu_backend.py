@@ -1,0 +1,286 @@
+"""The NPU backend: a specialization's program run on the cycle-counting emulator (`lowering/npu`), and
+never a program that disagrees with the user's.
+
+`on_emulator` lowers the chosen term to cube and vector programs. With checking on, it runs them on
+random inputs and on the first call's own arguments (random inputs have none of a real program's
+scales: an optimizer's moments, small gradients) and compares their outputs with the user's original
+program (the captured program run by JAX) at each output's own dtype's tolerance (`verify.py`: float32
+outputs at float32's, not widened to the cube's fp16), integer and bool outputs exactly (a top_k's
+indices, an argmax); a float output beyond tolerance passes only if it is as close to the program's
+float64 value as the original's is, the rule verification applies to every program. Any difference,
+a lowering that fails, or an emulator error on those inputs, and the JAX program runs instead, with
+the reason in `report.backend`. Every later call is checked the same way against the original run on
+its arguments: a call that differs warns once and returns the original's outputs.
+
+The cube multiplies float32 operands either rounded to fp16 (`precision="fp16"`, its full rate) or as
+they are (`"fp32"`, at its fp32 rate, half of that, where the chip has one: `lowering/npu/isa.py`,
+`CUBE_FP32`). Left to itself (`precision=None`) it takes fp32 where the chip has it and the program
+multiplies float32 operands, since fp16 products of a float32 program are not within float32's
+tolerance of it, and fp16 otherwise; fp16, bf16 and int8 operands are multiplied as they are under
+either. `report.backend` names the operand types the cube ran.
+
+At call time, an emulator error (a value that overflows fp16 on the way into the cube, and anything
+else the emulator raises) does not reach the caller: the call warns once (`NumericsWarning`) and
+returns the JAX program's result, the original program's when the error is numeric, as `jax.jit`
+would have. So does an output that differs from the original's, with checking on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+from superopt import verify as verification
+
+CHECK_SEEDS = (0, 1)           # random inputs (verify.random_args) the emulator is checked on
+MATRIX_OPS = ("matmul", "fractal_matmul", "conv")
+SHORT = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16", "int8": "int8"}
+
+
+class NumericsWarning(verification.VerificationWarning):
+    """The NPU program could not run, or differed from the user's program: JAX ran it instead."""
+
+
+def check_precision(precision: str | None, target) -> str | None:
+    """`precision` (None: chosen per program, `default_precision`) if `target` takes it, else a one-line
+    ValueError naming the target (fp32 where the chip's cube has no fp32 rate). For the API to call
+    when the user passes it, before anything is optimized."""
+    if precision is None:
+        return None
+    from superopt.lowering.npu.codegen import check_precision as check
+    if target.npu is None:
+        raise ValueError(f"superopt: precision applies to NPU targets (npu-910, npu-910b), not {target.name!r}")
+    return check(precision, target)
+
+
+def cube_operand_types(graph) -> set:
+    """The dtypes of every matrix product's operands in `graph` (kernel bodies included)."""
+    out: set = set()
+
+    def walk(nodes):
+        for n in nodes:
+            if n.op in MATRIX_OPS:
+                out.update(nodes[j].dtype for j in n.inputs)
+            elif n.op == "kernel":
+                walk(list(n.attrs[0]))
+    walk(list(graph.nodes))
+    return out
+
+
+def default_precision(graph, target) -> str:
+    """fp32 where the chip's cube takes fp32 operands and the program multiplies float32 ones (fp16
+    products would differ from the float32 program beyond its tolerance); fp16 otherwise."""
+    from superopt.lowering.npu.isa import CUBE_FP32
+    wide = cube_operand_types(graph) & {"float32", "float64"}
+    return "fp32" if wide and target.name in CUBE_FP32 else "fp16"
+
+
+def cube_types(executable) -> list[str]:
+    """The operand types the executable's cube stages multiply (empty: no cube stage)."""
+    from superopt.lowering.npu.isa import Mmad
+    seen = {str(ins.a.dtype) for stage in executable.stages if stage.program is not None
+            for ins in stage.program.instrs if isinstance(ins, Mmad)}
+    return sorted(SHORT.get(t, t) for t in seen)
+
+
+class EmulatorRun:
+    """What a specialization on the emulator calls: flat arrays -> flat outputs from the NPU program.
+    An exception from the emulator warns once (`NumericsWarning`, naming it) and returns the JAX
+    program's outputs for that call: the original program's for a numeric error (NumericOverflow),
+    else the JAX lowering of the same term (`jax_program`). With `check`, every call's outputs are
+    compared with the original program's on the same arguments (`_differs`); a call that differs warns
+    once and returns the original's. `report.backend` notes the first fallback of either kind."""
+
+    def __init__(self, executable, jax_program: Callable, original: "_OriginalProgram", report, target_name: str,
+                 check: bool = False, primed: tuple | None = None):
+        self.executable, self.jax_program, self.original = executable, jax_program, original
+        self.report, self.target_name, self.check = report, target_name, check
+        self.primed = primed        # (arguments, outputs) the build checked; the first call with them reuses them
+        self.fallbacks = 0          # calls JAX ran instead
+        self.last_error: str | None = None
+
+    def __call__(self, *flat_args) -> list:
+        from superopt.lowering.npu.emulator import NumericOverflow
+        primed, self.primed = self.primed, None
+        if primed is not None and len(primed[0]) == len(flat_args) and all(a is b for a, b in zip(primed[0], flat_args)):
+            return list(primed[1])      # the very arguments the build ran and checked a moment ago
+        try:
+            outputs = self.executable(*flat_args)
+        except Exception as exc:    # noqa: BLE001 -- jax.jit would not raise here, so neither may superopt
+            numeric = isinstance(exc, (NumericOverflow, FloatingPointError, OverflowError))
+            runs = "the original program" if numeric else "the JAX program"
+            self._fall_back(f"failed on these inputs ({type(exc).__name__}: {exc}); {runs} ran instead")
+            return list((self.original() if numeric else self.jax_program)(*flat_args))
+        if not self.check:
+            return outputs
+        expected = [np.asarray(o) for o in self.original()(*flat_args)]
+        problem = _differs(expected, [np.asarray(o) for o in outputs], self.original.spec.original, flat_args)
+        if problem:
+            self._fall_back(f"differs from the original program on these inputs ({problem}); the original's "
+                            f"outputs were returned")
+            return expected
+        return outputs
+
+    def _fall_back(self, what: str) -> None:
+        self.fallbacks += 1
+        self.last_error = what
+        if self.fallbacks == 1:
+            warnings.warn(f"superopt: the NPU program on the {self.target_name} emulator {what} (warned once)",
+                          NumericsWarning, stacklevel=4)
+            self.report.backend += f"; a call ran on JAX: the NPU program {_short(what)}"
+
+
+def on_emulator(spec, target, avals, check: bool, precision: str | None = None, example=None):
+    """`spec` (an `api.Specialization`) running on the NPU emulator instead of JAX; or `spec` itself,
+    JAX running, with the reason in `report.backend`, where the term does not lower or (with `check`)
+    the NPU program differs from the user's program on random inputs or on `example`, the flat
+    arguments of the call being specialized (module doc). `precision` is the cube's type for float32
+    operands: "fp16", "fp32" (a ValueError where `target` has no fp32 rate), or None
+    (`default_precision`)."""
+    from superopt.lowering.npu.codegen import CodegenError
+    from superopt.lowering.npu.emulator import EmulatorError
+    from superopt.lowering.npu.lower import NpuExecutable
+    report = spec.report
+    precision = check_precision(precision, target) or default_precision(spec.term, target)
+    start = time.perf_counter()
+    try:
+        executable = NpuExecutable(spec.term, target, precision=precision)
+        estimate = executable.estimate()
+        original = executable if spec.term is spec.original else NpuExecutable(spec.original, target,
+                                                                                precision=precision)
+        before = estimate.cycles if original is executable else original.estimate().cycles
+    except (CodegenError, EmulatorError) as exc:
+        report.backend = f"jax (the NPU lowering failed: {exc})"
+        return spec
+    report.npu_lines = executable.describe(estimate, before)
+    report.stage_seconds["lower-npu"] = time.perf_counter() - start
+    types = cube_types(executable)
+    reference = _OriginalProgram(spec)
+    example = _concrete(example, avals)
+    primed = None
+    if check:
+        start = time.perf_counter()
+        problem, primed = _check(executable, reference, spec, avals, precision, target, types, example)
+        report.stage_seconds["check-npu"] = time.perf_counter() - start
+        if problem:
+            warnings.warn(f"superopt: {problem}; the JAX program runs instead", NumericsWarning, stacklevel=4)
+            report.backend = f"jax ({problem})"
+            return spec
+    operands = f" with {', '.join(types)} cube operands" if types else ""
+    inputs = f"{len(CHECK_SEEDS)} random inputs" + (" and the first call's" if example is not None else "")
+    checked = f"; outputs within their dtype's tolerance of the original's on {inputs}, and checked on each call" \
+        if check else ""
+    report.backend = f"npu emulator ({target.name}, numeric){operands}{checked}"
+    if report.gradient_traffic:   # as the two programs run: sibling kernels grouped as the lowering grouped them
+        report.gradient_traffic = _gradient_traffic(spec.original, spec.term, original.groups, executable.groups)
+    run = EmulatorRun(executable, spec.run, reference, report, target.name, check, primed)
+    return dataclasses.replace(spec, run=run, npu=executable)
+
+
+class _OriginalProgram:
+    """The user's program as JAX runs it, built when first needed: `spec.run` where the specialization
+    kept the original (the jitted function itself), else the captured original graph lowered to JAX."""
+
+    def __init__(self, spec):
+        self.spec, self._program = spec, None
+
+    def __call__(self) -> Callable:
+        if self._program is None:
+            if self.spec.term is self.spec.original:
+                self._program = self.spec.run
+            else:
+                from superopt.lowering.jax import lower
+                self._program = lower(self.spec.original)
+        return self._program
+
+
+def _concrete(example, avals) -> tuple | None:
+    """The example arguments when they are arrays (not tracers) of the specialization's types, else None."""
+    if example is None:
+        return None
+    try:
+        example = tuple(example)
+        arrays = [np.asarray(a) for a in example]
+    except Exception:    # noqa: BLE001 -- traced arguments (superopt under jax.jit): no example to run
+        return None
+    if len(arrays) != len(avals) or any(tuple(a.shape) != tuple(shape) for a, (shape, _) in zip(arrays, avals)):
+        return None
+    return example
+
+
+def _check(executable, reference: _OriginalProgram, spec, avals, precision: str, target, types: list,
+           example: tuple | None = None) -> tuple[str | None, tuple | None]:
+    """(None, (example, its outputs)) if the NPU program's outputs agree with the original program's on
+    CHECK_SEEDS' random inputs and on `example` (run last, so the executable's `last` run is the
+    caller's), else (the reason the JAX program runs instead, None)."""
+    from superopt.lowering.npu.isa import CUBE_FP32
+    operands = f"{', '.join(types)} cube operands" if types else "no cube stages"
+    trials = [(f"random inputs (seed {seed})", verification.random_args(avals, seed)) for seed in CHECK_SEEDS]
+    if example is not None:
+        trials.append(("the first call's arguments", example))
+    actual: list = []
+    for where, args in trials:
+        try:
+            actual = [np.asarray(o) for o in executable(*args)]
+        except Exception as exc:    # noqa: BLE001
+            return f"the NPU program failed on {where}: {type(exc).__name__}: {_short(str(exc))}", None
+        expected = [np.asarray(o) for o in reference()(*args)]
+        problem = _differs(expected, actual, spec.original, args)
+        if problem is None:
+            continue
+        problem = f"{problem}, on {where}"
+        # Its own model (the term with the cube's rounding) tells a precision drift from a lowering error.
+        try:
+            from superopt.lowering.npu.lower import cube_reference
+            own = verification.compare_outputs(cube_reference(spec.term, args, precision), actual, as_dtype="float16")
+        except Exception:    # noqa: BLE001
+            own = None
+        if own:
+            return f"the NPU program ({operands}) differs from the original program: {problem}; and from its own " \
+                   f"model of the cube's rounding: {own}", None
+        hint = ""
+        if precision == "fp16" and "fp16" in types and cube_operand_types(spec.term) & {"float32", "float64"}:
+            hint = "; precision='fp32' multiplies float32 operands as they are" if target.name in CUBE_FP32 else \
+                f"; the {target.name} cube takes no fp32 operands"
+        return f"the NPU program ({operands}) differs from the original program beyond the output's dtype " \
+               f"tolerance: {problem}{hint}", None
+    return None, ((example, actual) if example is not None else None)
+
+
+def _differs(expected: list, actual: list, original, args) -> str | None:
+    """None if every output agrees: integers and bools exactly, floats within their own dtype's
+    tolerance or as close to the float64 value of the original as the original is (`verify.py`)."""
+    if len(expected) != len(actual):
+        return f"{len(actual)} outputs, expected {len(expected)}"
+    truth: Any = None
+    for k, (e, a) in enumerate(zip(expected, actual)):
+        problem = verification.mismatch(e, a)
+        if problem is None:
+            continue
+        if verification.is_float(e.dtype) and e.shape == a.shape and e.dtype == a.dtype:
+            if truth is None:
+                try:
+                    from superopt.rewrites.reference import evaluate
+                    truth = evaluate(original, args, precise=True)
+                except Exception:    # noqa: BLE001 -- no float64 value to judge by: the direct comparison stands
+                    truth = False
+            if truth is not False and verification.as_accurate(e, a, truth[k]) is None:
+                continue
+        return f"output {k}: {problem}"
+    return None
+
+
+def _gradient_traffic(original, chosen, groups_before=(), groups_after=()) -> tuple:
+    """(before, after) passes over gradient memory as the two NPU programs run (as api._gradient_traffic)."""
+    from superopt.extract.traffic import gradient_traffic
+    before = gradient_traffic(original, groups_before)
+    if not before.tensors:
+        return ()
+    return before, (before if chosen is original else gradient_traffic(chosen, groups_after))
+
+
+def _short(text: str, width: int = 200) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."

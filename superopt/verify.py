@@ -71,7 +71,7 @@ def mismatch(expected, actual, as_dtype: str | None = None) -> str | None:
     if not np.all(err <= bound):
         worst = int(np.argmax(err - bound))
         return f"element error {err[worst]:.3g} over bound {bound[worst]:.3g} (dtype {e.dtype})"
-    norm_err = float(np.linalg.norm(ef - af) / max(np.linalg.norm(ef), np.finfo(np.float32).tiny))
+    norm_err = float(np.linalg.norm(ef - af) / max(np.linalg.norm(ef), tiny))
     if norm_err > norm_tol:
         return f"normwise relative error {norm_err:.3g} over {norm_tol:g} (dtype {e.dtype})"
     return None

@@ -3,7 +3,12 @@
 Usage (from the repository root; ``make bench`` and ``superopt bench`` run the default)::
 
     python -m bench.run [--target T] [--filter REGEX] [--sections table,npu,...] [--repeats N] [--rounds R]
-                        [--output BENCHMARKS.md] [--figures docs/figures]
+                        [--output FILE] [--figures DIR]
+
+A full run (every section, no --filter) writes ``BENCHMARKS.md`` and its plots in ``docs/figures``. A
+partial run (``--filter``, or a subset of ``--sections``) writes ``build/bench/BENCHMARKS.partial.md`` and
+plots in ``build/bench/figures`` instead, and never touches the tracked files unless ``--output`` (and
+``--figures``) name them. On a terminal a progress bar shows; otherwise one line per step goes to stderr.
 
 For each workload of the main table, in one process: time ``superopt(fn, target=T).compile(*args)`` (the
 optimizer itself), count kernel launches before and after, run ``R`` rounds of interleaved timing of
@@ -11,7 +16,8 @@ optimizer itself), count kernel launches before and after, run ``R`` rounds of i
 round; the median over rounds is reported), and count NPU emulator cycles of the captured program op by
 op and of the program superopt chose for the NPU target. Then the sections: kernels per target, tiles of
 the GEMM chains against the analytic optimum, programs and chains on the NPU emulator, the training step,
-rematerialization under a memory budget, layout packing, and the cost model's ranking. ``--filter`` selects the workloads of every section by
+rematerialization under a memory budget, layout packing, and the cost model's ranking; and the workloads
+whose program differs between ``numerics="strict"`` (the default) and ``numerics="fast"``. ``--filter`` selects the workloads of every section by
 name (a section with none left is omitted), so a filtered run is quick. Figures are written exactly as
 measured.
 """
@@ -26,9 +32,12 @@ import statistics
 import sys
 import time
 
-SECTIONS = ("table", "kernels", "tiling", "npu", "training", "remat", "layout", "ranking")
+SECTIONS = ("table", "numerics", "kernels", "tiling", "npu", "training", "remat", "layout", "ranking")
 MAX_RULES_SHOWN = 6
+OUTPUT = "BENCHMARKS.md"                              # a full run's markdown and plots (tracked)
 FIGURES = "docs/figures"
+PARTIAL_OUTPUT = "build/bench/BENCHMARKS.partial.md"  # a partial run's (build/ is not tracked)
+PARTIAL_FIGURES = "build/bench/figures"
 
 
 def _is_npu(target: str) -> bool:
@@ -46,11 +55,14 @@ def npu_cycles(fn, args, target: str, spec=None) -> dict:
     from superopt import superopt
     from superopt.extract.target import load_target
     from superopt.lowering.npu.lower import NpuExecutable
+    from superopt.npu_backend import default_precision
     spec = spec or superopt(fn, target=target, backend="jax").compile(*args)
     tgt = load_target(target)
+    precision = default_precision(spec.original, tgt)   # both programs at the precision the emulator would run
     try:
-        before = NpuExecutable(spec.original, tgt).estimate().cycles
-        after = before if spec.term is spec.original else NpuExecutable(spec.term, tgt).estimate().cycles
+        before = NpuExecutable(spec.original, tgt, precision=precision).estimate().cycles
+        after = before if spec.term is spec.original else \
+            NpuExecutable(spec.term, tgt, precision=precision).estimate().cycles
     except Exception as exc:  # a lowering or emulator failure is a finding for the table, not a crash
         return {"npu_target": target, "npu_error": f"{type(exc).__name__}: {exc}"}
     return {"npu_target": target, "npu_unfused": before, "npu_optimized": after}
@@ -248,8 +260,10 @@ def build_parser(prog: str = "python -m bench.run") -> argparse.ArgumentParser:
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, from {', '.join(SECTIONS)}")
     ap.add_argument("--repeats", type=int, default=9, help="timed runs per round after warm-up")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds, each over every workload")
-    ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file to write")
-    ap.add_argument("--figures", default=FIGURES, help="folder for the PNG plots (linked from the output)")
+    ap.add_argument("--output", default=None, help=f"markdown file to write (default: {OUTPUT} for a full run, "
+                                                   f"{PARTIAL_OUTPUT} for a run with --filter or fewer --sections)")
+    ap.add_argument("--figures", default=None, help=f"folder for the PNG plots, linked from the output (default: "
+                                                    f"{FIGURES} for a full run, {PARTIAL_FIGURES} for a partial one)")
     ap.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     ap.add_argument("--no-ranking", action="store_true", help="skip the cost-model ranking (as --sections without it)")
     ap.add_argument("--no-kernels", action="store_true", help="skip every section after the main tables")
@@ -262,6 +276,22 @@ def _figure(ns, name: str, output_dir: str) -> tuple[str, str] | None:
         return None
     path = os.path.join(ns.figures, name)
     return path, os.path.relpath(path, output_dir or ".").replace(os.sep, "/")
+
+
+def destinations(pattern: str | None, sections, output: str | None, figures: str | None) -> tuple[bool, str, str]:
+    """(whether this is a full run, the markdown file, the plots folder): a full run (every section, no
+    filter) writes BENCHMARKS.md and docs/figures, a partial one build/bench/; --output and --figures win."""
+    full = pattern is None and set(sections) == set(SECTIONS)
+    return full, output or (OUTPUT if full else PARTIAL_OUTPUT), figures or (FIGURES if full else PARTIAL_FIGURES)
+
+
+def _say(text: str) -> None:
+    """A progress line: above the bar on a terminal, else one line on stderr."""
+    from superopt import progress
+    if progress.active():
+        progress.note(text)
+    else:
+        print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
 def run(ns) -> int:
@@ -293,6 +323,7 @@ def run(ns) -> int:
     names = _selected(ns.filter, WORKLOADS) if "table" in sections else []
     chains = [k for k in GEMM_CHAIN_SHAPES if f"gemm-chain-{k}" in _selected(ns.filter, WORKLOADS)]
     plan = {
+        "numerics": _selected(ns.filter, WORKLOADS),
         "kernels": _selected(ns.filter, kernels.WORKLOADS_SHOWN),
         "tiling": chains,
         "npu": _selected(ns.filter, npu.PROGRAMS) + chains,
@@ -305,8 +336,20 @@ def run(ns) -> int:
     if not steps:
         raise ValueError(f"bench: nothing matches --filter {ns.filter!r} in sections {', '.join(sections)}; "
                          f"workloads: {', '.join(WORKLOADS)}")
-
+    full, ns.output, ns.figures = destinations(ns.filter, sections, ns.output, ns.figures)
     out_dir = os.path.dirname(ns.output)
+    for folder in [out_dir] + ([] if ns.no_plots else [ns.figures]):
+        try:
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"bench: cannot create the folder {folder!r} ({exc.strerror})") from None
+    if os.path.isdir(ns.output) or not os.access(out_dir or ".", os.W_OK) or \
+            (os.path.exists(ns.output) and not os.access(ns.output, os.W_OK)):
+        raise ValueError(f"bench: cannot write --output {ns.output!r}")
+    shown = [s for s in sections if s == "table" and names or s != "table" and plan[s]]
+    _say(f"{len(names)} workload(s) in the main table, sections {', '.join(shown)}; "
+         + ("a full run" if full else "a partial run") + f", writing {ns.output}")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     rows: list[dict] = []
     extra: list[str] = []
@@ -321,11 +364,13 @@ def run(ns) -> int:
                 r = {"name": name, "error": f"{type(exc).__name__}: {exc}"}
                 print(f"bench: {name} FAILED: {r['error']}", file=sys.stderr, flush=True)
             else:
-                progress.note(f"{name}: {r['outcome']}; optimize {r['optimize_s']:.2f} s")
+                _say(f"[{len(rows) + 1}/{len(names)}] {name}: {r['outcome']}; optimize {r['optimize_s']:.2f} s")
                 timed.append((r, thunks))
             rows.append(r)
             bar.advance()
         for k in range(ns.rounds):
+            if timed:
+                _say(f"timing round {k + 1} of {ns.rounds} ({len(timed)} workload(s))")
             for r, thunks in timed:
                 bar.update(f"bench: time {r['name']}, round {k + 1} of {ns.rounds}")
                 try:
@@ -338,12 +383,20 @@ def run(ns) -> int:
         timed.clear()   # the compiled programs and their arguments can go
         if overview:
             overview = plots.overview(rows, overview[0]) and overview
+        if "numerics" in sections and plan["numerics"]:
+            bar.update("bench: numerics, strict against fast")
+            _say("section numerics: numerics, strict against fast")
+            from bench import numerics
+            extra += numerics.main(plan["numerics"])
+            bar.advance()
         if "kernels" in sections and plan["kernels"]:
             bar.update("bench: kernels per target")
+            _say("section kernels: kernels per target")
             extra += ["", *kernels.main(plan["kernels"])]
             bar.advance()
         if "tiling" in sections and plan["tiling"]:
             bar.update("bench: tiles of the GEMM chains")
+            _say("section tiling: tiles of the GEMM chains")
             data = tiling.rows(plan["tiling"])
             extra += tiling.render(data)
             fig = _figure(ns, "bench-tiling.png", out_dir)
@@ -352,6 +405,7 @@ def run(ns) -> int:
             bar.advance()
         if "npu" in sections and plan["npu"]:
             bar.update("bench: programs and chains on the NPU emulator")
+            _say("section npu: programs and chains on the NPU emulator")
             timeline = None if ns.no_plots else os.path.join(ns.figures, "npu-910b-bert-encoder-128.png")
             programs = [n for n in plan["npu"] if n in npu.PROGRAMS]
             prs = npu.program_rows(programs, timeline=timeline) if programs else []
@@ -366,16 +420,19 @@ def run(ns) -> int:
             bar.advance()
         if "training" in sections and plan["training"]:
             bar.update("bench: training step")
+            _say("section training: training step")
             from bench import training
             extra += training.main(plan["training"])
             bar.advance()
         if "remat" in sections and plan["remat"]:
             bar.update("bench: rematerialization")
+            _say("section remat: rematerialization")
             from bench import remat
             extra += remat.main()
             bar.advance()
         if "layout" in sections and plan["layout"]:
             bar.update("bench: layout packing")
+            _say("section layout: layout packing")
             from bench import layout
             extra += layout.section()
             bar.advance()
@@ -383,6 +440,7 @@ def run(ns) -> int:
             rankings = []
             for chain in plan["ranking"]:
                 bar.update(f"bench: ranking {chain}")
+                _say(f"section ranking: {chain}")
                 rankings.append(ranking.rank_chain(chain, repeats=ns.repeats))
             extra += ["", *ranking.render(rankings, ns.repeats)]
             fig = _figure(ns, "bench-ranking.png", out_dir)
@@ -401,7 +459,10 @@ def run(ns) -> int:
     text += carried_sections(ns.output)
     with open(ns.output, "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"wrote {ns.output}", file=sys.stderr)
+    note = "" if full or ns.output == OUTPUT else \
+        f" (a partial run: {OUTPUT} and {FIGURES}/ are written by a full run only, or with --output)"
+    print(f"wrote {ns.output}" + (f" and plots in {ns.figures}" if not ns.no_plots else "") + note,
+          file=sys.stderr)
     return 1 if any("error" in r for r in rows) else 0
 
 

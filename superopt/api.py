@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from superopt import numerics as numerics_mode
 from superopt import verify as verification
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
@@ -19,6 +20,7 @@ from superopt.extract.greedy import ExtractionError, extract, program_cost
 from superopt.extract.memory import parse_bytes, peak_memory
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
+from superopt.npu_backend import check_precision, on_emulator  # the NPU backend; here for `optimize`
 from superopt.report import Report
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT
@@ -96,11 +98,13 @@ def _extract(frozen, enc, tgt, extractor: str, memory_budget: int | None = None)
 
 
 def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool,
-             extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None) -> Specialization:
+             extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None,
+             numerics: str = "strict", precision: str | None = None) -> Specialization:
     """The pipeline for one specialization; never returns a program that disagrees with `fn`."""
-    spec = _optimize(fn, args, target, rulesets, limits, check, extractor, memory_budget)
+    spec = _optimize(fn, args, target, rulesets, limits, check, extractor, memory_budget, numerics)
     if backend == "emulator":
-        spec = on_emulator(spec, load_target(target), spec.avals, check)
+        spec = on_emulator(spec, load_target(target), spec.avals, check, precision=precision,
+                           example=jax.tree_util.tree_leaves(args))
     elif backend == "pallas":
         from superopt.lowering.pallas.program import on_pallas
         spec = on_pallas(spec, load_target(target), check)
@@ -108,15 +112,19 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
 
 
 def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool,
-              extractor: str, memory_budget: int | None = None) -> Specialization:
+              extractor: str, memory_budget: int | None = None, numerics: str = "strict") -> Specialization:
+    from superopt.deadline import Deadline, TimeLimit
+    deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
     tgt = load_target(target)
     stage = _Stages()
     captured = stage("capture", capture, fn, args)
     original = captured.graph
     schedule = rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets)
+    left_out = numerics_mode.left_out(schedule, numerics)
+    schedule = numerics_mode.restrict(schedule, numerics)
     cost_before, original_costs = program_cost(original, tgt)
     report = Report(target, RunReport(StopReason.SATURATED), cost_before=cost_before, cost_after=cost_before,
-                    ops_before=original.op_counts())
+                    ops_before=original.op_counts(), numerics=numerics, left_out=left_out)
     jitted_original = jax.jit(lambda *flat: jax.tree_util.tree_leaves(
         fn(*jax.tree_util.tree_unflatten(captured.in_tree, flat))))
 
@@ -132,14 +140,28 @@ def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, 
         report.stage_seconds = stage.seconds
         return Specialization(jitted_original, report, original, original, captured.out_tree, captured.in_avals)
 
-    enc = stage("encode", encode, original)
-    # In a child process: hard time and memory limits, and a crash in egglog cannot take the caller down.
-    run, frozen = stage("saturate", saturate_isolated, enc.egraph, schedule, limits)
+    def out_of_time(where: str) -> Specialization:   # the original is always correct; no unverified program
+        report.run.stop_reason = StopReason.TIME_LIMIT
+        return keep_original(f"time limit ({where})")
+
+    try:
+        deadline.check("capture")
+        enc = stage("encode", encode, original, deadline)
+        # In a child process: hard time and memory limits, and a crash in egglog cannot take the caller down.
+        # It gets at most half of the time left (runner.SATURATION_SHARE); the later stages share the rest.
+        run, frozen = stage("saturate", saturate_isolated, enc.egraph, schedule, limits, deadline)
+    except TimeLimit as exc:
+        return out_of_time(f"{exc.stage}: the call's {limits.seconds:g} s ran out")
     report.run = run
+    report.overflow_rewrites = numerics_mode.overflow_rewrites(schedule, run.fired)
     if frozen is None:
+        if run.stop_reason is StopReason.TIME_LIMIT:
+            return out_of_time(f"saturate: {run.error}")
         return keep_original(f"saturation failed ({run.error})")
     try:
-        chosen = stage("extract", _extract, frozen, enc, tgt, extractor, memory_budget)
+        chosen = stage("extract", deadline.bind(_extract), frozen, enc, tgt, extractor, memory_budget)
+    except TimeLimit as exc:
+        return out_of_time(f"{exc.stage}: the call's {limits.seconds:g} s ran out")
     except ExtractionError as exc:
         return keep_original(str(exc))
     report.cost_after = chosen.cost
@@ -158,76 +180,34 @@ def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, 
     if not fits_only_after and chosen.cost > cost_before * (1 - MIN_PREDICTED_GAIN):
         gain = 1 - chosen.cost / cost_before
         return keep_original(f"predicted gain {gain:.1%} is below the {MIN_PREDICTED_GAIN:.0%} threshold")
+    # A changed program is returned only if it was verified before the deadline; else the original runs.
+    if deadline.expired():
+        return out_of_time(f"extract: the call's {limits.seconds:g} s ran out")
     program = stage("lower", lower, chosen.graph)
+    if deadline.expired():
+        return out_of_time(f"lower: the call's {limits.seconds:g} s ran out")
     if check:
-        problem = stage("verify", _verify, jitted_original, program, captured.in_avals, original)
+        problem = stage("verify", _verify, jitted_original, program, captured.in_avals, original, numerics)
         if problem:
             warnings.warn(f"superopt: the optimized program differs from the original ({problem}); "
                           f"returning the original. Rules involved: {', '.join(run.fired) or 'none'}",
                           verification.VerificationWarning, stacklevel=3)
             return keep_original(f"verification failed: {problem}")
+        if deadline.expired():
+            return out_of_time(f"verify: the call's {limits.seconds:g} s ran out")
     report.outcome = "optimized"
     report.stage_seconds = stage.seconds
     return Specialization(program, report, chosen.graph, original, captured.out_tree, captured.in_avals)
 
 
-def on_emulator(spec: Specialization, target, avals, check: bool) -> Specialization:
-    """`spec` running on the NPU emulator instead of JAX: the term lowered to cube and vector programs
-    (`lowering/npu`), checked against the JAX program within fp16 tolerance (the cube multiplies fp16
-    operands). Where the term cannot be lowered, or the check fails, the JAX program runs instead and
-    the report says why."""
-    from superopt.lowering.npu.codegen import CodegenError
-    from superopt.lowering.npu.emulator import EmulatorError
-    from superopt.lowering.npu.lower import NpuExecutable
-    report = spec.report
-    start = time.perf_counter()
-    try:
-        executable = NpuExecutable(spec.term, target)
-        estimate = executable.estimate()
-        original = executable if spec.term is spec.original else NpuExecutable(spec.original, target)
-        before = estimate.cycles if original is executable else original.estimate().cycles
-    except (CodegenError, EmulatorError) as exc:
-        report.backend = f"jax (the NPU lowering failed: {exc})"
-        return spec
-    report.npu_lines = executable.describe(estimate, before)
-    if check:
-        from superopt.lowering.npu.lower import cube_reference
-        args = verification.random_args(avals, 0)
-        expected = cube_reference(spec.term, args)
-        try:
-            actual = executable(*args)
-        except EmulatorError as exc:
-            report.backend = f"jax (the NPU program failed on random inputs: {exc})"
-            return spec
-        problem = verification.compare_outputs(expected, actual, as_dtype="float16")
-        if problem:
-            warnings.warn(f"superopt: the NPU program differs from the JAX program ({problem}); running JAX",
-                          verification.VerificationWarning, stacklevel=3)
-            report.backend = f"jax (the NPU program failed verification: {problem})"
-            return spec
-    report.backend = f"npu emulator ({target.name}, numeric)"
-    if report.gradient_traffic:   # as the two programs run: sibling kernels grouped as the lowering grouped them
-        report.gradient_traffic = _gradient_traffic(spec.original, spec.term, original.groups, executable.groups)
-    report.stage_seconds["lower-npu"] = time.perf_counter() - start
-    return Specialization(executable, report, spec.term, spec.original, spec.out_tree, spec.avals, executable)
-
-
-def _verify(reference: Callable, candidate: Callable, avals, original: Graph, trials: int = 2) -> str | None:
-    """Compare on random inputs; where outputs differ beyond tolerance, accept the candidate only if it
-    is as accurate as the original against the float64 value of the original program."""
-    from superopt.rewrites.reference import evaluate
-    for seed in range(trials):
-        args = verification.random_args(avals, seed)
-        expected = [np.asarray(o) for o in reference(*args)]
-        actual = [np.asarray(o) for o in candidate(*args)]
-        if verification.compare_outputs(expected, actual) is None:
-            continue
-        truth = evaluate(original, args, precise=True)
-        for k, (e, a, t) in enumerate(zip(expected, actual, truth)):
-            problem = verification.as_accurate(e, a, t)
-            if problem:
-                return f"output {k}: {problem}"
-    return None
+def _verify(reference: Callable, candidate: Callable, avals, original: Graph, numerics: str = "strict",
+            trials: int = 2) -> str | None:
+    """None if `candidate` keeps the numerics contract of `numerics` against `reference` (the original as
+    jax.jit runs it) on random inputs and on adversarial ones (near overflow, zeros, NaN, inf, integer
+    extremes; `superopt.verify.verify`), else what differed and on which inputs. Where finite values
+    differ beyond tolerance, the candidate passes if it is as accurate as the original against the
+    float64 value of the original program."""
+    return verification.verify(reference, candidate, avals, original, numerics, trials)
 
 
 def _gradient_traffic(original: Graph, chosen: Graph, groups_before=(), groups_after=()) -> tuple:
@@ -251,8 +231,16 @@ class Optimized:
     """A callable with `fn`'s signature, specialized and cached per argument shapes and dtypes."""
 
     def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool, extractor: str = "greedy",
-                 backend: str | None = None, memory_budget: int | str | None = None):
+                 backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
+                 precision: str | None = None):
+        # Every misuse is one line naming the bad value and the valid ones, raised here, before any work.
+        if not callable(fn):
+            raise TypeError(f"superopt: fn must be callable, got {type(fn).__name__}")
+        if not isinstance(target, str):
+            raise TypeError(f"superopt: target must be a string such as 'cpu', got {type(target).__name__}")
         tgt = load_target(target)  # an unknown target fails here, listing the valid ones
+        self.numerics = numerics_mode.check_mode(numerics)
+        self.precision = check_precision(precision, tgt)
         if extractor not in EXTRACTORS:
             raise ValueError(f"superopt: unknown extractor {extractor!r}; valid: {', '.join(EXTRACTORS)}")
         backends = BACKENDS + (("emulator",) if tgt.npu is not None else ()) \
@@ -266,7 +254,31 @@ class Optimized:
         if self.memory_budget is not None and extractor != "greedy":
             raise ValueError(f"superopt: memory_budget works with the greedy extractor, not {extractor!r}")
         if not isinstance(rulesets, Schedule):
+            from superopt.rewrites.rule import RuleSet
+            from superopt.rulesets import RULESETS
+            if isinstance(rulesets, (str, RuleSet)):     # one rule set: rulesets="algebra"
+                rulesets = (rulesets,)
+            try:
+                rulesets = tuple(rulesets)
+            except TypeError:
+                raise TypeError(f"superopt: rulesets must be rule set names, RuleSet objects or a Schedule, "
+                                f"got {type(rulesets).__name__}; known rule sets: {', '.join(sorted(RULESETS))}") \
+                    from None
+            bad = [rs for rs in rulesets if not isinstance(rs, (str, RuleSet))]
+            if bad:
+                raise TypeError(f"superopt: rulesets must be rule set names or RuleSet objects, got "
+                                f"{bad[0]!r} ({type(bad[0]).__name__}); known rule sets: "
+                                f"{', '.join(sorted(RULESETS))}")
             rulesets = Schedule.of(*rulesets)
+        if isinstance(limits, dict):                      # limits={"seconds": 1}
+            import dataclasses
+            valid = [f.name for f in dataclasses.fields(Limits)]
+            unknown = sorted(set(limits) - set(valid), key=str)
+            if unknown:
+                raise ValueError(f"superopt: unknown limit {unknown[0]!r}; valid: {', '.join(valid)}")
+            limits = Limits(**limits)
+        elif not isinstance(limits, Limits):
+            raise TypeError(f"superopt: limits must be a Limits or a dict of its fields, got {type(limits).__name__}")
         self.fn, self.target, self.rulesets, self.limits, self.verify = fn, target, rulesets, limits, verify
         self._cache: dict[tuple, Specialization] = {}
         self._last: Specialization | None = None
@@ -280,7 +292,8 @@ class Optimized:
         spec = self._cache.get(key)
         if spec is None:
             spec = self._cache[key] = optimize(self.fn, args, self.target, self.rulesets, self.limits, self.verify,
-                                               self.extractor, self.backend, self.memory_budget)
+                                               self.extractor, self.backend, self.memory_budget, self.numerics,
+                                               self.precision)
         self._last = spec
         return spec, leaves
 
@@ -314,7 +327,8 @@ class Optimized:
 
 def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Sequence[Any] | Schedule = DEFAULT,
              limits: Limits | None = None, verify: bool = True, extractor: str = "greedy",
-             backend: str | None = None, memory_budget: int | str | None = None):
+             backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
+             precision: str | None = None):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
 
     `rulesets` names rule sets (or gives RuleSet objects), run as one phase each in order, or is a
@@ -325,8 +339,19 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
     target, "pallas" (one Pallas kernel per kernel of the term, `lowering/pallas`; interpret mode on a CPU).
     `memory_budget` (bytes, or a size such as "64MB") bounds the chosen program's peak memory under the
     model of `extract/memory.py`: intermediates are recomputed in their consumers instead of stored until
-    the peak fits, and the report says whether it did."""
-    if fn is None:
-        return lambda f: superopt(f, target, rulesets=rulesets, limits=limits, verify=verify, extractor=extractor,
-                                  backend=backend, memory_budget=memory_budget)
-    return Optimized(fn, target, rulesets, limits or Limits(), verify, extractor, backend, memory_budget)
+    the peak fits, and the report says whether it did. `numerics` is "strict" (the default: only rewrites
+    that keep the numerics contract of README.md, finite and NaN results exactly where the original has
+    them) or "fast" (also rewrites that are equal over the reals but may overflow where the original does
+    not, such as re-associating a matrix product; the report lists each one that fired). `precision`, on
+    an NPU target, is the type the cube multiplies float32 operands in: "fp16" (its full rate) or "fp32"
+    (where the chip has an fp32 rate); None chooses per program (`npu_backend.default_precision`)."""
+    options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
+                   memory_budget=memory_budget, numerics=numerics, precision=precision)
+    if fn is None:   # the decorator form: check the options now, not at the first call
+        Optimized(lambda *args: None, target, rulesets, Limits() if limits is None else limits, verify, extractor,
+                  backend, memory_budget, numerics, precision)
+        return lambda f: superopt(f, target, **options)
+    if not callable(fn):
+        raise TypeError(f"superopt: fn must be callable, got {type(fn).__name__}")
+    return Optimized(fn, target, rulesets, Limits() if limits is None else limits, verify, extractor, backend,
+                     memory_budget, numerics, precision)

@@ -5,7 +5,7 @@
     superopt emulate  MODULE:FN --target npu-910b [--shapes ...] [--timeline FILE.png|.json] [--html FILE]
     superopt bench    [--target T] [--filter RE] ...      (regenerates BENCHMARKS.md; from a source checkout)
     superopt rules list [--ruleset NAME] | superopt rules check [NAME ...]
-    superopt calibrate [--quick] | superopt demo
+    superopt calibrate [--quick] [--force] [--reset] | superopt demo
 
 MODULE is a module name (importable from the current directory) or a path to a .py file; FN is a function
 in it. Without --shapes, FN may be a workload: a `bench.programs.Workload`, or a function of no arguments
@@ -64,13 +64,56 @@ def _rules_check(args) -> int:
     return 1 if unsound else 0
 
 
+CALIBRATE_HELP = """Measure this machine's f32 matmul FLOP/s and memory and cache bandwidth for the cpu target: each
+figure in 3 rounds of timed runs, the best kept. A figure whose rounds disagree by more than 1.5x is
+reported (a busy machine); figures below a quarter of the shipped defaults (extract/targets/cpu.toml) are
+not stored without --force. The figures are stored in cpu-calibration.toml in $SUPEROPT_CACHE_DIR, else
+$XDG_CACHE_HOME/superopt, else ~/.cache/superopt (keyed to the machine), and every later report for
+target cpu uses them; --reset deletes that file and the shipped defaults apply again."""
+
+
+def _calibration_table(old: dict, old_source: str, new: dict | None = None) -> list[str]:
+    from superopt.extract.calibrate import SHOWN
+    head = f"  {'':<17} {old_source:>22}" + (f"   {'measured now':>16}" if new is not None else "")
+    lines = [head]
+    for name, label, scale, unit in SHOWN:
+        row = f"  {label:<17} {old[name] / scale:>14.1f} {unit:<7}"
+        if new is not None:
+            row += f" -> {new[name] / scale:>8.1f} {unit:<7} ({new[name] / old[name]:.2f}x)"
+        lines.append(row.rstrip())
+    return lines
+
+
 def _calibrate(args) -> int:
-    from superopt.extract.calibrate import cache_path, calibrate
+    from superopt.extract import calibrate as cal
+    defaults = cal.shipped_defaults()
+    path = cal.cache_path()
+    if args.reset:
+        had = cal.reset()
+        print(f"removed {path}" if had else f"no calibration stored at {path}")
+        print("the cpu target uses its shipped defaults (extract/targets/cpu.toml):")
+        print("\n".join(_calibration_table(defaults, "shipped defaults")[1:]))
+        return 0
+    cached = cal.cached_calibration()
+    old = {**defaults, **(cached or {})}
     sizes = {"matmul_size": 512, "stream_mib": 32} if args.quick else {}
-    figures = calibrate(**sizes)
-    print(f"peak f32 matmul : {figures['peak_flops'] / 1e9:8.1f} GFLOP/s")
-    print(f"memory bandwidth: {figures['mem_bandwidth'] / 1e9:8.1f} GB/s (read + write)")
-    print(f"cached in {cache_path()}; the cpu target uses these figures from now on")
+    print(f"measuring ({'quick: ' if args.quick else ''}3 rounds; the best of each figure is kept)...",
+          file=sys.stderr, flush=True)
+    m = cal.measure(**sizes)
+    print("\n".join(_calibration_table(old, "stored now" if cached else "shipped defaults", m.figures)))
+    warnings, refusals = cal.check(m, defaults)
+    for w in warnings:
+        print(f"superopt calibrate: warning: {w}", file=sys.stderr)
+    if refusals and not args.force:
+        for r in refusals:
+            print(f"superopt calibrate: {r}", file=sys.stderr)
+        print(f"superopt calibrate: not stored: the machine looks loaded (run it again when it is idle, or give "
+              f"--force to store these figures); {'the stored figures stay' if cached else 'the shipped defaults stay'}"
+              f" in use", file=sys.stderr)
+        return 1
+    stored = cal.store(m)
+    print(f"stored in {stored}; every report for target cpu uses these figures from now on "
+          f"(`superopt calibrate --reset` goes back to the shipped defaults)")
     return 0
 
 
@@ -130,6 +173,41 @@ def _is_workload(obj) -> bool:
     return all(hasattr(obj, a) for a in ("fn", "args", "name"))
 
 
+def _arity(fn) -> tuple[int, float, list[str]] | None:
+    """(fewest, most positional arguments, their names) of `fn`, or None when it has no signature."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    fewest = sum(1 for p in positional if p.default is p.empty)
+    most = float("inf") if any(p.kind == p.VAR_POSITIONAL for p in params) else len(positional)
+    return fewest, most, [p.name for p in positional]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _check_shapes(fn, name: str, shapes: list[str], example: tuple) -> None:
+    """One line, before any work, when --shapes has the wrong count or does not fit `fn`."""
+    import jax
+    arity = _arity(fn)
+    if arity is not None:
+        fewest, most, names = arity
+        if not fewest <= len(shapes) <= most:
+            takes = (f"{fewest}" if fewest == most else f"{fewest} or more" if most == float("inf")
+                     else f"{fewest} to {most}")
+            raise ValueError(f"superopt: {name} takes {takes} argument{'' if takes == '1' else 's'} "
+                             f"({', '.join(names)}), got {len(shapes)} shape{'' if len(shapes) == 1 else 's'} "
+                             f"(--shapes {' '.join(shapes)})")
+    try:
+        jax.eval_shape(fn, *example)
+    except Exception as exc:   # a shape or dtype error while tracing: the user's shapes, not superopt
+        raise ValueError(f"superopt: --shapes {' '.join(shapes)} do not fit {name}: {_first_line(exc)}") from None
+
+
 def function_and_args(target_spec: str, shapes: list[str] | None, dtype: str = "float32", seed: int = 0):
     """(fn, example args, a name for titles) for a command's MODULE:FN and --shapes."""
     obj = load_function(target_spec)
@@ -138,7 +216,9 @@ def function_and_args(target_spec: str, shapes: list[str] | None, dtype: str = "
         if not callable(obj):
             raise ValueError(f"superopt: {target_spec} is not a function")
         from superopt.verify import random_args
-        return obj, tuple(random_args([parse_shape(s, dtype) for s in shapes], seed)), name
+        example = tuple(random_args([parse_shape(s, dtype) for s in shapes], seed))
+        _check_shapes(obj, name, shapes, example)
+        return obj, example, name
     if not _is_workload(obj) and callable(obj):
         params = inspect.signature(obj).parameters.values()
         if all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
@@ -149,12 +229,34 @@ def function_and_args(target_spec: str, shapes: list[str] | None, dtype: str = "
                      "768x768:f16), or name a workload builder such as bench.programs:reassoc_chain")
 
 
-def _compile(args, backend: str | None = None):
+def check_writable(path: str, option: str, suffixes: tuple = ()) -> None:
+    """One line, before any work, when `path` (the value of `option`) cannot be written."""
+    if suffixes and not path.lower().endswith(suffixes):
+        raise ValueError(f"superopt: {option} {path!r} must end in {' or '.join(suffixes)}")
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ValueError(f"superopt: cannot write {option} {path!r}: it is a directory")
+    if not parent.is_dir():
+        raise ValueError(f"superopt: cannot write {option} {path!r}: no directory {str(parent)!r}")
+    if not os.access(target if target.exists() else parent, os.W_OK):
+        raise ValueError(f"superopt: cannot write {option} {path!r}: permission denied")
+
+
+def _compile(args, backend: str | None = None, timed: bool = False):
+    import time
     from superopt import superopt
+    if getattr(args, "html", None):
+        check_writable(args.html, "--html", (".html", ".htm"))
     fn, example, name = function_and_args(args.function, args.shapes, args.dtype)
     fast = superopt(fn, target=args.target, extractor=args.extractor, verify=not args.no_verify, backend=backend,
-                    memory_budget=args.memory_budget)
-    return fast, fast.compile(*example), example, name
+                    memory_budget=args.memory_budget, numerics=args.numerics,
+                    precision=getattr(args, "precision", None))
+    start = time.perf_counter()
+    spec = fast.compile(*example)
+    if timed:
+        return fast, spec, example, name, time.perf_counter() - start
+    return fast, spec, example, name
 
 
 def _timeline(spec, example, path: str) -> str | None:
@@ -195,8 +297,13 @@ def _optimize(args) -> int:
 
 def _explain(args) -> int:
     from superopt.explain import alternatives, explain
-    fast, spec, example, name = _compile(args)
-    alts = alternatives(fast.fn, example, args.target, limit=args.alternatives) if args.alternatives else []
+    if args.alternatives < 0:
+        raise ValueError(f"superopt: --alternatives must be 0 or more, got {args.alternatives}")
+    fast, spec, example, name, seconds = _compile(args, timed=True)
+    # the alternatives saturate again; they get as long as optimizing took, so explain costs about twice optimize
+    alts = alternatives(fast.fn, example, args.target, rulesets=fast.rulesets, limits=fast.limits,
+                        limit=args.alternatives, numerics=args.numerics, budget=max(seconds, 1.0)) \
+        if args.alternatives else []
     text = explain(spec, alts)
     print(text)
     if args.html:
@@ -209,6 +316,8 @@ def _emulate(args) -> int:
     from superopt.lowering.npu.lower import NpuExecutable
     if load_target(args.target).npu is None:
         raise ValueError(f"superopt: emulate runs NPU targets (npu-910, npu-910b), not {args.target!r}")
+    timeline = args.timeline or f"{args.function.partition(':')[2].replace('.', '-')}-{args.target}.png"
+    check_writable(timeline, "--timeline", (".png", ".json"))
     _, spec, example, name = _compile(args, backend="emulator")
     if spec.npu is None:
         print(f"superopt: the program does not run on the emulator: {spec.report.backend}", file=sys.stderr)
@@ -216,8 +325,9 @@ def _emulate(args) -> int:
     timeline = args.timeline or f"{name.replace('.', '-')}-{args.target}.png"
     _timeline(spec, example, timeline)
     run = spec.npu.last
-    before = NpuExecutable(spec.original, load_target(args.target)).estimate().cycles
+    before = NpuExecutable(spec.original, load_target(args.target), precision=spec.npu.precision).estimate().cycles
     print(f"superopt emulate ({args.target}): {name}, {spec.report.outcome}")
+    print(f"  runs on: {spec.report.backend}")
     print("\n".join(spec.npu.describe(run, before)))
     print(f"  emulated in {run.wall_seconds:.2f} s (numeric, traced); timeline written to {timeline}")
     if args.html:
@@ -247,6 +357,9 @@ def _add_program_options(p, target: str = "cpu", html: bool = True) -> None:
     p.add_argument("--dtype", default="float32", help="dtype of --shapes without one (default float32)")
     p.add_argument("--extractor", default="greedy", choices=("greedy", "ilp"))
     p.add_argument("--no-verify", action="store_true", help="skip the check against the original")
+    p.add_argument("--numerics", default="strict", choices=("strict", "fast"),
+                   help="strict (default): only rewrites that keep the numerics contract; fast: also rewrites "
+                        "equal over the reals that may overflow where the original does not")
     p.add_argument("--memory-budget", metavar="SIZE",
                    help="peak memory to fit, e.g. 64MB or 1.5GiB: reorder, then recompute intermediates (greedy only)")
     if html:
@@ -265,13 +378,17 @@ def parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("explain", help="which rules fired and why this program won (cost per kernel)")
     _add_program_options(exp)
     exp.add_argument("--alternatives", type=int, default=4, metavar="N",
-                     help="price up to N programs of the e-graph (saturates again; 0: skip)")
+                     help="price up to N distinct programs of the e-graph (saturates again, for at most as long "
+                          "as optimizing took; 0: skip)")
     exp.set_defaults(run=_explain)
 
     emu = sub.add_parser("emulate", help="run the program on the NPU emulator and write its timeline")
     _add_program_options(emu, target="npu-910b")
     emu.add_argument("--timeline", metavar="FILE", help="PNG Gantt chart, or Chrome-trace JSON if FILE ends in "
                                                         ".json (default FN-TARGET.png)")
+    emu.add_argument("--precision", choices=("fp16", "fp32"),
+                     help="the type the cube multiplies float32 operands in (default: fp32 where the chip has an "
+                          "fp32 rate and the program multiplies float32, else fp16)")
     emu.set_defaults(run=_emulate)
 
     bench = sub.add_parser("bench", add_help=False, help="run the benchmarks and regenerate BENCHMARKS.md "
@@ -289,8 +406,13 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--examples", type=int, default=60, help="bindings per rule (default 60)")
     check.set_defaults(run=_rules_check)
 
-    cal = sub.add_parser("calibrate", help="measure this machine's FLOP/s and bandwidth for the cpu target")
+    cal = sub.add_parser("calibrate", help="measure this machine's FLOP/s and bandwidth for the cpu target",
+                         description=CALIBRATE_HELP)
     cal.add_argument("--quick", action="store_true", help="small sizes: seconds instead of tens of seconds")
+    cal.add_argument("--force", action="store_true", help="store the figures even when they are far below the "
+                                                          "shipped defaults")
+    cal.add_argument("--reset", action="store_true", help="delete the stored figures: the cpu target goes back "
+                                                          "to the shipped defaults")
     cal.set_defaults(run=_calibrate)
     demo = sub.add_parser("demo", help="optimize the embedded transformer block and time it")
     demo.set_defaults(run=_demo)

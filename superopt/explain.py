@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from superopt.egraph.ir import Graph, body_str, type_str
-from superopt.report import _fmt_time
+from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 
 _FREE = frozenset({"arg", "const", "lit", "reshape", "broadcast", "iota"})
 
@@ -34,6 +34,7 @@ class Alternative:
     cost: float                # model seconds per call
     launches: int
     graph: Graph
+    ops: str = ""              # its launches by op, e.g. "kernel x2, matmul x1"
 
 
 def launches(graph: Graph, target) -> list[Launch]:
@@ -70,13 +71,29 @@ def rules_by_phase(run) -> list[tuple[str, str, list[tuple[str, int, float, str]
     for ph in run.phases:
         fired = sorted(((n, m, ph.rule_seconds.get(n, 0.0), source.get(n, "")) for n, m in ph.matches.items() if m),
                        key=lambda t: (-t[1], t[0]))
-        out.append((ph.name, f"{ph.stop_reason.value} after {ph.iterations} iterations", fired))
+        out.append((ph.name, f"{stop_phrase(ph.stop_reason)} after {plural(ph.iterations, 'iteration')}", fired))
     return out
 
 
-def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int = 4) -> list[Alternative]:
+def _ops(rows: list[Launch]) -> str:
+    counts: dict[str, int] = {}
+    for r in rows:
+        op = "kernel" if r.what.startswith("kernel{") else r.what
+        counts[op] = counts.get(op, 0) + 1
+    return ", ".join(f"{op} x{n}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int = 4,
+                 numerics: str = "strict", budget: float | None = None) -> list[Alternative]:
     """Up to `limit` distinct programs of the saturated e-graph (the greedy choice first, then the ones
-    obtained by forcing alternatives: `extract/candidates.py`), cheapest first. This saturates again."""
+    obtained by forcing alternatives: `extract/candidates.py`; programs that print the same are one),
+    cheapest first. This saturates again, with the rules the numerics mode runs; with a `budget` in
+    seconds, saturation and the search for alternatives together take about that long at most (the
+    greedy choice is always found)."""
+    import dataclasses
+    import time
+    start = time.perf_counter()
+    from superopt.numerics import restrict
     from superopt.egraph.capture import capture
     from superopt.egraph.encode import encode
     from superopt.egraph.frozen import freeze
@@ -86,12 +103,19 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     from superopt.rewrites.schedule import Schedule
     from superopt.rulesets import DEFAULT
     rulesets = DEFAULT if rulesets is None else rulesets
-    schedule = rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets)
+    schedule = restrict(rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets), numerics)
+    limits = limits or Limits()
+    if budget is not None:
+        limits = dataclasses.replace(limits, seconds=max(min(limits.seconds, budget), 1e-3))
     enc = encode(capture(fn, args).graph)
-    saturate(enc.egraph, schedule, limits or Limits())
+    saturate(enc.egraph, schedule, limits)
     tgt = load_target(target)
-    found = candidates(freeze(enc.egraph), enc, tgt, limit=limit)
-    out = [Alternative(c.cost, len(launches(c.graph, tgt)), c.graph) for c in found]
+    found = candidates(freeze(enc.egraph), enc, tgt, limit=limit,
+                       deadline=None if budget is None else start + budget)
+    out = []
+    for c in found:
+        rows = launches(c.graph, tgt)
+        out.append(Alternative(c.cost, len(rows), c.graph, _ops(rows)))
     return sorted(out, key=lambda a: a.cost)
 
 
@@ -115,25 +139,28 @@ def explain(spec, alts: list[Alternative] = ()) -> str:
     lines = [f"superopt explain (target {report.target})",
              f"  outcome : {report.outcome}",
              f"  cost    : {_fmt_time(report.cost_before)} -> {_fmt_time(report.cost_after)} per call "
-             f"({report.speedup_estimate:.2f}x, model); {len(before)} launches -> {len(after)}",
+             f"({report.speedup_estimate:.2f}x, model); {plural(len(before), 'launch')} -> {len(after)}",
              "", "Rules that fired, by phase (matches, time, where the rule is declared):"]
     for phase, how, fired in rules_by_phase(report.run):
         lines.append(f"  phase {phase}: {how}" + ("" if fired else "; no rule matched"))
         lines += [f"    {name:<38} {n:>6}  {_fmt_time(s):>9}  {src}" for name, n, s, src in fired]
     lines += ["", "Why this program: the cost model's price of each launch.",
-              f"  chosen program ({len(after)} launches, {_fmt_time(sum(r.seconds for r in after))}):"]
+              f"  chosen program ({plural(len(after), 'launch')}, {_fmt_time(sum(r.seconds for r in after))}):"]
     lines += _launch_lines(after)
     if spec.term is not spec.original:
-        lines += [f"  original program ({len(before)} launches, {_fmt_time(sum(r.seconds for r in before))}):"]
+        lines += [f"  original program ({plural(len(before), 'launch')}, "
+                  f"{_fmt_time(sum(r.seconds for r in before))}):"]
         lines += _launch_lines(before)
     if report.declined:
-        lines += ["", "Larger fusions available and declined (why they lost):"]
-        lines += [f"  {text}" for text in report.declined]
+        lines += ["", "Larger fusions available (why they lost):"]
+        lines += [f"  {text}" for text in fusion_lines(report.declined)]
     if alts:
         lines += ["", "Programs in the e-graph (cheapest first; the chosen one is the first unless the original "
                       "was kept):"]
         best = alts[0].cost or 1.0
         for k, a in enumerate(alts):
             lines.append(f"  #{k + 1}  {_fmt_time(a.cost):>10}  {a.cost / best:5.2f}x the cheapest  "
-                         f"{a.launches} launches")
+                         f"{plural(a.launches, 'launch')}" + (f": {a.ops}" if a.ops else ""))
+        if len(alts) == 1:
+            lines.append("  (the e-graph held no other distinct program within the search budget)")
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import subprocess
 
 from superopt.egraph.ir import Graph, body_str, type_str
 from superopt.explain import launches, rules_by_phase
-from superopt.report import _fmt_time
+from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 
 _LEAVES = frozenset({"arg", "const", "lit", "iota"})
 _COLOURS = {"arg": "#d4edda", "const": "#e2e3e5", "lit": "#e2e3e5", "iota": "#e2e3e5", "kernel": "#ffe5b4",
@@ -188,8 +188,8 @@ def render(spec, title: str, timeline_png: str | None = None, note: str = "", us
     svg_after, _ = graph_svg(spec.term, use_dot, "after")
     run = report.run
     summary = [("target", report.target), ("outcome", report.outcome),
-               ("saturation", f"stopped by {run.stop_reason.value} after {run.iterations} iterations, "
-                              f"{_fmt_time(run.seconds)}"),
+               ("saturation", f"{stop_phrase(run.stop_reason)} after {plural(run.iterations, 'iteration')}, "
+                              f"{_fmt_time(sum(ph.seconds for ph in run.phases))} in its phases"),
                ("e-graph", f"{run.enodes} e-nodes in {run.eclasses} e-classes"),
                ("cost (model)", f"{_fmt_time(report.cost_before)} → {_fmt_time(report.cost_after)} per call "
                                 f"({report.speedup_estimate:.2f}x)"),
@@ -202,7 +202,8 @@ def render(spec, title: str, timeline_png: str | None = None, note: str = "", us
                         f"</td></tr>" for n, m, s, src in fired)
         rules.append(cells or f"<tr><td>{html.escape(phase)}</td><td colspan=4 class=muted>no rule matched "
                               f"({html.escape(how_stopped)})</td></tr>")
-    declined = "".join(f"<li><code>{html.escape(t)}</code></li>" for t in report.declined) or "<li>none</li>"
+    declined = "".join(f"<li><code>{html.escape(t)}</code></li>" for t in fusion_lines(report.declined)) \
+        or "<li>none</li>"
     if timeline_png:
         timeline = (f'<p>Emulated on {html.escape(report.target)}; bars are instructions per queue of the first '
                     f'cores of each kind, dotted lines separate stages.</p>'
@@ -223,12 +224,12 @@ def render(spec, title: str, timeline_png: str | None = None, note: str = "", us
         f'<h2 id="graphs">Term graph before and after</h2><p class=muted>Drawn by {how}; hover a node for '
         "its full text. Kernels are orange, matrix ops red, arguments green, constants grey; outputs have a "
         "red border. Node names are those of the program listings (<code>pretty</code>).</p>"
-        f'<h3>before ({len(before)} launches)</h3><div class="graph">{svg_before}</div>'
-        f'<h3>after ({len(after)} launches)</h3><div class="graph">{svg_after}</div>',
+        f'<h3>before ({plural(len(before), "launch")})</h3><div class="graph">{svg_before}</div>'
+        f'<h3>after ({plural(len(after), "launch")})</h3><div class="graph">{svg_after}</div>',
         '<h2 id="costs">Cost table</h2><p>The cost model\'s price of each launch on '
         f"{html.escape(report.target)}, costliest first.</p><h3>chosen program</h3>{_launch_table(after)}",
         *([f"<h3>original program</h3>{_launch_table(before)}"] if spec.term is not spec.original else []),
-        f"<h3>larger fusions declined</h3><ul>{declined}</ul>",
+        f"<h3>larger fusions not chosen</h3><ul>{declined}</ul>",
         f'<h2 id="timeline">Timeline</h2>{timeline}',
         f'<h2 id="text">Report text</h2><pre>{html.escape(str(report))}</pre>',
         *([f"<h3>explanation</h3><pre>{html.escape(explanation)}</pre>"] if explanation else []),

@@ -1,9 +1,60 @@
 """The optimization report: what was searched, why it stopped, what was chosen and at what cost."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from superopt.egraph.runner import RunReport
+from superopt.egraph.runner import RunReport, StopReason
+
+# A larger fusion is a real candidate (listed as declined) when its price is within this factor of the
+# kernels chosen instead; one further off is listed as not chosen, with how much slower it is.
+DECLINED_WITHIN = 2.0
+
+_STOPS = {
+    StopReason.SATURATED: "saturated",
+    StopReason.ITERATION_LIMIT: "stopped at the iteration limit",
+    StopReason.NODE_LIMIT: "stopped at the e-node limit",
+    StopReason.TIME_LIMIT: "stopped at the time limit",
+    StopReason.MEMORY_LIMIT: "stopped at the memory limit",
+    StopReason.ERROR: "stopped by an error",
+}
+
+
+def plural(n: int, word: str) -> str:
+    """`1 iteration`, `2 iterations`, `1 launch`, `3 launches`."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{n} {word}es" if word.endswith(("s", "sh", "ch", "x")) else f"{n} {word}s"
+
+
+def stop_phrase(reason: StopReason) -> str:
+    """How a run or phase ended, as a phrase: "saturated", "stopped at the iteration limit", ..."""
+    return _STOPS.get(reason, f"stopped: {getattr(reason, 'value', reason)}")
+
+
+_FUSION = re.compile(r"^(?P<head>.*): (?P<fused>[0-9.]+|inf) us fused vs (?P<chosen>[0-9.]+) us for the "
+                     r"(?P<n>\d+) kernel\(s\) chosen(?P<rest>.*)$")
+
+
+def fusion_lines(declined: list[str]) -> list[str]:
+    """The larger fusions extraction passed over (`extract/greedy.py`'s `declined`), as sentences: a
+    fusion within DECLINED_WITHIN of the kernels chosen was declined; one further off was not a real
+    candidate and says how much slower it is; one that cannot be one kernel (it does not fit on chip,
+    or the target has no such kernel) says why."""
+    out = []
+    for text in declined:
+        m = _FUSION.match(text)
+        if not m:
+            out.append(f"cannot be one kernel: {text}")
+            continue
+        fused, chosen, n = float(m["fused"]), float(m["chosen"]), int(m["n"])
+        ratio = fused / chosen if chosen > 0 else float("inf")
+        what = f"{m['head']}: {m['fused']} us fused vs {m['chosen']} us for the {plural(n, 'kernel')} chosen{m['rest']}"
+        if ratio <= DECLINED_WITHIN:
+            out.append(f"declined ({ratio:.2f}x the time of the kernels chosen): {what}")
+        else:
+            out.append(f"not chosen ({ratio:.0f}x slower than the kernels chosen): {what}")
+    return out
 
 
 def _fmt_time(seconds: float) -> str:
@@ -32,10 +83,32 @@ class Report:
     gradient_traffic: tuple = ()   # (before, after) extract.traffic.Traffic, when the program has gradients
     peak_memory: tuple = ()        # (before, after) extract.memory.Peak
     memory_note: str = ""          # what fitting the memory budget did, when one was given
+    numerics: str = "strict"       # the numerics mode (superopt.numerics)
+    left_out: list = field(default_factory=list)            # rules the mode did not run
+    overflow_rewrites: dict = field(default_factory=dict)   # "reals" rules that fired (fast mode): name -> matches
 
     @property
     def optimized(self) -> bool:
         return self.outcome == "optimized"
+
+    def _numerics_line(self) -> str:
+        if self.numerics == "fast":
+            if not self.overflow_rewrites:
+                return "fast; no rewrite that can change overflow fired"
+            shown = ", ".join(f"{n} x{k}" for n, k in sorted(self.overflow_rewrites.items()))
+            return f"fast; rewrites that can change overflow fired: {shown}"
+        if not self.left_out:
+            return "strict"
+        return (f"strict; {len(self.left_out)} rules that can change overflow left out "
+                f"(numerics=\"fast\" runs them)")
+
+    def _ops_changed(self, diffs: list[str]) -> str:
+        if diffs:
+            return ", ".join(diffs)
+        if not self.optimized:
+            return "none (the original runs)"
+        # a cheaper program with the same op counts: the ops were re-associated, re-ordered or reshaped
+        return "same op counts; the program changed (operands re-associated or re-arranged)"
 
     @property
     def speedup_estimate(self) -> float:
@@ -43,29 +116,36 @@ class Report:
 
     def __str__(self) -> str:
         r = self.run
+        phases = sum(ph.seconds for ph in r.phases)
+        stage = self.stage_seconds.get("saturate")
+        timing = f"{_fmt_time(phases)} in its phases" + (
+            f" (the saturate stage, {_fmt_time(stage)}, adds its child process and the e-graph's transfer)"
+            if stage is not None else "")
         lines = [
             f"superopt report (target {self.target})",
             f"  outcome      : {self.outcome}",
-            f"  saturation   : stopped by {r.stop_reason.value} after {r.iterations} iterations, "
-            f"{_fmt_time(r.seconds)}",
+            f"  saturation   : {stop_phrase(r.stop_reason)} after {plural(r.iterations, 'iteration')}, {timing}",
             f"  e-graph      : {r.enodes} e-nodes in {r.eclasses} e-classes",
             f"  cost (model) : {_fmt_time(self.cost_before)} -> {_fmt_time(self.cost_after)} per call "
             f"({self.speedup_estimate:.2f}x)" + (f", extracted by {self.extraction}" if self.extraction else ""),
         ]
         for ph in r.phases:
             bans = ", ".join(f"{n} x{k}" for n, k in sorted(ph.bans.items()))
-            lines.append(f"  phase {ph.name:<7}: {ph.stop_reason.value} after {ph.iterations} iterations, "
-                         f"{_fmt_time(ph.seconds)}" + (f"; backed off: {bans}" if bans else ""))
+            lines.append(f"  phase {ph.name:<7}: {stop_phrase(ph.stop_reason)} after "
+                         f"{plural(ph.iterations, 'iteration')}, {_fmt_time(ph.seconds)}"
+                         + (f"; backed off: {bans}" if bans else ""))
         if r.error:
             lines.append(f"  error        : {r.error}")
         fired = r.fired
         lines.append(f"  rules fired  : {len(fired)} of {len(r.matches)}")
         for name, n in sorted(fired.items(), key=lambda kv: (-kv[1], kv[0])):
-            lines.append(f"    {name:<34} {n:>6} matches  {_fmt_time(r.rule_seconds.get(name, 0.0)):>9}")
+            lines.append(f"    {name:<34} {n:>6} {'match' if n == 1 else 'matches':<7}  "
+                         f"{_fmt_time(r.rule_seconds.get(name, 0.0)):>9}")
         changed = sorted(set(self.ops_before) | set(self.ops_after))
         diffs = [f"{op} {self.ops_before.get(op, 0)}->{self.ops_after.get(op, 0)}" for op in changed
                  if self.ops_before.get(op, 0) != self.ops_after.get(op, 0)]
-        lines.append("  ops changed  : " + (", ".join(diffs) if diffs else "none"))
+        lines.append("  numerics     : " + self._numerics_line())
+        lines.append("  ops changed  : " + self._ops_changed(diffs))
         if self.gradient_traffic:
             before, after = self.gradient_traffic
             lines.append(f"  gradient mem : {before} -> {after} (launches that read or write gradient "
@@ -76,8 +156,8 @@ class Report:
         if self.memory_note:
             lines.append(f"  memory budget: {self.memory_note}")
         if self.declined:
-            lines.append("  fusion declined (the largest fusion available where a smaller one was chosen):")
-            lines += [f"    {text}" for text in self.declined]
+            lines.append("  larger fusions (the largest available where smaller kernels were chosen):")
+            lines += [f"    {text}" for text in fusion_lines(self.declined)]
         if self.top_costs:
             lines.append("  costliest ops of the chosen program:")
             for cost, what in self.top_costs:

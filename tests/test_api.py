@@ -19,12 +19,13 @@ def chain(a, b, v):
 
 
 def test_optimizes_and_reports():
-    fast = superopt(chain)
+    fast = superopt(chain, numerics="fast")    # re-association may overflow: an opt-in (tests/test_numerics.py)
     np.testing.assert_allclose(fast(A, A, V), chain(A, A, V), rtol=1e-4, atol=1e-3)
     report = fast.report
     assert report.optimized and report.cost_after < report.cost_before
     text = str(report)
-    for needle in ("outcome      : optimized", "stopped by saturated", "e-nodes", "matmul-assoc", "cost (model)"):
+    for needle in ("outcome      : optimized", "saturation   : saturated after", "e-nodes", "matmul-assoc",
+                   "cost (model)"):
         assert needle in text
     assert "matmul(%0, %3)" in fast.term or "matmul(%1, %2)" in fast.term
 

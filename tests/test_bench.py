@@ -92,3 +92,14 @@ def test_a_rerun_keeps_the_gpu_section_it_cannot_regenerate(tmp_path):
     kept = carried_sections(str(out))
     assert kept.strip() == f"{SECTION}\n\n| gpu row |" and "old rows" not in kept
     assert carried_sections(str(tmp_path / "missing.md")) == ""
+
+
+def test_only_a_full_run_writes_benchmarks_md_and_the_tracked_plots():
+    from bench.run import SECTIONS, destinations
+    assert destinations(None, SECTIONS, None, None) == (True, "BENCHMARKS.md", "docs/figures")
+    partial = (False, "build/bench/BENCHMARKS.partial.md", "build/bench/figures")
+    assert destinations("gemm-chain", SECTIONS, None, None) == partial
+    assert destinations(None, ["table", "tiling"], None, None) == partial
+    assert destinations("g10", ["tiling"], "BENCHMARKS.md", None) == \
+        (False, "BENCHMARKS.md", "build/bench/figures")                  # --output names it: written there
+    assert destinations(None, SECTIONS, "out.md", "figs") == (True, "out.md", "figs")

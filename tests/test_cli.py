@@ -93,12 +93,23 @@ def test_a_function_needs_shapes_unless_it_is_a_workload(program):
 
 
 def test_optimize_prints_the_report_and_the_chosen_program(program, capsys):
-    assert main(["optimize", program + ":chain", "--shapes", "256x256", "256x256", "256x1", "--print-term"]) == 0
+    assert main(["optimize", program + ":chain", "--shapes", "256x256", "256x256", "256x1", "--print-term",
+                 "--numerics", "fast"]) == 0
     out = capsys.readouterr().out
     assert "superopt report (target cpu)" in out and "outcome      : optimized" in out
-    assert "matmul-assoc" in out
+    assert "matmul-assoc" in out and "numerics     : fast; rewrites that can change overflow fired" in out
     # the chosen program multiplies B @ v first: a matmul whose result is a 256x1 column, fed to the second
     assert out.count("matmul(") >= 2 and "f32[256,1]" in out.split("return")[0]
+
+
+def test_optimize_is_strict_by_default_and_says_what_it_left_out(program, capsys):
+    assert main(["optimize", program + ":chain", "--shapes", "256x256", "256x256", "256x1"]) == 0
+    out = capsys.readouterr().out
+    assert "numerics     : strict;" in out and "rules that can change overflow left out" in out
+    assert "matmul-assoc" not in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["optimize", program + ":chain", "--shapes", "4x4", "4x4", "4x1", "--numerics", "loose"])
+    assert exit_.value.code == 2 and "invalid choice: 'loose'" in capsys.readouterr().err
 
 
 def test_optimize_takes_a_memory_budget_and_says_what_it_did(program, capsys):
@@ -128,6 +139,9 @@ def test_explain_names_rules_with_sources_and_prices_every_launch(program, capsy
     assert listing[0].strip().startswith("#1") and "1.00x the cheapest" in listing[0]
     ratios = [float(line.split("x the cheapest")[0].split()[-1]) for line in listing if "x the cheapest" in line]
     assert ratios == sorted(ratios) and len(ratios) >= 2
+    shown = [line.split(None, 1)[1] for line in listing if "x the cheapest" in line]
+    assert len(set(shown)) == len(shown)        # distinct programs only, each with its launches by op
+    assert all("launch" in line and ": " in line for line in shown)
 
 
 def test_emulate_writes_the_timeline(program, tmp_path, capsys):
@@ -136,10 +150,17 @@ def test_emulate_writes_the_timeline(program, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "superopt emulate (npu-910b)" in out and "cycles" in out and "original program" in out
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    assert main(["emulate", program + ":layer", "--shapes", "64x128", "128x256", "256", "--target", "npu-910",
+    assert main(["emulate", program + ":layer", "--shapes", "64x128", "128x256", "256", "--dtype", "float16",
                  "--timeline", str(trace)]) == 0
+    assert "fp16 cube operands" in capsys.readouterr().out
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("ph") == "X" and e["dur"] > 0 for e in events)
+
+
+def test_emulate_says_why_a_program_does_not_run_on_the_emulator(program, capsys):
+    """npu-910's cube multiplies float32 operands in fp16 only, beyond float32's tolerance of the program."""
+    assert main(["emulate", program + ":layer", "--shapes", "64x128", "128x256", "256", "--target", "npu-910"]) == 1
+    assert "the npu-910 cube takes no fp32 operands" in capsys.readouterr().err
 
 
 def test_emulate_refuses_a_target_that_is_not_an_npu(program, capsys):
@@ -233,6 +254,22 @@ def test_bench_regenerates_its_markdown_and_plots(tmp_path, capsys):
     assert len(links) == 2
     for link in links:                                                                 # every plot exists
         assert (out.parent / link).read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_partial_bench_run_leaves_benchmarks_md_alone_and_says_what_it_does(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)                 # where BENCHMARKS.md and docs/figures would be
+    assert main(["bench", "--filter", "^gemm-chain-g10$", "--sections", "tiling", "--repeats", "1",
+                 "--rounds", "1"]) == 0
+    err = capsys.readouterr().err               # not a terminal: one line per step on stderr
+    assert "bench: 0 workload(s) in the main table, sections tiling; a partial run, writing " \
+           "build/bench/BENCHMARKS.partial.md" in err
+    assert "bench: section tiling" in err
+    assert "wrote build/bench/BENCHMARKS.partial.md and plots in build/bench/figures (a partial run:" in err
+    assert not (tmp_path / "BENCHMARKS.md").exists() and not (tmp_path / "docs").exists()
+    text = (tmp_path / "build" / "bench" / "BENCHMARKS.partial.md").read_text()
+    assert "| npu-910 | G10 |" in text
+    link = text.split("](")[1].split(")")[0]
+    assert (tmp_path / "build" / "bench" / link).read_bytes().startswith(b"\x89PNG")
 
 
 def test_bench_rejects_what_matches_nothing(capsys):

@@ -1,0 +1,50 @@
+"""The numerics contract's two modes, and which rules each one lets run.
+
+Every rule says in which sense its two sides are equal (`Rule.numerics`, rewrites/rule.py):
+  "exact"    - equal in IEEE arithmetic;
+  "rounding" - the same real function, differing by rounding only: finite, NaN and inf in the same places
+               for every input (the checker proves it on NaN, +-inf, -0, subnormals and values near the
+               dtype's largest);
+  "reals"    - equal over the reals only: such a rewrite can overflow where the original does not (or the
+               other way round), so it may turn a finite result into inf.
+
+`numerics="strict"` (the default) runs the first two kinds only, so every program superopt returns keeps the
+contract of README.md ("Numerics contract"). `numerics="fast"` also runs "reals" rules, and the report lists
+each one that fired.
+"""
+from __future__ import annotations
+
+from superopt.rewrites.schedule import Phase, Schedule
+
+MODES = ("strict", "fast")
+LEGAL = {"strict": ("exact", "rounding"), "fast": ("exact", "rounding", "reals")}
+
+
+def check_mode(numerics) -> str:
+    """The mode, or a one-line error naming the bad value and the valid ones."""
+    if numerics not in MODES:
+        raise ValueError(f"superopt: unknown numerics mode {numerics!r}; valid: {', '.join(MODES)}")
+    return numerics
+
+
+def legal(rule, numerics: str) -> bool:
+    """May `rule` run in this mode?"""
+    return rule.numerics in LEGAL[numerics]
+
+
+def restrict(schedule: Schedule, numerics: str) -> Schedule:
+    """`schedule` with the rules this mode forbids left out of every phase (a phase left empty stays, so the
+    report still names it)."""
+    return Schedule(tuple(Phase(ph.name, tuple(r for r in ph.rules if legal(r, numerics)), ph.limits, ph.backoff)
+                          for ph in schedule.phases))
+
+
+def left_out(schedule: Schedule, numerics: str) -> list[str]:
+    """Names of the rules of `schedule` this mode does not run."""
+    return [r.name for ph in schedule.phases for r in ph.rules if not legal(r, numerics)]
+
+
+def overflow_rewrites(schedule: Schedule, fired: dict) -> dict[str, int]:
+    """The rules of `schedule` that can change overflow ("reals") and fired: name -> matches."""
+    reals = {r.name for ph in schedule.phases for r in ph.rules if r.numerics == "reals"}
+    return {name: n for name, n in fired.items() if name in reals}

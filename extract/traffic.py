@@ -6,6 +6,10 @@ Gradient memory is defined on the program alone, with no help from the user:
 - a *parameter shape* is the shape of an argument that the program also returns as an elementwise
   function of it (a training step returns its parameters and optimizer moments updated), in any order
   of its axes (a gradient may be kept transposed);
+- a program has parameters only if one of those shapes is the shape of a *weight*: an argument that a
+  matmul or convolution takes as its right-hand operand (through views, transposes and casts). A forward
+  model with a residual connection returns its input `x` as `x + f(x)`, an elementwise function of it,
+  but `x` enters its matmuls on the left: it is an activation, and `f(x)` is no gradient;
 - a *gradient tensor* is a computed tensor of a parameter shape that is not an elementwise function of
   an argument of that shape (a moment update `b1 * m + (1 - b1) * g` reads the moment `m`, so it is
   optimizer-state memory, not gradient memory). Weight gradients, and their unscaled, clipped or
@@ -62,6 +66,40 @@ def _key(shape: tuple) -> tuple:
     return tuple(sorted(shape))
 
 
+_CONTRACTIONS = frozenset({"matmul", "conv"})
+_PASS = _VIEWS | {"transpose", "convert"}
+
+
+def weight_shapes(graph: Graph) -> set:
+    """Shape keys of the arguments that a matmul or convolution takes as its right-hand operand, looking
+    through views, transposes and casts, in kernel bodies too."""
+    def source(i: int) -> int:
+        while graph.nodes[i].op in _PASS and graph.nodes[i].inputs:
+            i = graph.nodes[i].inputs[0]
+        return i
+
+    out = set()
+    for i in graph.live():
+        node = graph.nodes[i]
+        rhs = []
+        if node.op in _CONTRACTIONS and len(node.inputs) > 1:
+            rhs.append(node.inputs[1])
+        elif node.op == "kernel":
+            body = node.attrs[0]
+            for b in body:
+                if b.op in _CONTRACTIONS and len(b.inputs) > 1:
+                    j = b.inputs[1]
+                    while body[j].op in _PASS and body[j].inputs:
+                        j = body[j].inputs[0]
+                    if body[j].op == "arg":
+                        rhs.append(node.inputs[body[j].attrs[0]])
+        for j in rhs:
+            j = source(j)
+            if graph.nodes[j].op == "arg":
+                out.add(_key(graph.nodes[j].shape))
+    return out
+
+
 def gradient_tensors(graph: Graph) -> set[int]:
     """Ids of the live gradient tensors (see the module docstring)."""
     live = graph.live()
@@ -74,6 +112,8 @@ def gradient_tensors(graph: Graph) -> set[int]:
     # return its argument's shape has no parameters)
     params = {_key(graph.nodes[o].shape) for o in graph.outputs
               if _key(graph.nodes[o].shape) in reaches[o] and graph.nodes[o].shape}
+    if not params & weight_shapes(graph):   # no weight among them: a forward model (a residual input)
+        return set()
     constant = graph.constant_nodes()
     return {i for i in live if i not in args and _key(graph.nodes[i].shape) in params
             and _key(graph.nodes[i].shape) not in reaches[i] and i not in constant

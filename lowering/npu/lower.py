@@ -34,7 +34,9 @@ is listed as such in `host_ops`; it costs no emulated cycles, which the report s
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -117,6 +119,28 @@ class Run:
             out += [(core, queue, name, s + offset, e + offset, label) for core, queue, name, s, e in r.events]
             offset += r.cycles
         return out
+
+
+def timeline_names(label: str) -> tuple[str, str]:
+    """(kernel, stage) names of a stage label, short enough for the timeline's bars: the node and its body
+    ("%4 add(matmul(in0, in1), in2)"), and what the stage does without the tiling details
+    ("cube matmul (1,128,768)x(768,768)"); the report keeps the whole label."""
+    depth, cut = 0, None
+    for k, ch in enumerate(label):
+        depth += (ch in "([{") - (ch in ")]}")
+        if depth == 0 and label.startswith(": ", k):
+            cut = k
+            break
+    if cut is None:     # a layout stage, "%3 pack ZZ (TransData)": the node and op, then the rest
+        words = label.split(" ", 2)
+        kernel, stage = " ".join(words[:2]), label
+    else:
+        kernel, stage = label[:cut], label[cut + 2:]
+    kernel = re.sub(r"^(\S+) kernel\{(.*)\}$", r"\1 \2", kernel)
+    stage = re.sub(r" \((?:the extractor's tiles|tiles of the lowering[^)]*)\)$", "", stage)
+    stage = re.sub(r",? order [a-z]+(?: T[A-Z]+=\d+)*", "", stage).replace(" (ZZ x ZN -> NZ)", "")
+    stage = re.sub(r"\((\d+(?:, \d+)+)\)", lambda m: "(" + m.group(1).replace(" ", "") + ")", stage)
+    return kernel, stage
 
 
 class NpuExecutable:
@@ -326,9 +350,10 @@ class NpuExecutable:
         ins = [gm[n].reshape(shape) for n, shape, _ in stage.host_inputs]
         return np.asarray(evaluate(sub, ins)[len(args)])
 
-    def write_timeline(self, run: Run, path: str) -> None:
+    def write_timeline(self, run: Run, path: str):
         """The run's timeline (it must have been traced): Chrome-trace JSON when `path` ends in .json (opens
-        in Perfetto), else a PNG Gantt chart with dotted lines between stages."""
+        in Perfetto), else a PNG Gantt chart with dotted lines between stages and rows naming the kernels
+        and stages (`write_gantt`); for the PNG, the `GanttLabels` it wrote."""
         events = run.events()
         if path.endswith(".json"):
             import json
@@ -336,15 +361,15 @@ class NpuExecutable:
             whole = Result({}, run.cycles, {}, {}, [e[:5] for e in events], self.target.npu.clock_hz)
             with open(path, "w") as f:
                 json.dump(chrome_trace(whole), f)
-            return
+            return None
         from superopt.lowering.npu.emulator import write_gantt
-        ends, total = [], 0
-        for _, r in run.results:
+        spans, total = [], 0
+        for label, r in run.results:
             if r is not None:
+                spans.append((total, total + r.cycles, *timeline_names(label)))
                 total += r.cycles
-                ends.append(total)
-        write_gantt(events, path, self.target.npu.clock_hz, boundaries=ends[:-1],
-                    title=f"{self.target.name}: {run.cycles} cycles in {len(ends)} stages")
+        return write_gantt(events, path, self.target.npu.clock_hz, stages=spans,
+                           title=f"{self.target.name}: {run.cycles} cycles in {len(spans)} stages")
 
     def describe(self, run: Run, cycles_before: int | None = None) -> list[str]:
         """Report lines: cycles, utilisation and bytes of a run, and its costliest stages."""
@@ -401,7 +426,7 @@ class KernelLowering:
             if m in done:
                 continue
             if chain and m == chain[0]:
-                self._chain_stage(*chain, final=self._final(chain[1]))
+                self._chain_or_apart(*chain)
                 done.update(chain)
             else:
                 self._matrix_stage(m, final=self._final(m))
@@ -455,6 +480,30 @@ class KernelLowering:
         self.result.append(Stage(f"{self.label}: {what} {text}", self.node, program))
         for r, out in zip(roots, outs):
             self.gm[r] = out
+
+    def _chain_or_apart(self, first: int, second: int) -> None:
+        """A GEMM chain as one stage, or its two GEMMs apart (the product through GM) where that takes
+        fewer cycles: the chain keeps the intermediate on chip but deals only its m tiles to the cores, so
+        a chain whose last product is narrow ((A @ B) @ v) can run far slower than the two GEMMs, each
+        dealing its own tiles. The label of the chosen stages says which ran and what the other took."""
+        start, gm = len(self.result), dict(self.gm)
+        self._chain_stage(first, second, final=self._final(second))
+        if self.body[second].inputs[0] != first:      # a cast between the products: the chain only
+            return
+        together, together_gm = self.result[start:], self.gm
+        del self.result[start:]
+        self.gm = gm
+        self._matrix_stage(first, final=self._final(first))
+        self._matrix_stage(second, final=self._final(second))
+        apart = self.result[start:]
+        cycles = [sum(emulate(st.program, self.target, symbolic=True, trace=False).cycles
+                      for st in stages if st.program is not None) for stages in (together, apart)]
+        if cycles[0] <= cycles[1]:
+            self.result[start:], self.gm = together, together_gm
+            note = f" (apart, the two GEMMs took {cycles[1]} cycles)"
+        else:
+            note = f" (run apart: as one GEMM chain it took {cycles[0]} cycles)"
+        self.result[start] = dataclasses.replace(self.result[start], label=self.result[start].label + note)
 
     def _chain(self, mats: list) -> tuple | None:
         """(first, second) when the second matmul's left operand is the first's product itself."""

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from superopt import superopt
 from superopt.extract.target import load_target
-from superopt.lowering.npu.lower import NpuExecutable
+from superopt.lowering.npu.lower import NpuExecutable, timeline_names
 from superopt.lowering.npu.vector import img2col
 
 NPUS = ["npu-910", "npu-910b"]
@@ -320,3 +320,53 @@ def test_a_convolution_with_many_input_channels_runs_its_img2col_in_channel_bloc
     fast = check(fn, (x,), "npu-910b", ["img2col", "cube matmul"])
     img2col_stage = next(s for s in fast.npu.stages if "img2col" in s.label)
     assert any(getattr(i, "at", ()) for i in img2col_stage.program.instrs if type(i).__name__ == "CopyOut")
+
+
+def test_the_png_timeline_names_its_kernels_and_stages(tmp_path):
+    """Issue 29: a reader must tell which bars are which kernel. Each stage's bar carries its number and
+    name where it fits; what does not fit in full is listed under the chart; the JSON events are named."""
+    rng = np.random.default_rng(4)
+    args = (normal(rng, 64, 128), normal(rng, 128, 256, scale=1 / 16), normal(rng, 256))
+    fast = superopt(lambda x, w, b: jax.nn.relu(x @ w + b), target="npu-910b")
+    fast(*args)
+    run = fast.npu.last
+    labels = fast.npu.write_timeline(run, str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [timeline_names(s.label)[1].split()[0] for s in fast.npu.stages] == ["cube", "epilogue"]
+    # the one kernel, and both stages in full with their numbers, inside their bars: nothing to list
+    kernel, = {timeline_names(s.label)[0] for s in fast.npu.stages}
+    assert kernel.startswith("%") and "matmul" in kernel and kernel in labels.inside
+    assert any(t.startswith("1 cube matmul (1,64,128)x(128,256)") for t in labels.inside)
+    assert any(t.startswith("2 epilogue") for t in labels.inside)
+    assert labels.listed == []
+    # the JSON trace is unchanged in form, and every event has a name
+    assert fast.npu.write_timeline(run, str(tmp_path / "t.json")) is None
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert events and all(isinstance(e["name"], str) and e["name"] for e in events)
+
+
+def test_timeline_stages_too_narrow_for_their_names_are_numbered_and_listed(tmp_path):
+    """Many stages on one chart: each stage is named in its bar or listed under the chart by number,
+    a name is cut at a space (never inside a shape), and no bar's text is wider than its bar."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+    from superopt.lowering.npu.emulator import write_gantt
+    clock = load_target("npu-910b").npu.clock_hz
+    stage, narrow, total = "cube matmul (1,128,768)x(768,768)", 10_000, 1_000_000
+    spans = [(k * narrow, (k + 1) * narrow, f"%{k} add(matmul(in0, in1), in2)", stage) for k in range(30)]
+    spans.append((30 * narrow, total, "%30 add(matmul(in0, in1), in2)", stage))     # wide enough to name
+    events = [("aic0", "cube", "Mmad", s, e) for s, e, *_ in spans]
+    labels = write_gantt(events, tmp_path / "t.png", clock, stages=spans)
+    assert f"31 {stage}" in labels.inside and "%30 add(matmul(in0, in1), in2)" in labels.inside
+    room = narrow / total * (12.0 - 1.25) * 72                   # a narrow stage's bar, in points
+    for n in range(1, 31):
+        drawn = [t for t in labels.inside if t == str(n) or t.startswith(f"{n} ")]
+        listed = [line for line in labels.listed if line.split("@")[0].strip() == str(n)]
+        assert (drawn and drawn[0] == f"{n} {stage}") or listed, n
+        for t in drawn:
+            assert t == str(n) or f"{n} {stage} ".startswith(t.removesuffix("…") + " "), t
+            assert TextToPath().get_text_width_height_descent(t, FontProperties(size=6.5), ismath=False)[0] <= room
+    assert any(t == "1" for t in labels.inside)                 # the narrow bars still carry their numbers
+    # the listing names the kernels too, the longest 20 of them where more did not fit
+    assert sum(line.lstrip().startswith("%") for line in labels.listed) == 20
+    assert "  … and 10 shorter" in labels.listed

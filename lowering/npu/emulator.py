@@ -397,16 +397,43 @@ COLOURS = {"CopyIn": "#4e79a7", "CopyOut": "#59a14f", "LoadL0": "#76b7b2", "Mmad
            "ScalarOp": "#bab0ac"}
 
 
+@dataclass
+class GanttLabels:
+    """What `write_gantt` wrote, so a caller (or a test) can check that the chart names its kernels and
+    stages without reading pixels: `inside` the texts drawn in the kernel and stage bars, `listed` the
+    lines listed under the chart for the kernels and stages not named in full in their bars."""
+    inside: list = field(default_factory=list)
+    listed: list = field(default_factory=list)
+
+
+def _fitted(text: str, room: float, width, keep: int = 0) -> str | None:
+    """`text` if it is at most `room` wide, else its longest start cut at a space (and at least `keep`
+    characters long) with an ellipsis that is; None when neither fits. Cutting at spaces keeps words and
+    shapes whole ("1 cube matmul…", not "1 cube matmul (1,…")."""
+    if width(text) <= room:
+        return text
+    cuts = [k for k in range(keep, len(text)) if text[k] == " "]
+    fits = [k for k in cuts if width(text[:k].rstrip() + "…") <= room]
+    return text[:max(fits)].rstrip() + "…" if fits else None
+
+
 def write_gantt(events: list, path, clock_hz: float, title: str = "", cores: int = 2,
-                boundaries: list | None = None) -> None:
+                boundaries: list | None = None, stages: list | None = None) -> GanttLabels:
     """The timeline as a PNG Gantt chart (matplotlib): one row per queue of the first `cores` cores of
     each kind (the others run the same kind of work), bars coloured by instruction (vector ops in
-    purple), and optional vertical lines at `boundaries` (cycles where a stage ends). `events` are
-    (core, queue, name, start, end, ...) as in `Result.events` or `Run.events()`."""
+    purple), and vertical lines at `boundaries` (cycles where a stage ends; by default the ends of
+    `stages`). `events` are (core, queue, name, start, end, ...) as in `Result.events` or `Run.events()`.
+
+    `stages`, (start, end, kernel, stage) in cycles, add two rows on top so a reader can tell which bars
+    are which kernel: a bar per kernel and a bar per stage (numbered in order), each named inside where
+    the name fits (measured in the font drawn, cut at a space with an ellipsis where only a part fits).
+    The kernels and stages not named in full are listed under the chart, stages by number and start."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.font_manager import FontProperties
     from matplotlib.patches import Patch
+    from matplotlib.textpath import TextToPath
 
     def kind(core: str) -> str:
         return core.rstrip("0123456789")
@@ -418,9 +445,66 @@ def write_gantt(events: list, path, clock_hz: float, title: str = "", cores: int
     rows = sorted({(core, queue) for core, queue, *_ in events if core in keep},
                   key=lambda r: (r[0].rstrip("0123456789"), int(r[0][len(kind(r[0])):] or 0),
                                  order.index(r[1]) if r[1] in order else 99))
-    index = {r: i for i, r in enumerate(rows)}
+    stages = [s for s in stages or () if s[1] > s[0]]
+    bands = ["kernel", "stage"] if stages else []
+    index = {r: i + len(bands) for i, r in enumerate(rows)}
     us = 1e6 / clock_hz
-    fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 1.6))
+    total = max([s[1] for s in stages] + [e[4] for e in events] + [1]) * us
+
+    # Fixed margins (inches), so the plot's width, and the room in each bar, is known before drawing.
+    # Widths are of the glyphs' outlines (TextToPath), the same at any dpi.
+    width, left, right, row, pad = 12.0, 1.0, 0.25, 0.3, 0.08
+    inch_per_us = (width - left - right) / total
+    small, mono = FontProperties(size=6.5), FontProperties(family="monospace", size=6.5)
+    outline = TextToPath()
+
+    def inches(text: str, prop=small) -> float:
+        return outline.get_text_width_height_descent(text, prop, ismath=False)[0] / 72
+
+    labels = GanttLabels()
+    bars_on_top = []                           # (row, start, end, colour, text)
+    kernels: list = []                         # consecutive stages of one kernel make one kernel bar
+    for start, end, kernel, _ in stages:
+        if kernels and kernels[-1][2] == kernel and kernels[-1][1] == start:
+            kernels[-1][1] = end
+        else:
+            kernels.append([start, end, kernel])
+    kernel_lines, stage_lines = [], []
+    for k, (start, end, kernel) in enumerate(kernels):
+        text = _fitted(kernel, (end - start) * us * inch_per_us - pad, inches, len(kernel.split(" ", 1)[0]))
+        bars_on_top.append((0, start, end, "#c6d2e1" if k % 2 == 0 else "#dde3ec", text))
+        if text != kernel:
+            kernel_lines.append((end - start, f"  {kernel}"))
+    for n, (start, end, kernel, stage) in enumerate(stages, 1):
+        full, room = f"{n} {stage}", (end - start) * us * inch_per_us - pad
+        text = _fitted(full, room, inches, len(str(n)) + 1) or _fitted(str(n), room + pad / 2, inches)
+        bars_on_top.append((1, start, end, "#e2e2e2" if n % 2 else "#f2f2f2", text))
+        if text != full:
+            stage_lines.append((end - start, f"{n:>3} @{start * us:7.2f} us  {kernel.split(' ', 1)[0]} {stage}"))
+
+    # The listing: kernels one a line, then stages in up to three columns; lines cut to their room. A
+    # program of hundreds of stages lists its longest (the Chrome trace has them all), in order.
+    per_line = int((width - left - right) / inches("0", mono)) - 1
+    cols = 1 if len(stage_lines) <= 4 else 2 if len(stage_lines) <= 16 else 3
+
+    def longest(lines: list, most: int, n: int) -> list:
+        kept = sorted(sorted(range(len(lines)), key=lambda i: -lines[i][0])[:most])
+        out = [t if len(t) <= n else t[:n - 1] + "…" for t in (lines[i][1] for i in kept)]
+        return out + ([f"  … and {len(lines) - most} shorter"] if len(lines) > most else [])
+    kernel_lines = longest(kernel_lines, 20, per_line)
+    stage_lines = longest(stage_lines, 3 * 20 - 1, per_line // cols - 3)
+    labels.listed = kernel_lines + stage_lines
+    depth = -(-len(stage_lines) // cols)
+    heads = bool(kernel_lines) + bool(stage_lines)
+    gap = 0.5 if kernel_lines and stage_lines else 0      # half a line between the two lists
+    line = 6.5 * 1.2 / 72                      # inches a listed line takes at linespacing 1.2
+    listing = (len(kernel_lines) + depth + heads + gap) * line + (0.2 if heads else 0)
+    top, bottom = 0.45, 0.42 if heads else 0.5
+    plot = row * (len(rows) + len(bands)) + 0.1
+    height = top + plot + bottom + listing
+    fig = plt.figure(figsize=(width, height))
+    ax = fig.add_axes((left / width, (bottom + listing) / height, (width - left - right) / width, plot / height))
+
     bars: dict = {}
     for core, queue, name, start, end, *_ in events:
         if (core, queue) in index and end > start:
@@ -429,14 +513,35 @@ def write_gantt(events: list, path, clock_hz: float, title: str = "", cores: int
     for colour, spans in bars.items():
         for y, x, w in spans:
             ax.barh(y, w, left=x, height=0.8, color=colour, linewidth=0)
-    for b in boundaries or ():
+    for y, start, end, colour, text in bars_on_top:
+        ax.barh(y, (end - start) * us, left=start * us, height=0.8, color=colour, edgecolor="white", linewidth=0.6)
+        if text:
+            ax.text((start + end) / 2 * us, y, text, ha="center", va="center", fontproperties=small)
+            labels.inside.append(text)
+    for b in boundaries if boundaries is not None else [s[1] for s in stages[:-1]]:
         ax.axvline(b * us, color="#999999", linewidth=0.5, linestyle=":")
-    ax.set_yticks(range(len(rows)), [f"{c}.{q}" for c, q in rows], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("microseconds")
-    ax.set_title(title or "NPU emulator timeline", fontsize=9)
+    ax.set_yticks(range(len(bands) + len(rows)), bands + [f"{c}.{q}" for c, q in rows], fontsize=7)
+    ax.set_ylim(len(bands) + len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, total)
+    ax.set_xlabel(f"microseconds (at {clock_hz / 1e9:.3g} GHz)", fontsize=8)
+    ax.set_ylabel("core.queue", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(title or "NPU emulator timeline", fontsize=9, loc="left")
     legend = [Patch(color=c, label=n) for n, c in COLOURS.items()] + [Patch(color="#b07aa1", label="vector op")]
-    ax.legend(handles=legend, fontsize=6, loc="upper right", ncol=4)
-    fig.tight_layout()
+    ax.legend(handles=legend, fontsize=6, loc="lower right", bbox_to_anchor=(1, 1), ncol=len(legend),
+              frameon=False, borderaxespad=0.2)
+    y = listing - 0.05
+    if kernel_lines:
+        fig.text(left / width, y / height, "\n".join(["kernels not named in full above:"] + kernel_lines),
+                 fontproperties=mono, va="top", linespacing=1.2)
+        y -= (len(kernel_lines) + 1 + gap) * line
+    if stage_lines:
+        fig.text(left / width, y / height, "stages not named in full above (number @ start):", fontproperties=mono,
+                 va="top")
+        for c in range(cols):
+            fig.text((left + c * (width - left - right) / cols) / width, (y - line) / height,
+                     "\n".join(stage_lines[c * depth:(c + 1) * depth]), fontproperties=mono, va="top",
+                     linespacing=1.2)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return labels

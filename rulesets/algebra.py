@@ -81,12 +81,14 @@ ALGEBRA = RuleSet("algebra", {
         rule("matmul-assoc", matmul(matmul(x, y, d), z, d), matmul(x, matmul(y, z, d), d),
              when("has_dtype", x, d), when("has_dtype", y, d), when("has_dtype", z, d), when("matmul_ok", y, z),
              two_way=True, numerics="reals", doc="(x@y)@z <-> x@(y@z); shapes decide which is cheaper"),
+        # Factoring only: expanding x@(y+z) into x@y + x@z can cancel catastrophically (bfloat16
+        # 2.25 * (3.875 - 4) = -0.28125 becomes 8.75 - 9 = -0.25) and never saves a product.
         rule("matmul-distribute-lhs", add(matmul(x, y, d), matmul(x, z, d)), matmul(x, add(y, z), d),
-             when("same_shape", y, z), when("has_dtype", y, d), two_way=True, numerics="reals",
-             doc="x@y + x@z <-> x@(y+z)"),
+             when("same_shape", y, z), when("has_dtype", y, d), numerics="reals",
+             doc="x@y + x@z -> x@(y+z)"),
         rule("matmul-distribute-rhs", add(matmul(x, z, d), matmul(y, z, d)), matmul(add(x, y), z, d),
-             when("same_shape", x, y), when("has_dtype", x, d), two_way=True, numerics="reals",
-             doc="x@z + y@z <-> (x+y)@z"),
+             when("same_shape", x, y), when("has_dtype", x, d), numerics="reals",
+             doc="x@z + y@z -> (x+y)@z"),
         _merge_shared_lhs(arg, 2), _merge_shared_lhs(arg, 3),
         _merge_shared_lhs(const, 2), _merge_shared_lhs(const, 3),
         rule("matmul-scale-lhs", matmul(mul(x, lit(c1, d)), y, d), mul(matmul(x, y, d), lit(c1, d)),

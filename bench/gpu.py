@@ -94,7 +94,7 @@ def adam_update():
 
 
 def bert_layer():
-    from bench.programs import bert_encoder_layer
+    from superopt.workloads import bert_encoder_layer
     wl = bert_encoder_layer(128)
     return wl.fn, wl.args
 

@@ -5,7 +5,7 @@ model chose per target and why saturation stopped, and counts kernels by kind.
 """
 from __future__ import annotations
 
-from bench.programs import WORKLOADS
+from superopt.workloads import WORKLOADS
 from superopt import progress, superopt
 from superopt.egraph.ir import REDUCTIONS
 from superopt.extract.tiling import cone

@@ -20,7 +20,7 @@ import time
 import jax
 import numpy as np
 
-from bench.programs import GEMM_CHAIN_SHAPES, WORKLOADS
+from superopt.workloads import GEMM_CHAIN_SHAPES, WORKLOADS
 from bench.tiling import chosen_kernel
 from superopt.extract.cost import one_op_body, tiling_options
 from superopt.egraph.layout import CUBE_FORMATS

@@ -20,7 +20,7 @@ import sys
 def row(name: str, target: str = "cpu", repeats: int = 9, rounds: int = 3) -> dict | None:
     """The workload's figures under both modes, or None when both choose the same program."""
     import jax
-    from bench.programs import WORKLOADS
+    from superopt.workloads import WORKLOADS
     from superopt import superopt
     from superopt.egraph.ir import pretty
     from superopt.numerics import MODES
@@ -69,7 +69,7 @@ def main(names: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    from bench.programs import WORKLOADS
+    from superopt.workloads import WORKLOADS
     ap = argparse.ArgumentParser(prog="python -m bench.numerics", description=__doc__.splitlines()[0])
     ap.add_argument("--filter", help="regex over workload names")
     ns = ap.parse_args()

@@ -72,7 +72,7 @@ def prepare(name: str, target: str, npu_target: str) -> tuple[dict, dict]:
     """Optimize one workload for `target` and count its NPU cycles: (its row so far, the thunks to time:
     jax.jit of the function and superopt's program, on the workload's arguments)."""
     import jax
-    from bench.programs import WORKLOADS
+    from superopt.workloads import WORKLOADS
     from superopt import superopt
     wl = WORKLOADS[name]()
     args = wl.args
@@ -296,7 +296,7 @@ def _say(text: str) -> None:
 
 def run(ns) -> int:
     from bench import plots
-    from bench.programs import GEMM_CHAIN_SHAPES, WORKLOADS
+    from superopt.workloads import GEMM_CHAIN_SHAPES, WORKLOADS
     from superopt import progress
     from superopt.extract.target import load_target
     load_target(ns.target)                                # an unknown target fails before any work

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from bench.programs import GEMM_CHAIN_SHAPES, gemm_chain
+from superopt.workloads import GEMM_CHAIN_SHAPES, gemm_chain
 from superopt import progress, superopt
 from superopt.extract.cost import one_op_body, tiling_options
 from superopt.extract.models.chimera import optimal_dv_clamped, optimal_dv_mlkn, optimal_dv_tiles

@@ -1,4 +1,4 @@
-"""The training steps (bench/programs.py `train_step`, `sgd_step`): dynamic loss scaling, global-norm
+"""The training steps (superopt/workloads.py `train_step`, `sgd_step`): dynamic loss scaling, global-norm
 clipping and Adam, or SGD with momentum, on a two-layer MLP, before and after superopt.
 
 - npu-910b: the captured program lowered op by op ("before") against the program superopt chose
@@ -14,7 +14,7 @@ import statistics
 
 import jax
 
-from bench.programs import sgd_step, train_step
+from superopt.workloads import sgd_step, train_step
 from superopt import progress, superopt
 from superopt.extract.target import load_target
 from superopt.lowering.npu.lower import NpuExecutable

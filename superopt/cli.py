@@ -4,12 +4,12 @@
     superopt explain  MODULE:FN [--target T] [--shapes ...] [--alternatives N] [--html FILE]
     superopt emulate  MODULE:FN --target npu-910b [--shapes ...] [--timeline FILE.png|.json] [--html FILE]
     superopt bench    [--target T] [--filter RE] ...      (regenerates BENCHMARKS.md; from a source checkout)
-    superopt rules list [--ruleset NAME] | superopt rules check [NAME ...]
+    superopt rules list [--ruleset NAME] | superopt rules check [NAME ...] [--thorough] [--jobs N]
     superopt calibrate [--quick] [--force] [--reset] | superopt demo
 
 MODULE is a module name (importable from the current directory) or a path to a .py file; FN is a function
-in it. Without --shapes, FN may be a workload: a `bench.programs.Workload`, or a function of no arguments
-returning one (e.g. `bench.programs:bert_encoder_layer`), whose example arguments are used. Progress bars
+in it. Without --shapes, FN may be a workload: a `superopt.workloads.Workload`, or a function of no arguments
+returning one (e.g. `superopt.workloads:bert_encoder_layer`), whose example arguments are used. Progress bars
 show on a terminal and nowhere else.
 """
 from __future__ import annotations
@@ -40,8 +40,55 @@ def _rules_list(args) -> int:
     return 0
 
 
-def _rules_check(args) -> int:
+RULES_CHECK_EXAMPLES = 60      # bindings per rule by default: above the test suite's 50 (tests/test_soundness.py)
+RULES_CHECK_THOROUGH = 10      # --thorough multiplies the default by this
+
+
+def _check_one(ruleset: str, name: str, examples: int) -> tuple:
+    """Check one registered rule; runs in a worker process, so the rule is looked up by name (rules hold
+    functions that need not pickle) and the result comes back as the plain fields that are printed."""
     from superopt.rewrites.checker import check_rule
+    from superopt.rulesets import RULESETS
+    found = [r for r in RULESETS[ruleset] if r.name == name] if ruleset in RULESETS else []
+    if not found:
+        raise ValueError(f"superopt: rule {ruleset}/{name} is not registered in a fresh process "
+                         f"(registered at run time?); check it with --jobs 1")
+    result = check_rule(found[0], examples=examples)
+    status = "sound" if result.sound else ("UNSOUND" if result.counterexample else "UNCHECKED")
+    detail = None if result.sound else (
+        str(result.counterexample) if result.counterexample
+        else "  no binding satisfied the left-hand side: " + "; ".join(result.notes))
+    return status, result.cases, detail
+
+
+def _check_results(rules, examples: int, jobs: int):
+    """(status, cases, detail) for each rule, in order, as soon as it and the rules before it are done.
+    The rules are independent and the checker is single-threaded numpy, so they are spread over worker
+    processes; the workers come from a fork server that has the checker imported, since forking a process
+    that has started JAX's threads can deadlock."""
+    jobs = min(jobs, len(rules))
+    if jobs <= 1:   # no process to start for one rule; also checks rules registered at run time
+        for r in rules:
+            yield _check_one(r.ruleset, r.name, examples)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["superopt.rewrites.checker", "superopt.rulesets"])
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_check_one, r.ruleset, r.name, examples) for r in rules]
+        try:
+            for f in futures:
+                yield f.result()
+        except BaseException as exc:
+            pool.shutdown(wait=False, cancel_futures=True)
+            if isinstance(exc, BrokenProcessPool):   # out of memory, or a __main__ it cannot import (stdin)
+                raise ValueError("superopt: a worker process checking rules died; run with --jobs 1") from exc
+            raise
+
+
+def _rules_check(args) -> int:
     from superopt.rulesets import RULESETS
     rules = [r for rs in RULESETS.values() for r in rs]
     if args.names:
@@ -50,15 +97,18 @@ def _rules_check(args) -> int:
         if missing:
             raise ValueError(f"superopt: no rule named {', '.join(missing)}; see `superopt rules list`")
         rules = [r for r in rules if r.name in args.names]
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"superopt: --jobs must be at least 1, got {args.jobs}")
+    if args.examples is not None and args.examples < 1:
+        raise ValueError(f"superopt: --examples must be at least 1, got {args.examples}")
+    examples = args.examples or RULES_CHECK_EXAMPLES * (RULES_CHECK_THOROUGH if args.thorough else 1)
     unsound, cases = [], 0
-    for r in rules:
-        result = check_rule(r, examples=args.examples)
-        cases += result.cases
-        status = "sound" if result.sound else ("UNSOUND" if result.counterexample else "UNCHECKED")
-        print(f"{status:<9} {r.ruleset}/{r.name:<40} {result.cases:>4} cases  [{r.source}]")
-        if not result.sound:
+    for r, (status, n, detail) in zip(rules, _check_results(rules, examples, args.jobs or os.cpu_count() or 1)):
+        cases += n
+        print(f"{status:<9} {r.ruleset}/{r.name:<40} {n:>4} cases  [{r.source}]", flush=True)
+        if detail is not None:
             unsound.append(r.name)
-            print(result.counterexample or "  no binding satisfied the left-hand side: " + "; ".join(result.notes))
+            print(detail, flush=True)
     print(f"checked {len(rules)} rules on {cases} cases: "
           + ("all sound" if not unsound else f"{len(unsound)} failed: {', '.join(unsound)}"))
     return 1 if unsound else 0
@@ -143,7 +193,7 @@ def load_function(target_spec: str):
     """`MODULE:FN` (or `path/file.py:FN`) -> the object named."""
     module_name, _, attr = target_spec.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"superopt: expected MODULE:FN (e.g. bench.programs:reassoc_chain or model.py:forward), "
+        raise ValueError(f"superopt: expected MODULE:FN (e.g. superopt.workloads:reassoc_chain or model.py:forward), "
                          f"got {target_spec!r}")
     if module_name.endswith(".py") or os.sep in module_name:
         path = Path(module_name)
@@ -156,7 +206,7 @@ def load_function(target_spec: str):
         if os.getcwd() not in sys.path:      # as `python -m` does: modules beside the caller import
             sys.path.insert(0, os.getcwd())
         if (REPO / module_name.split(".")[0]).is_dir() and str(REPO) not in sys.path:
-            sys.path.append(str(REPO))       # bench.programs and friends, from the checkout superopt runs from
+            sys.path.append(str(REPO))       # a top-level module of the checkout superopt runs from (bench)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -226,7 +276,7 @@ def function_and_args(target_spec: str, shapes: list[str] | None, dtype: str = "
     if _is_workload(obj):
         return obj.fn, tuple(obj.args), obj.name
     raise ValueError(f"superopt: give the argument shapes of {target_spec} with --shapes (e.g. --shapes 128x768 "
-                     "768x768:f16), or name a workload builder such as bench.programs:reassoc_chain")
+                     "768x768:f16), or name a workload builder such as superopt.workloads:reassoc_chain")
 
 
 def check_writable(path: str, option: str, suffixes: tuple = ()) -> None:
@@ -350,7 +400,7 @@ def _bench(args) -> int:
 
 
 def _add_program_options(p, target: str = "cpu", html: bool = True) -> None:
-    p.add_argument("function", metavar="MODULE:FN", help="the function, e.g. bench.programs:reassoc_chain")
+    p.add_argument("function", metavar="MODULE:FN", help="the function, e.g. superopt.workloads:reassoc_chain")
     p.add_argument("--target", default=target, help=f"cpu, gpu-a100, gpu-h100, npu-910, npu-910b (default {target})")
     p.add_argument("--shapes", nargs="+", metavar="SHAPE",
                    help="one per positional argument: 128x768, 128x768:f16, scalar:i32 (random inputs)")
@@ -403,7 +453,12 @@ def parser() -> argparse.ArgumentParser:
     listing.set_defaults(run=_rules_list)
     check = rules_sub.add_parser("check", help="check rules for soundness on random bindings (all by default)")
     check.add_argument("names", nargs="*", help="rule names to check")
-    check.add_argument("--examples", type=int, default=60, help="bindings per rule (default 60)")
+    check.add_argument("--examples", type=int, help=f"bindings per rule (default {RULES_CHECK_EXAMPLES}; "
+                                                    f"overrides --thorough)")
+    check.add_argument("--thorough", action="store_true",
+                       help=f"{RULES_CHECK_THOROUGH}x the bindings per rule, for a deep run "
+                            f"(about 5 minutes on 2 cores)")
+    check.add_argument("--jobs", type=int, help="worker processes (default: one per core)")
     check.set_defaults(run=_rules_check)
 
     cal = sub.add_parser("calibrate", help="measure this machine's FLOP/s and bandwidth for the cpu target",

@@ -1,4 +1,5 @@
-"""Benchmark workloads for the superoptimizer.
+"""Example workloads: the programs of the benchmark suite (`bench/` runs them), shipped in the package
+so that `superopt optimize superopt.workloads:reassoc_chain` works from an installed wheel.
 
 Each workload is a plain JAX function plus deterministic example arguments.
 Builders are lazy: importing this module creates no arrays; call a builder

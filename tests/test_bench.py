@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import plots
-from bench.programs import CONV_CHAIN_SHAPES, GEMM_CHAIN_SHAPES, WORKLOADS, YOLO_SAMPLE, conv_chain, decoder_block, \
+from superopt.workloads import CONV_CHAIN_SHAPES, GEMM_CHAIN_SHAPES, WORKLOADS, YOLO_SAMPLE, conv_chain, decoder_block, \
     nasrnn
 from bench.run import render
 from superopt.egraph.capture import capture

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench.programs import mixed_precision_mlp_args as _mlp_args  # the benchmark's MLP, small
-from bench.programs import mixed_precision_mlp_fn as mixed_precision_mlp
+from superopt.workloads import mixed_precision_mlp_args as _mlp_args  # the benchmark's MLP, small
+from superopt.workloads import mixed_precision_mlp_fn as mixed_precision_mlp
 from superopt import superopt
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode

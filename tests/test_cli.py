@@ -86,7 +86,7 @@ def test_shapes_are_read_with_their_dtypes():
 def test_a_function_needs_shapes_unless_it_is_a_workload(program):
     with pytest.raises(ValueError, match="--shapes"):
         function_and_args(program + ":chain", None)
-    fn, args, name = function_and_args("bench.programs:reassoc_chain", None)
+    fn, args, name = function_and_args("superopt.workloads:reassoc_chain", None)
     assert name == "reassoc-chain" and [a.shape for a in args] == [(1024, 1024), (1024, 1024), (1024, 1)]
     with pytest.raises(ValueError, match="expected MODULE:FN"):
         function_and_args("no_colon_here", None)
@@ -300,3 +300,18 @@ def test_saturation_shows_progress_on_a_terminal_and_nothing_otherwise(program, 
         monkeypatch.setattr(live, "update", lambda task, **kw: seen.append(kw.get("description")))
         superopt(fn, target="cpu").compile(*args)
     assert "saturate: phase algebra, iteration 1" in seen
+
+
+def test_rules_check_in_worker_processes(capsys):
+    assert main(["rules", "check", "--jobs", "2", "fold-max", "matmul-int8"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("algebra/fold-max") < out.index("quant/matmul-int8")   # printed in registered order
+    assert out.splitlines()[-1] == "checked 2 rules on 120 cases: all sound"
+
+
+def test_rules_check_bad_arguments_are_one_line_errors(capsys):
+    for argv, message in [(["--jobs", "2", "neg-neg", "no-such-rule"],
+                           "superopt: no rule named no-such-rule; see `superopt rules list`"),
+                          (["--jobs", "0", "neg-neg"], "superopt: --jobs must be at least 1, got 0")]:
+        assert main(["rules", "check", *argv]) == 2
+        assert capsys.readouterr().err == message + "\n"

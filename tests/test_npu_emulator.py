@@ -252,7 +252,7 @@ def test_gemm_chain_bytes_equal_the_chimera_formula(order):
 def test_thesis_chains_run_with_the_tiles_the_extractor_chose_and_move_what_the_model_says():
     """G1-G12 on npu-910: the chosen tiles fit the chip as generated, and the emulator's GM bytes are
     exactly the tiling's modelled volume."""
-    from bench.programs import GEMM_CHAIN_SHAPES
+    from superopt.workloads import GEMM_CHAIN_SHAPES
     from bench.tiling import chosen_kernel
     target = load_target("npu-910")
     for name, (b, m, n, k, l) in GEMM_CHAIN_SHAPES.items():

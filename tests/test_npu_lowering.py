@@ -283,7 +283,7 @@ def test_the_unfused_program_lowers_too_and_takes_more_cycles():
 def test_a_bert_base_layer_runs_on_the_emulator(target):
     """The whole layer, as superopt chose it, on the emulator. On npu-910 its extraction once failed
     (greedy fixed a stale cost set; extract/greedy.py now fixes the classes the choices reach)."""
-    from bench.programs import bert_encoder_layer
+    from superopt.workloads import bert_encoder_layer
     w = bert_encoder_layer(128)
     fast = check(w.fn, w.args, target, ["cube matmul", "epilogue"])
     assert fast.report.optimized and fast.npu.last.cycles < NpuExecutable(fast.compile(*w.args).original,

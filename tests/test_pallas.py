@@ -468,7 +468,7 @@ def test_bert_encoder_layer_entirely_in_pallas():
     """The BERT-base layer (full size, seq 128) for gpu-h100: every kernel node and every op that computes
     runs inside a pallas_call on its kind's template; outside the kernels only reshapes (views) remain.
     The result equals the original function's."""
-    from bench.programs import bert_encoder_layer
+    from superopt.workloads import bert_encoder_layer
     wl = bert_encoder_layer(128)
     fast = superopt(wl.fn, target="gpu-h100", backend="pallas")
     got = fast(*wl.args)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench.programs import GEMM_CHAIN_SHAPES
+from superopt.workloads import GEMM_CHAIN_SHAPES
 from superopt import superopt
 from superopt.egraph.ir import Node
 from superopt.extract.cost import op_breakdown, op_cost

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench.programs import sgd_step, sgd_step_fn, train_step, train_step_fn
+from superopt.workloads import sgd_step, sgd_step_fn, train_step, train_step_fn
 from superopt import superopt
 from superopt.egraph.ir import body_str
 from superopt.egraph.runner import StopReason
@@ -28,7 +28,7 @@ def _run(fn, args, schedule):
     """One step per entry of `schedule`: (loss scale or None to keep the state's, corrupt the batch).
 
     `args` is (params, optimizer state..., x, labels, loss scale, count) and `fn` returns (params,
-    optimizer state..., loss scale, count, loss), as the steps of bench/programs.py do."""
+    optimizer state..., loss scale, count, loss), as the steps of superopt/workloads.py do."""
     *state, x, labels, scale, count = args
     bad_x = np.asarray(x).copy()
     bad_x[3, 5] = np.inf                                  # one overflowed activation in the batch

@@ -91,6 +91,8 @@ class _Builder:
         return self._memo[key]
 
     def load(self, cls) -> int:
+        if cls not in self.fz.shapes or cls not in self.fz.dtypes:   # the analyses could not type it
+            raise BodyError(f"tensor class {cls} has no type to load")
         if cls not in self.inputs:
             self.inputs.append(cls)
         k = self.inputs.index(cls)

@@ -187,7 +187,13 @@ def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, 
     if deadline.expired():
         return out_of_time(f"lower: the call's {limits.seconds:g} s ran out")
     if check:
-        problem = stage("verify", _verify, jitted_original, program, captured.in_avals, original, numerics)
+        try:
+            problem = stage("verify", _verify, jitted_original, program, captured.in_avals, original, numerics)
+        except TimeLimit:
+            raise
+        except Exception as exc:   # noqa: BLE001 -- a program XLA cannot run here is not returned either
+            message = str(exc).splitlines()[0] if str(exc) else ""
+            problem = f"the optimized program failed to run ({type(exc).__name__}: {message[:200]})"
         if problem:
             warnings.warn(f"superopt: the optimized program differs from the original ({problem}); "
                           f"returning the original. Rules involved: {', '.join(run.fired) or 'none'}",

@@ -43,10 +43,12 @@ def test_a_20000_op_chain_under_a_2_second_limit_returns_the_right_result_and_na
     report = fast.report
     assert sum(report.ops_before.values()) > 20_000
     # 2 s is not enough to saturate, extract and verify 33,000 nodes: the original runs, and says why
-    assert re.match(rf"kept original: time limit \(({STAGES}): ", report.outcome), report.outcome
+    named = re.match(rf"kept original: time limit \(({STAGES}): ", report.outcome)
+    assert named, report.outcome
     assert report.run.stop_reason is StopReason.TIME_LIMIT
     assert "stopped at the time limit" in str(report)
-    assert "encode" in report.stage_seconds   # capture ran out of nothing: the stages after it were reached
+    assert named.group(1) in report.stage_seconds   # the stage named is one that ran (on a loaded machine,
+    assert list(report.stage_seconds)[-1] == named.group(1)   # capture alone can take the 2 s)
 
 
 # ---- encoding is linear: the work it hands egglog grows with the program, not with its square ----
@@ -191,16 +193,20 @@ def test_a_program_verified_after_the_deadline_is_not_returned(monkeypatch):
     assert warm.report.optimized, warm.report.outcome   # the rule cache and JAX are warm from here on
     calls = []
 
+    seconds = 5.0   # room to saturate and extract on a loaded machine; the verification overruns it
+
     def slow_verify(*args, **kwargs):   # a verification that passes, but only after the deadline
         calls.append(time.perf_counter())
-        time.sleep(1.6)
+        time.sleep(max(0.0, start + seconds + 0.1 - time.perf_counter()))
         return None
 
     monkeypatch.setattr(api, "_verify", slow_verify)
-    fast = superopt(fn, limits=Limits(seconds=1.5))
+    fast = superopt(fn, limits=Limits(seconds=seconds))
+    start = time.perf_counter()
+    fast.compile(X, W)
     np.testing.assert_allclose(fast(X, W), jax.jit(fn)(X, W), rtol=1e-5, atol=1e-5)
     assert calls, fast.report.outcome
-    assert fast.report.outcome == "kept original: time limit (verify: the call's 1.5 s ran out)"
+    assert fast.report.outcome == "kept original: time limit (verify: the call's 5 s ran out)"
     assert fast.report.run.stop_reason is StopReason.TIME_LIMIT
     spec = fast._specialization()
     assert spec.term is spec.original    # the original runs

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from superopt import VerificationWarning, superopt
 from superopt import verify as V
 from superopt.api import _verify
 from superopt.egraph.capture import capture
@@ -239,3 +240,24 @@ def test_a_zero_sum_changing_sign_is_caught():
     in_int32 = lambda x, y: 1.0 / jnp.matmul(x, y, preferred_element_type=jnp.int32).astype(jnp.float32)
     problem = _check(original, in_int32, [((4, 1), jnp.int8), ((1, 8), jnp.int8)])
     assert problem is not None and "Inf positions or signs differ" in problem
+
+
+def test_an_optimized_program_that_fails_to_run_is_not_returned(monkeypatch):
+    """A program XLA cannot run on this machine (the fuzzer found a bf16 x bf16 = f32 dot that XLA's CPU
+    runtime refuses) keeps the original, with the error in the outcome, instead of raising."""
+    import superopt.api as api
+
+    def failing(graph):
+        def run(*args):
+            raise RuntimeError("UNIMPLEMENTED: Unsupported element type for DotThunk::Execute")
+        return run
+
+    monkeypatch.setattr(api, "lower", failing)
+    fn = lambda a, b: jnp.exp(jnp.log(a * a + 1.0)) @ b                      # noqa: E731
+    a, b = np.ones((8, 16), np.float32), np.ones((16, 4), np.float32)
+    with pytest.warns(VerificationWarning, match="failed to run"):
+        fast = superopt(fn)
+        out = fast(a, b)
+    np.testing.assert_allclose(out, jax.jit(fn)(a, b), rtol=1e-6)
+    assert fast.report.outcome.startswith("kept original: verification failed: the optimized program failed "
+                                          "to run (RuntimeError: UNIMPLEMENTED"), fast.report.outcome

@@ -177,7 +177,6 @@ def encode(graph: Graph, deadline: Deadline | None = None) -> Encoding:
     if not live:
         return enc
     nodes = graph.nodes
-    position = {i: p for p, i in enumerate(live)}
     last_read = {}   # node -> position of its last reader (len(live): an output)
     for p, i in enumerate(live):
         for j in nodes[i].inputs:

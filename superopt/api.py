@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 
 from superopt import numerics as numerics_mode
 from superopt import verify as verification

@@ -16,7 +16,8 @@ optimizer itself), count kernel launches before and after, run ``R`` rounds of i
 round; the median over rounds is reported), and count NPU emulator cycles of the captured program op by
 op and of the program superopt chose for the NPU target. Then the sections: kernels per target, tiles of
 the GEMM chains against the analytic optimum, programs and chains on the NPU emulator, the training step,
-rematerialization under a memory budget, layout packing, and the cost model's ranking; and the workloads
+rematerialization under a memory budget, layout packing, the cost model's ranking, and the cost of a call
+against jax.jit's on tiny programs; and the workloads
 whose program differs between ``numerics="strict"`` (the default) and ``numerics="fast"``. ``--filter`` selects the workloads of every section by
 name (a section with none left is omitted), so a filtered run is quick. Figures are written exactly as
 measured.
@@ -32,7 +33,7 @@ import statistics
 import sys
 import time
 
-SECTIONS = ("table", "numerics", "kernels", "tiling", "npu", "training", "remat", "layout", "ranking")
+SECTIONS = ("table", "numerics", "kernels", "tiling", "npu", "training", "remat", "layout", "ranking", "callcost")
 MAX_RULES_SHOWN = 6
 OUTPUT = "BENCHMARKS.md"                              # a full run's markdown and plots (tracked)
 FIGURES = "docs/figures"
@@ -319,7 +320,7 @@ def run(ns) -> int:
         except re.error as exc:
             raise ValueError(f"bench: --filter {ns.filter!r} is not a regular expression ({exc})") from None
 
-    from bench import kernels, npu, ranking, tiling
+    from bench import callcost, kernels, npu, ranking, tiling
     names = _selected(ns.filter, WORKLOADS) if "table" in sections else []
     chains = [k for k in GEMM_CHAIN_SHAPES if f"gemm-chain-{k}" in _selected(ns.filter, WORKLOADS)]
     plan = {
@@ -331,6 +332,7 @@ def run(ns) -> int:
         "remat": _selected(ns.filter, ["remat-mlp-grad"]),
         "layout": _selected(ns.filter, ["layout-packing"]),
         "ranking": _selected(ns.filter, ranking.CHAINS),
+        "callcost": _selected(ns.filter, callcost.NAMES),
     }
     steps = len(names) * (1 + ns.rounds) + sum(1 for s in sections if s != "table" and plan[s])
     if not steps:
@@ -446,6 +448,11 @@ def run(ns) -> int:
             fig = _figure(ns, "bench-ranking.png", out_dir)
             if fig and plots.ranking(rankings, fig[0]):
                 extra += [f"![predicted against measured]({fig[1]})", ""]
+            bar.advance()
+        if "callcost" in sections and plan["callcost"]:
+            bar.update("bench: call cost against jax.jit")
+            _say("section callcost: call cost against jax.jit")
+            extra += callcost.main()
             bar.advance()
         bar.update(f"bench: done ({len(rows)} workloads, {len(sections)} sections)")
 

@@ -1,12 +1,40 @@
 """Capture: a Python function and example arguments -> a `Graph` built from its jaxpr.
 
-Each primitive has an entry in `_HANDLERS`; `jit`, `custom_jvp_call` and `custom_vjp_call` are walked
-into (their primal bodies), and any primitive without an entry becomes an `opaque` node that lowering
-binds again with its original params, so every JAX program goes through unchanged in meaning.
+Each primitive has an entry in `_HANDLERS`; the bodies of `jit`, `custom_jvp_call` and `custom_vjp_call`
+(their primal bodies) are inlined, and any primitive without an entry becomes an `opaque` node that
+lowering binds again with its original params, so every JAX program goes through unchanged in meaning.
+The arguments may be abstract (`jax.ShapeDtypeStruct` leaves, weakly typed or not): `fn` is traced once.
+
+Two kinds of equation are kept out of the optimizer's reach:
+
+- PRNG keys. A typed key has an extended dtype (`key<fry>`), which no node can hold. The equations linked
+  through key values (`random_wrap`, `random_split`, `random_fold_in`, `random_bits`, `random_unwrap`,
+  jax.random's own jitted samplers such as `_normal`, kept whole so their bits are JAX's) form connected
+  groups; each group becomes one opaque node (`Subprogram`): a small ClosedJaxpr whose inputs and outputs
+  are ordinary arrays. Keys reach `capture` only as key data (uint32, re-wrapped inside the function);
+  a key argument or result is a TypeError. Where grouping would make a cycle (a group reads a value
+  computed from its own results: a key folded with its own random bits), the equations on the cycle are
+  merged into the group too, so the program is never kept whole for that.
+- Effects. An equation with effects and no results (`jax.debug.print`, `jax.debug.callback`, also inside an
+  inlined `jit`) becomes a pinned opaque node (`Pinned`): it takes the previous effect's token as an extra
+  input and returns a token (a bool scalar), and the last token is a hidden output of the graph
+  (`Graph.hidden_outputs`), so rewrites can neither drop, merge nor reorder effects: each is bound once per
+  call, in program order (XLA keeps that order for ordered effects, `ordered=True`; unordered ones run in
+  the order XLA schedules them, exactly as under jax.jit). Lowering with `effects=False` skips them.
+  Rematerialization never recomputes an opaque node (`extract/memory.py`). An equation with effects AND
+  results (an `io_callback` with results, a `cond`, `while` or `scan` with a print inside) cannot be taken
+  apart: `EffectfulResults` (a `KeepWhole`). By default `capture` then returns the whole program as one
+  opaque node with `Captured.kept_whole` saying why; `capture(..., keep_whole=False)` raises it instead.
+  A print of a key takes the key's data and wraps it again.
+
+`without_debug_effects` gives a traced program with its output-less effects removed at every depth (the
+user's program as superopt runs it on its own inputs, silently).
 """
 from __future__ import annotations
 
+import heapq
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -18,12 +46,14 @@ from superopt.egraph.ir import (
     ARG_REDUCTIONS, BINARY_OPS, COMPARISONS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node, Opaque,
 )
 
-# Primitives whose body is walked instead of being kept whole, with the param holding the body.
+# Primitives whose body is inlined, with the param holding the body.
 _CALL_BODIES = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr",
                 "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
                 "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
 # Primitives that return their operand unchanged.
 _IDENTITIES = frozenset({"copy", "copy_p", "optimization_barrier_identity"})
+# Where JAX's own functions live: a jitted jax.random sampler taking a key is kept whole, not inlined.
+_JAX_SOURCE = os.path.join("jax", "_src", "")
 
 
 @dataclass
@@ -31,7 +61,83 @@ class Captured:
     graph: Graph
     in_tree: Any
     out_tree: Any
-    in_avals: tuple  # (shape, dtype) per flat argument
+    in_avals: tuple          # (shape, dtype) per flat argument
+    jaxpr: Any = None        # the ClosedJaxpr of the flat function traced (the reference program is built
+                             # from it: fn is not traced again)
+    kept_whole: str = ""     # why the program is one opaque node the optimizer must not change, or ""
+
+
+class KeepWhole(Exception):
+    """The program cannot be taken apart without changing what it does; the message says why."""
+
+
+class EffectfulResults(KeepWhole):
+    """An equation has effects and results (an `io_callback` with results, a loop or branch with a print
+    inside): what it returns may depend on the effect, so the program is kept whole. `primitive` names it."""
+
+    def __init__(self, primitive: str):
+        self.primitive = primitive
+        super().__init__(f"its results depend on an effect ({primitive} has effects and results)")
+
+
+def _extended(aval) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+def _key_data_aval(aval):
+    """The aval of a typed key's data (uint32, the key's shape and then the implementation's)."""
+    return jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(aval.shape, aval.dtype))
+
+
+def _key_impl(dtype):
+    """The PRNG implementation of a key dtype, as `jax.random.wrap_key_data` takes it."""
+    found = []
+    jax.eval_shape(lambda k: found.append(jax.random.key_impl(k)), jax.ShapeDtypeStruct((), dtype))
+    return found[0]
+
+
+class Subprogram:
+    """Equations run as one opaque primitive (a group of PRNG key equations, or a program kept whole): bound
+    by evaluating their ClosedJaxpr. Its inputs are ordinary arrays; a key result (read by a pinned effect)
+    comes out as key data. `silent`, where the equations have output-less effects, is the same program
+    without them: bound with `effects=False` (the Opaque is then `effectful`) it runs that one."""
+    multiple_results = True
+
+    def __init__(self, closed, name: str):
+        self.closed, self.name = closed, name
+        self.silent = without_debug_effects(closed) if closed.jaxpr.effects else None
+        self.key_outputs = frozenset(j for j, v in enumerate(closed.jaxpr.outvars) if _extended(v.aval))
+
+    def bind(self, *args, effects: bool = True):
+        closed = self.closed if effects or self.silent is None else self.silent
+        outs = jcore.jaxpr_as_fun(closed)(*args)
+        return [jax.random.key_data(o) if j in self.key_outputs else o for j, o in enumerate(outs)]
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class Pinned:
+    """An effect with no results (a debug print or callback), pinned in program order: its last input is
+    the previous effect's token, its one result a token (a bool scalar) that the next effect takes. Inputs
+    that were typed keys arrive as key data and are wrapped again (`wraps`: the implementation per input,
+    or None). Bound with `effects=False` (superopt's own runs on its own inputs) it only returns the token."""
+    multiple_results = True
+
+    def __init__(self, primitive, n_inputs: int, wraps: tuple = ()):
+        self.primitive, self.n_inputs, self.name = primitive, n_inputs, primitive.name
+        self.wraps = tuple(wraps) or (None,) * n_inputs
+
+    def bind(self, *args, effects: bool = True, **params):
+        if effects:
+            ins = [x if impl is None else jax.random.wrap_key_data(x, impl=impl)
+                   for x, impl in zip(args[:self.n_inputs], self.wraps)]
+            self.primitive.bind(*ins, **params)
+        return [np.bool_(False)]
+
+    def __repr__(self) -> str:
+        return self.name
 
 
 def dtype_name(dtype) -> str:
@@ -42,6 +148,7 @@ class _Builder:
     def __init__(self) -> None:
         self.graph = Graph()
         self.const_ids: dict[int, int] = {}
+        self.effect: int | None = None   # the last pinned effect's token node
 
     def node(self, op: str, inputs, attrs, aval_or_shape, dtype=None) -> int:
         if dtype is None:
@@ -64,32 +171,84 @@ class _Builder:
             self.const_ids[key] = self.node("const", (), (len(self.graph.consts) - 1,), arr.shape, arr.dtype)
         return self.const_ids[key]
 
-    def walk(self, jaxpr, consts, in_ids: list[int]) -> list[int]:
-        env: dict[Any, int] = {}
+    def walk(self, closed, in_ids: list[int]) -> list[int]:
+        """The nodes of `closed`'s results, its arguments being the nodes `in_ids`: call bodies inlined,
+        key equations grouped, effects pinned (module doc); the equations run in an order that respects
+        every data dependency and keeps the effects in program order."""
+        flat = _flatten(closed)
+        eqns, outs, key_consts = flat.eqns, flat.outs, flat.key_consts
+        env: dict[Any, int] = dict(zip(closed.jaxpr.invars, in_ids))
 
         def read(v) -> int:
             if isinstance(v, jcore.Literal):
                 return self.const(v.val, v.aval.dtype)
+            if v not in env:
+                if v in flat.values:        # a constant, or a literal an inlined call was passed
+                    value = flat.values[v]
+                    env[v] = read(value) if isinstance(value, jcore.Literal) else self.const(value)
+                elif v in key_consts:       # a key constant an effect reads: as its key data
+                    env[v] = self.const(np.asarray(jax.random.key_data(key_consts[v])))
             return env[v]
 
-        for var, value in zip(jaxpr.constvars, consts):
-            env[var] = self.const(value)
-        for var, i in zip(jaxpr.invars, in_ids):
-            env[var] = i
-        for eqn in jaxpr.eqns:
-            ins = [read(v) for v in eqn.invars]
-            outs = self.equation(eqn, ins)
-            for var, i in zip(eqn.outvars, outs):
-                env[var] = i
-        return [read(v) for v in jaxpr.outvars]
+        readers: dict[Any, list[int]] = {}
+        for k, e in enumerate(eqns):
+            for v in e.invars:
+                if not isinstance(v, jcore.Literal):
+                    readers.setdefault(v, []).append(k)
+        for v in outs:
+            if not isinstance(v, jcore.Literal):
+                readers.setdefault(v, []).append(-1)
+        for unit, members in _plan(eqns):
+            for k in members:
+                for v in flat.before.get(k, ()):
+                    read(v)
+            if unit == "eqn":
+                eqn = eqns[members[0]]
+                for var, i in zip(eqn.outvars, self.equation(eqn, [read(v) for v in eqn.invars])):
+                    env[var] = i
+            else:
+                inputs, outputs, program = _group_program(members, eqns, key_consts, readers)
+                env.update(zip(outputs, self.subprogram(program, [read(v) for v in inputs])))
+        for v in flat.before.get(len(eqns), ()):
+            read(v)
+        for v in outs:
+            if not isinstance(v, jcore.Literal) and _extended(v.aval):
+                raise TypeError("superopt: the function returns a PRNG key; superopt() returns keys as their "
+                                "key data (call the function through superopt, or return jax.random.key_data)")
+        return [read(v) for v in outs]
+
+    def subprogram(self, closed, ins: list[int], name: str | None = None) -> list[int]:
+        if name is None:
+            names = set()
+            for e in closed.jaxpr.eqns:
+                if e.primitive.name.startswith("random_"):
+                    names.add(e.primitive.name.removeprefix("random_"))
+                elif e.primitive.name in _CALL_BODIES and isinstance(e.params.get("name"), str):
+                    names.add(e.params["name"].lstrip("_"))
+            name = f"prng[{','.join(sorted(names))}]"
+        program = Subprogram(closed, name)
+        self.graph.opaque.append(Opaque(program, {}, len(closed.jaxpr.outvars), effectful=program.silent is not None))
+        k = len(self.graph.opaque) - 1
+        avals = [_key_data_aval(v.aval) if _extended(v.aval) else v.aval for v in closed.jaxpr.outvars]
+        return [self.node("opaque", ins, (k, j), aval) for j, aval in enumerate(avals)]
+
+    def pinned(self, eqn, ins: list[int]) -> list[int]:
+        """An effect with no results, after the previous one (module doc)."""
+        if self.effect is None:
+            self.effect = self.node("lit", (), (False,), (), np.bool_)
+        wraps = tuple(_key_impl(v.aval.dtype) if _extended(v.aval) else None for v in eqn.invars)
+        self.graph.opaque.append(Opaque(Pinned(eqn.primitive, len(ins), wraps), dict(eqn.params), 1,
+                                        effectful=True))
+        k = len(self.graph.opaque) - 1
+        self.effect = self.node("opaque", [*ins, self.effect], (k, 0), (), np.bool_)
+        return []
 
     def equation(self, eqn, ins: list[int]) -> list[int]:
         name = eqn.primitive.name
-        if name in _CALL_BODIES:
-            body = eqn.params.get(_CALL_BODIES[name])
-            if body is not None:
-                closed = body if hasattr(body, "jaxpr") else jcore.ClosedJaxpr(body, ())
-                return self.walk(closed.jaxpr, closed.consts, ins)
+        if eqn.effects:
+            if eqn.outvars:
+                raise EffectfulResults(name)
+            return self.pinned(eqn, ins)
         if name in _IDENTITIES and len(ins) == 1:
             return ins
         handler = _HANDLERS.get(name)
@@ -103,6 +262,229 @@ class _Builder:
         self.graph.opaque.append(Opaque(eqn.primitive, dict(eqn.params), len(eqn.outvars)))
         k = len(self.graph.opaque) - 1
         return [self.node("opaque", ins, (k, j), v.aval) for j, v in enumerate(eqn.outvars)]
+
+
+def _join(*effects) -> frozenset:
+    return frozenset().union(*effects)
+
+
+def _touches_key(eqn) -> bool:
+    return any(_extended(v.aval) for v in (*eqn.invars, *eqn.outvars))
+
+
+def _inlined_body(eqn):
+    """The body (a ClosedJaxpr) of a call to inline, or None: a call of JAX's own code that takes or
+    returns a key (jax.random's samplers) stays one equation, so its random bits are computed as JAX does."""
+    name = eqn.primitive.name
+    if name not in _CALL_BODIES:
+        return None
+    body = eqn.params.get(_CALL_BODIES[name])
+    if body is None:
+        return None
+    closed = body if isinstance(body, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(body, ())
+    if _touches_key(eqn):
+        info = getattr(closed.jaxpr, "debug_info", None)
+        if _JAX_SOURCE in (getattr(info, "func_src_info", None) or ""):
+            return None
+    return closed
+
+
+@dataclass
+class _Flat:
+    """A program with its call bodies inlined (`_flatten`)."""
+    eqns: list                # equations, in program order, each with variables of its own
+    values: dict              # variable -> its value (an array, or a literal passed to an inlined call)
+    key_consts: dict          # variable -> the value of a typed-key constant
+    before: dict              # equation index (len(eqns): the end) -> variables in `values` to bind before it
+    outs: list                # the program's results: variables or literals
+
+
+def _flatten(closed) -> _Flat:
+    """`closed` with every call body inlined (`_inlined_body`): each inlined equation gets variables of its
+    own, so a body called twice is two sets of equations. A literal argument of an inlined call and the
+    constants of a body become variables with a value, bound where the call was (so the Graph's nodes come in
+    the order a walk of the nested program would make them)."""
+    flat = _Flat([], {}, {}, {}, [])
+    pending: list = []
+
+    def bind(var, value) -> None:
+        if _extended(var.aval):
+            flat.key_consts[var] = value
+        else:
+            flat.values[var] = value
+            pending.append(var)
+
+    def inline(jaxpr, values, env: dict) -> list:
+        def atom(v):
+            return v if isinstance(v, jcore.Literal) else env[v]
+        for var, value in zip(jaxpr.constvars, values):
+            env[var] = fresh = jcore.Var(var.aval)
+            bind(fresh, value)
+        for eqn in jaxpr.eqns:
+            ins = [atom(v) for v in eqn.invars]
+            body = _inlined_body(eqn)
+            if body is not None:
+                for k, v in enumerate(ins):
+                    if isinstance(v, jcore.Literal):
+                        ins[k] = jcore.Var(v.aval)
+                        bind(ins[k], v)
+                results = inline(body.jaxpr, body.consts, dict(zip(body.jaxpr.invars, ins)))
+            else:
+                results = [v if isinstance(v, jcore.DropVar) else jcore.Var(v.aval) for v in eqn.outvars]
+                if pending:
+                    flat.before[len(flat.eqns)] = pending[:]
+                    pending.clear()
+                flat.eqns.append(eqn.replace(invars=ins, outvars=results))
+            for var, result in zip(eqn.outvars, results):
+                if not isinstance(var, jcore.DropVar):
+                    env[var] = result
+        return [atom(v) for v in jaxpr.outvars]
+
+    flat.outs = inline(closed.jaxpr, closed.consts, {v: v for v in closed.jaxpr.invars})
+    if pending:
+        flat.before[len(flat.eqns)] = pending[:]
+    return flat
+
+
+def _plan(eqns) -> list[tuple[str, list[int]]]:
+    """The order to emit the equations in: ("eqn", [k]) for an equation on its own, ("group", members) for
+    a group run as one opaque node (equation indices in program order).
+
+    The equations linked through typed-key values form the groups. As nodes, groups and the other
+    equations depend on each other through the values they read, and each effect on the effect before it;
+    where that makes a cycle (a group reads a value computed from its own results), everything on the
+    cycle (each strongly connected component) becomes one group. The emission order is topological,
+    earliest equation first among the ready ones. Raises EffectfulResults for an equation with effects
+    and results."""
+    n = len(eqns)
+    for e in eqns:
+        if e.effects and e.outvars:
+            raise EffectfulResults(e.primitive.name)
+    parent = list(range(n))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    def union(a: int, b: int) -> None:
+        a, b = root(a), root(b)
+        if a != b:
+            parent[max(a, b)] = min(a, b)    # the root is a unit's earliest equation
+
+    keyed = {k for k, e in enumerate(eqns) if not e.effects and _touches_key(e)}
+    producer = {v: k for k, e in enumerate(eqns) for v in e.outvars if not isinstance(v, jcore.DropVar)}
+    reads = [[producer[v] for v in e.invars if not isinstance(v, jcore.Literal) and v in producer] for e in eqns]
+    for k in keyed:     # a key read from the equation that computed it: one group
+        for v in eqns[k].invars:
+            if not isinstance(v, jcore.Literal) and _extended(v.aval) and v in producer:
+                union(producer[v], k)
+    effects = [k for k, e in enumerate(eqns) if e.effects]
+
+    def edges() -> dict[int, set[int]]:
+        out: dict[int, set[int]] = {}
+        for k in range(n):
+            for p in reads[k]:
+                if root(p) != root(k):
+                    out.setdefault(root(p), set()).add(root(k))
+        for a, b in zip(effects, effects[1:]):
+            if root(a) != root(b):
+                out.setdefault(root(a), set()).add(root(b))
+        return out
+
+    units = sorted({root(k) for k in range(n)})
+    for component in _strongly_connected(units, edges()):
+        for k in component[1:]:
+            union(component[0], k)
+    members: dict[int, list[int]] = {}
+    for k in range(n):
+        members.setdefault(root(k), []).append(k)
+    for group in members.values():
+        if len(group) > 1 and any(eqns[k].effects for k in group):
+            raise KeepWhole("an effect is on a cycle with a PRNG key computation")
+    graph = edges()
+    waiting = {u: 0 for u in members}
+    for u, vs in graph.items():
+        for v in vs:
+            waiting[v] += 1
+    ready = [u for u, w in waiting.items() if w == 0]
+    heapq.heapify(ready)
+    plan = []
+    while ready:
+        u = heapq.heappop(ready)
+        group = members[u]
+        plan.append(("group" if len(group) > 1 or group[0] in keyed else "eqn", group))
+        for v in graph.get(u, ()):
+            waiting[v] -= 1
+            if waiting[v] == 0:
+                heapq.heappush(ready, v)
+    assert len(plan) == len(members), "capture: the equations' dependencies are cyclic"
+    return plan
+
+
+def _strongly_connected(nodes: list, edges: dict) -> list[list]:
+    """The strongly connected components with more than one node (Tarjan's algorithm, explicit stack)."""
+    index: dict = {}
+    low: dict = {}
+    stack: list = []
+    on_stack: set = set()
+    found: list[list] = []
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[v] = min(low[v], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _group_program(members: list[int], eqns: list, key_consts: dict, readers: dict) -> tuple[list, list, Any]:
+    """(outer variables read, outer variables written, the ClosedJaxpr) of a group of equations (indices
+    in program order). Its results are the values it computes that are not keys, and the keys read outside
+    it (by effects, which take them as key data); typed-key constants it reads become its own constants.
+    `readers`: variable -> the equations that read it (-1: the program's results)."""
+    group = [eqns[k] for k in members]
+    inside = set(members)
+    produced = {v for e in group for v in e.outvars}
+    inputs, consts = [], []
+    for e in group:
+        for v in e.invars:
+            if isinstance(v, jcore.Literal) or v in produced or v in inputs or v in consts:
+                continue
+            (consts if v in key_consts else inputs).append(v)
+    outputs = [v for e in group for v in e.outvars if not isinstance(v, jcore.DropVar)
+               and (not _extended(v.aval) or any(r not in inside for r in readers.get(v, ())))]
+    info = jcore.DebugInfo("superopt", "PRNG key equations of the captured program",
+                           tuple(f"in{k}" for k in range(len(inputs))), tuple(f"out{k}" for k in range(len(outputs))))
+    jaxpr = jcore.Jaxpr(consts, inputs, outputs, group, _join(*(e.effects for e in group)), info)
+    return inputs, outputs, jcore.ClosedJaxpr(jaxpr, [key_consts[v] for v in consts])
 
 
 # ---- handlers: one per primitive family; each returns the new node id, or None to go opaque ----
@@ -266,16 +648,28 @@ _HANDLERS: dict[str, Callable] = {
 }
 
 
+
+
 def _check_leaf(path, leaf) -> None:
-    if isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
+    where = jax.tree_util.keystr(path) or "(root)"
+    if isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex, jax.ShapeDtypeStruct)):
+        if _extended(leaf):
+            raise TypeError(f"superopt: argument {where} is a PRNG key; capture takes keys as their key data "
+                            "(jax.random.key_data), re-wrapped inside the function (superopt() does this)")
         return
     raise TypeError(
-        f"superopt: argument {jax.tree_util.keystr(path) or '(root)'} is a {type(leaf).__name__}, "
+        f"superopt: argument {where} is a {type(leaf).__name__}, "
         "not an array; pass arrays (or pytrees of arrays) and close over everything else")
 
 
-def capture(fn: Callable, args: tuple) -> Captured:
-    """Trace `fn(*args)` to a jaxpr and walk it into a Graph (outputs flattened, as the jaxpr has them)."""
+def capture(fn: Callable, args: tuple, keep_whole: bool = True) -> Captured:
+    """Trace `fn(*args)` to a jaxpr and walk it into a Graph (outputs flattened, as the jaxpr has them).
+
+    `args` is a tuple of pytrees whose leaves are arrays, Python scalars or abstract values
+    (`jax.ShapeDtypeStruct`, weakly typed or not); `fn` is traced once, here, and `Captured.jaxpr` is what
+    it traced. A program that cannot be taken apart (`KeepWhole`: `EffectfulResults`) is, with
+    `keep_whole=True`, one opaque node running the whole traced program, `Captured.kept_whole` saying why;
+    with `keep_whole=False` the exception propagates."""
     for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
         _check_leaf(path, leaf)
     flat, in_tree = jax.tree_util.tree_flatten(args)
@@ -288,9 +682,93 @@ def capture(fn: Callable, args: tuple) -> Captured:
         return leaves
 
     closed = jax.make_jaxpr(flat_fn)(*flat)
-    builder = _Builder()
     in_avals = tuple((tuple(v.aval.shape), dtype_name(v.aval.dtype)) for v in closed.jaxpr.invars)
-    arg_ids = [builder.node("arg", (), (i,), v.aval) for i, v in enumerate(closed.jaxpr.invars)]
-    builder.graph.n_args = len(arg_ids)
-    builder.graph.outputs = builder.walk(closed.jaxpr, closed.consts, arg_ids)
-    return Captured(builder.graph, in_tree, out_tree_box[-1], in_avals)
+
+    def start() -> tuple[_Builder, list[int]]:
+        builder = _Builder()
+        arg_ids = [builder.node("arg", (), (i,), v.aval) for i, v in enumerate(closed.jaxpr.invars)]
+        builder.graph.n_args = len(arg_ids)
+        return builder, arg_ids
+
+    builder, arg_ids = start()
+    kept_whole = ""
+    try:
+        builder.graph.outputs = builder.walk(closed, arg_ids)
+        if builder.effect is not None:     # the effects' last token: a hidden output keeps them all
+            builder.graph.outputs.append(builder.effect)
+            builder.graph.hidden_outputs = 1
+    except KeepWhole as exc:
+        if not keep_whole:
+            raise
+        kept_whole = str(exc)
+        builder, arg_ids = start()
+        builder.graph.outputs = builder.subprogram(closed, arg_ids, name="program")
+    return Captured(builder.graph, in_tree, out_tree_box[-1], in_avals, closed, kept_whole)
+
+
+# ---- the program without its debug effects ----
+
+def _removable(eqn) -> bool:
+    """An equation with effects and no results whose effects touch no input (a print or a callback, not a
+    state update through a reference: those effects name an input, `input_index`)."""
+    return bool(eqn.effects) and not eqn.outvars and not any(hasattr(e, "input_index") for e in eqn.effects)
+
+
+def without_debug_effects(closed):
+    """A copy of `closed` (a ClosedJaxpr) with every equation that has effects and no results (debug prints
+    and callbacks; not state updates) removed at every depth: in the jaxprs that params hold (jit's `jaxpr`,
+    cond's `branches`, while's `cond_jaxpr` and `body_jaxpr`, scan's `jaxpr`, custom_jvp/vjp's bodies),
+    also inside tuples, with the effects of every equation and jaxpr recomputed. The user's program as
+    superopt runs it on its own inputs, silently. `closed` itself when it has no effects."""
+    if not closed.jaxpr.effects:
+        return closed
+    return jcore.ClosedJaxpr(_strip_jaxpr(closed.jaxpr, {}), closed.consts)
+
+
+def _strip_jaxpr(jaxpr, memo: dict):
+    if id(jaxpr) in memo:
+        return memo[id(jaxpr)][1]
+    if not jaxpr.effects:
+        stripped = jaxpr
+    else:
+        eqns = []
+        for eqn in jaxpr.eqns:
+            if _removable(eqn):
+                continue
+            if eqn.effects:
+                params = {name: _strip_param(value, memo) for name, value in eqn.params.items()}
+                old = [j for value in eqn.params.values() for j in _jaxprs(value)]
+                new = [j for value in params.values() for j in _jaxprs(value)]
+                # An effect stays if it names an input, if a body still has it, or if it is the equation's
+                # own (no body had it).
+                effects = {e for e in eqn.effects if hasattr(e, "input_index") or any(e in j.effects for j in new)
+                           or not any(e in j.effects for j in old)}
+                eqn = eqn.replace(params=params, effects=_join(effects))
+            eqns.append(eqn)
+        remaining = _join(*(e.effects for e in eqns))
+        effects = {e for e in jaxpr.effects if hasattr(e, "input_index") or e in remaining}
+        stripped = jaxpr.replace(eqns=eqns, effects=_join(effects))
+    memo[id(jaxpr)] = (jaxpr, stripped)     # the original is kept alive: its id is not reused
+    return stripped
+
+
+def _strip_param(value, memo: dict):
+    if isinstance(value, jcore.ClosedJaxpr):
+        if not value.jaxpr.effects:
+            return value
+        return jcore.ClosedJaxpr(_strip_jaxpr(value.jaxpr, memo), value.consts)
+    if isinstance(value, jcore.Jaxpr):
+        return _strip_jaxpr(value, memo)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_strip_param(v, memo) for v in value)
+    return value
+
+
+def _jaxprs(value) -> list:
+    if isinstance(value, jcore.ClosedJaxpr):
+        return [value.jaxpr]
+    if isinstance(value, jcore.Jaxpr):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [j for v in value for j in _jaxprs(v)]
+    return []

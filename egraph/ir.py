@@ -119,10 +119,15 @@ class Node:
 
 @dataclass(frozen=True)
 class Opaque:
-    """A primitive superopt does not model: lowered back by binding it with its own params."""
+    """A primitive superopt does not model: lowered back by binding it with its own params. `primitive` may
+    also be one of capture's stand-ins (`capture.Subprogram`: a group of PRNG key equations or a program kept
+    whole; `capture.Pinned`: an effect), which have `name`, `multiple_results` and `bind`. `effectful`: it is
+    bound with `effects=` too (a pinned effect, or a program kept whole that has effects); `effects=False`,
+    where superopt runs the program on its own inputs, skips its output-less effects."""
     primitive: Any
     params: dict
     n_outputs: int
+    effectful: bool = False
 
     @property
     def name(self) -> str:
@@ -137,6 +142,12 @@ class Graph:
     consts: list[np.ndarray] = field(default_factory=list)
     opaque: list[Opaque] = field(default_factory=list)
     n_args: int = 0
+    hidden_outputs: int = 0   # trailing outputs that are not fn's: the token that keeps pinned effects live
+
+    @property
+    def results(self) -> list[int]:
+        """The outputs that are fn's results (`outputs` without the hidden ones)."""
+        return self.outputs[:len(self.outputs) - self.hidden_outputs]
 
     def add(self, node: Node) -> int:
         assert node.op in ALL_OPS, f"unknown op {node.op!r}"

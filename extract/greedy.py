@@ -362,7 +362,7 @@ def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict, classes: dict | N
     """The chosen sub-DAG as a Graph, built with an explicit stack (any depth). `classes`, when given,
     is filled with the e-class of every node id."""
     src = enc.graph
-    graph = Graph(consts=src.consts, opaque=src.opaque, n_args=src.n_args)
+    graph = Graph(consts=src.consts, opaque=src.opaque, n_args=src.n_args, hidden_outputs=src.hidden_outputs)
     ids: dict = {}
 
     def tensor_children(n: ENode) -> list:

@@ -220,7 +220,7 @@ def beam_order(graph: Graph, width: int = 8) -> list[int]:
 
 def renumber(graph: Graph, order: list[int]) -> tuple[Graph, dict[int, int]]:
     """The live nodes of `graph` in `order` (a topological order), and old id -> new id."""
-    new = Graph(consts=graph.consts, opaque=graph.opaque, n_args=graph.n_args)
+    new = Graph(consts=graph.consts, opaque=graph.opaque, n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
     ids: dict[int, int] = {}
     for i in order:
         node = graph.nodes[i]
@@ -276,7 +276,9 @@ def fit_budget(choice: dict, choose, build, own: dict, budget: int,
     no_store, refused, rounds = frozenset(), set(), 0
     best = (choice, graph, peak, reordered, no_store)     # lowest peak, fewest recomputed
     while peak.bytes > budget and rounds < max_rounds:
-        candidates = [classes[i] for i in peak.live if classes[i] not in refused]
+        # An opaque node's result is never recomputed: no consumer can compute it in its own kernel, and a
+        # pinned effect (a debug print) must run exactly once.
+        candidates = [classes[i] for i in peak.live if classes[i] not in refused and graph.nodes[i].op != "opaque"]
         if not candidates:
             break
         nbytes = {classes[i]: graph.nodes[i].nbytes for i in peak.live}

@@ -1,5 +1,11 @@
 """Lowering to JAX: a table keyed by op; the whole graph composes into one `jax.jit` callable.
 
+Every primitive is bound through the public lax function, or with all of its params, so JAX's JVP,
+transpose and batching rules apply: jax.grad, jvp, vjp, jacrev and vmap of a lowered program work as they
+do on the original. Pinned effects (debug prints) are bound in the graph's order and run once per call
+(in that order where they are ordered effects; unordered ones as XLA schedules them, as under jax.jit),
+unless `effects=False`; the graph's hidden outputs (their token) are not returned.
+
 Sub-terms that depend only on constants are evaluated once, when the callable is built, and passed
 to the jitted body as arguments (so packing or concatenating constant weights costs nothing per call).
 """
@@ -18,8 +24,10 @@ from superopt.egraph.layout import fractal_einsum, format_of
 _UNARY_FN = {"not": lax.bitwise_not, "stop_gradient": lax.stop_gradient, "round": lax.round,
              "round_even": lambda x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)}
 _BINARY_FN = {"and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor}
-_REDUCE_FN = {"reduce_sum": lax.reduce_sum_p, "reduce_max": lax.reduce_max_p, "reduce_min": lax.reduce_min_p,
-              "reduce_prod": lax.reduce_prod_p, "reduce_and": lax.reduce_and_p, "reduce_or": lax.reduce_or_p}
+# The public functions, not `primitive.bind`: they supply every param (reduce_sum's out_sharding) that the
+# primitives' transpose and batching rules need, so grad and vmap of a lowered program work.
+_REDUCE_FN = {"reduce_sum": lax.reduce_sum, "reduce_max": lax.reduce_max, "reduce_min": lax.reduce_min,
+              "reduce_prod": lax.reduce_prod, "reduce_and": lax.reduce_and, "reduce_or": lax.reduce_or}
 
 
 def _matmul(node: Node, a, b):
@@ -33,6 +41,8 @@ def _matmul(node: Node, a, b):
 
 
 def _pool(node: Node, x):
+    """A window reduction, bound with every param its primitive has (as `lax.reduce_window` binds it): the
+    primitive's JVP, transpose and batching rules read them all."""
     window, strides, low, high = node.attrs
     primitive = {"reduce_window_max": lax.reduce_window_max_p, "reduce_window_min": lax.reduce_window_min_p,
                  "reduce_window_sum": lax.reduce_window_sum_p}[node.op]
@@ -42,7 +52,7 @@ def _pool(node: Node, x):
 
 
 def _reduce(node: Node, x):
-    return _REDUCE_FN[node.op].bind(x, axes=tuple(node.attrs[0]))
+    return _REDUCE_FN[node.op](x, tuple(node.attrs[0]))
 
 
 def _pack(node: Node, x):
@@ -70,6 +80,7 @@ _LOWER: dict[str, Callable] = {
     "integer_pow": lambda n, x: lax.integer_pow(x, n.attrs[0]),
     "select": lambda n, p, f, t: lax.select_n(p, f, t),
     "matmul": _matmul,
+    # every param as captured (lhs/rhs shapes, precision, preferred_element_type...): grad and vmap need them
     "conv": lambda n, lhs, rhs: lax.conv_general_dilated_p.bind(lhs, rhs, **dict(n.attrs[0])),
     "transpose": lambda n, x: lax.transpose(x, n.attrs[0]),
     "reshape": lambda n, x: lax.reshape(x, n.shape),
@@ -93,8 +104,10 @@ _LOWER: dict[str, Callable] = {
 }
 
 
-def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=None) -> dict[int, object]:
-    """Evaluate the live nodes (or the ids in `only`) in order; `values` holds already-known nodes."""
+def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=None,
+             effects: bool = True) -> dict[int, object]:
+    """Evaluate the live nodes (or the ids in `only`) in order; `values` holds already-known nodes. With
+    `effects=False` pinned effects (debug prints) do not run: superopt's own runs on its own inputs."""
     env = dict(values or {})
     opaque_results: dict[tuple, list] = {}
     for i in (only if only is not None else graph.live()):
@@ -115,7 +128,7 @@ def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=N
             key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
             if key not in opaque_results:
                 op = graph.opaque[node.attrs[0]]
-                out = op.primitive.bind(*ins, **op.params)
+                out = op.primitive.bind(*ins, **op.params, **({"effects": effects} if op.effectful else {}))
                 opaque_results[key] = list(out) if op.primitive.multiple_results else [out]
             env[i] = opaque_results[key][node.attrs[1]]
         else:
@@ -126,8 +139,9 @@ def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=N
     return env
 
 
-def lower(graph: Graph) -> Callable:
-    """A jitted callable of the flat arguments returning the flat outputs (a list)."""
+def lower(graph: Graph, effects: bool = True) -> Callable:
+    """A jitted callable of the flat arguments returning fn's flat results (a list; hidden outputs left
+    out). With `effects=False` the program's pinned effects (debug prints) do not run."""
     const_ids = graph.constant_nodes()
     # Constant nodes that feed computed nodes (or are outputs) are materialised once, here.
     needed = sorted({j for i in graph.live() if i not in const_ids for j in graph.nodes[i].inputs if j in const_ids}
@@ -140,8 +154,8 @@ def lower(graph: Graph) -> Callable:
 
     @jax.jit
     def run(flat_args, hoisted_values):
-        env = evaluate(graph, flat_args, dict(zip(heavy, hoisted_values)), only=rest)
-        return [env[o] for o in graph.outputs]
+        env = evaluate(graph, flat_args, dict(zip(heavy, hoisted_values)), only=rest, effects=effects)
+        return [env[o] for o in graph.results]
 
     hoisted_values = [hoisted[i] for i in heavy]
     return lambda *flat_args: run(list(flat_args), hoisted_values)

@@ -332,9 +332,9 @@ def evaluate(graph: Graph, args, precise: bool = False, round_args: bool = True)
             if key not in opaque_results:
                 op = graph.opaque[node.attrs[0]]
                 declared = [x.astype(np.dtype(graph.nodes[j].dtype)) for x, j in zip(ins, node.inputs)]
-                out = op.primitive.bind(*declared, **op.params)
+                out = op.primitive.bind(*declared, **op.params, **({"effects": False} if op.effectful else {}))
                 opaque_results[key] = list(out) if op.primitive.multiple_results else [out]
             env[i] = np.asarray(opaque_results[key][node.attrs[1]]).astype(compute_dtype(node.dtype))
         else:
             env[i] = evaluate_node(node.op, node.attrs, ins, node.shape, compute_dtype(node.dtype))
-    return [env[o] for o in graph.outputs]
+    return [env[o] for o in graph.results]

@@ -1,243 +1,79 @@
-"""`superopt(fn, target)`: capture, encode, saturate, extract, lower, verify."""
+"""`superopt(fn, target)`: fn as a JAX transformation over the pipeline of `superopt/pipeline.py`."""
 from __future__ import annotations
 
-import time
-import warnings
-from dataclasses import dataclass
+import dataclasses
+import functools
+import inspect
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 
 from superopt import numerics as numerics_mode
-from superopt import verify as verification
-from superopt.egraph.capture import capture
-from superopt.egraph.encode import encode
-from superopt.egraph.isolate import saturate_isolated
-from superopt.egraph.ir import Graph, pretty
-from superopt.egraph.runner import Limits, RunReport, StopReason
-from superopt.extract.greedy import ExtractionError, extract, program_cost
-from superopt.extract.memory import parse_bytes, peak_memory
+from superopt.egraph.ir import pretty
+from superopt.egraph.runner import Limits
+from superopt.extract.memory import parse_bytes
 from superopt.extract.target import load_target
-from superopt.lowering.jax import lower
-from superopt.npu_backend import check_precision, on_emulator  # the NPU backend; here for `optimize`
+from superopt.npu_backend import check_precision
+from superopt.pipeline import EXTRACTORS, Specialization, is_key as _is_key, optimize
 from superopt.report import Report
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT
 
-# The cost model does not resolve differences of a few percent; a program that is predicted to be
-# less than this much faster is not worth swapping in for the original.
-MIN_PREDICTED_GAIN = 0.03
-
-
-@dataclass
-class Specialization:
-    """superopt's result for one set of argument shapes and dtypes."""
-    run: Callable          # flat arrays -> flat outputs
-    report: Report
-    term: Graph            # the program that runs
-    original: Graph
-    out_tree: Any          # pytree structure of fn's result
-    avals: tuple = ()      # (shape, dtype) per flat argument
-    npu: Any = None        # the NpuExecutable `run` is, when the program runs on the NPU emulator
-
-
-class _Stages:
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    def __call__(self, name: str, fn, *args):
-        start = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            self.seconds[name] = time.perf_counter() - start
-
-
-def _describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tuple[float, str]]:
-    """The k costliest kernels with the cost model's breakdown of each."""
-    from superopt.egraph.ir import body_str, type_str
-    from superopt.extract.cost import op_breakdown
-    live = graph.live()
-    out = []
-    for c, i in sorted(zip(costs, live), key=lambda cn: -cn[0])[:k]:
-        if c <= 0:
-            continue
-        node = graph.nodes[i]
-        ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
-        parts = op_breakdown(node.op, node.attrs, ins, (node.shape, node.dtype), target)
-        what = f"kernel{{{_short(body_str(node.attrs[0]))}}}" if node.op == "kernel" else node.op
-        tiled = f"\n         tiles: {node.attrs[1]}" if node.op == "kernel" and len(node.attrs) > 1 else ""
-        out.append((c, f"{what} -> {type_str(node)}  [{_factors(parts)}]{tiled}"))
-    return out
-
-
-def _short(text: str, width: int = 72) -> str:
-    return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def _factors(parts: dict) -> str:
-    from superopt.extract.cost import penalty_notes
-    shown = [f"{parts['flops']:.3g} flop", f"{parts['bytes']:.3g} B"]
-    if "occupancy" in parts:
-        shown += [f"{parts['registers']} regs", f"occupancy {parts['occupancy']:.2f}"]
-    if "unit" in parts:
-        shown += [parts["unit"], f"UB {parts['ub_bytes']} B"]
-    return ", ".join(shown + penalty_notes(parts))
-
-
-EXTRACTORS = ("greedy", "ilp")
 BACKENDS = ("jax",)          # plus "emulator" on an NPU target (its default there), "pallas" on a GPU target
 
 
-def _extract(frozen, enc, tgt, extractor: str, memory_budget: int | None = None):
-    if extractor == "ilp":
-        from superopt.extract.ilp import extract_ilp
-        return extract_ilp(frozen, enc, tgt)
-    return extract(frozen, enc, tgt, memory_budget=memory_budget)
+def _array_like(x) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, bool, complex))
 
 
-def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool,
-             extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None,
-             numerics: str = "strict", precision: str | None = None) -> Specialization:
-    """The pipeline for one specialization; never returns a program that disagrees with `fn`."""
-    spec = _optimize(fn, args, target, rulesets, limits, check, extractor, memory_budget, numerics)
-    if backend == "emulator":
-        spec = on_emulator(spec, load_target(target), spec.avals, check, precision=precision,
-                           example=jax.tree_util.tree_leaves(args))
-    elif backend == "pallas":
-        from superopt.lowering.pallas.program import on_pallas
-        spec = on_pallas(spec, load_target(target), check)
-    return spec
-
-
-def _optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check: bool,
-              extractor: str, memory_budget: int | None = None, numerics: str = "strict") -> Specialization:
-    from superopt.deadline import Deadline, TimeLimit
-    deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
-    tgt = load_target(target)
-    stage = _Stages()
-    captured = stage("capture", capture, fn, args)
-    original = captured.graph
-    schedule = rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets)
-    left_out = numerics_mode.left_out(schedule, numerics)
-    schedule = numerics_mode.restrict(schedule, numerics)
-    cost_before, original_costs = program_cost(original, tgt)
-    report = Report(target, RunReport(StopReason.SATURATED), cost_before=cost_before, cost_after=cost_before,
-                    ops_before=original.op_counts(), numerics=numerics, left_out=left_out)
-    jitted_original = jax.jit(lambda *flat: jax.tree_util.tree_leaves(
-        fn(*jax.tree_util.tree_unflatten(captured.in_tree, flat))))
-
-    def keep_original(why: str) -> Specialization:
-        report.outcome = f"kept original: {why}"
-        report.ops_after = report.ops_before
-        report.gradient_traffic = _gradient_traffic(original, original)
-        report.peak_memory = (peak_memory(original),) * 2
-        if report.memory_note:
-            report.memory_note += f"; the original runs instead (peak {report.peak_memory[0]})"
-        report.cost_after = cost_before
-        report.top_costs = _describe(original, original_costs, tgt)
-        report.stage_seconds = stage.seconds
-        return Specialization(jitted_original, report, original, original, captured.out_tree, captured.in_avals)
-
-    def out_of_time(where: str) -> Specialization:   # the original is always correct; no unverified program
-        report.run.stop_reason = StopReason.TIME_LIMIT
-        return keep_original(f"time limit ({where})")
-
+def _static_leaf(x, where: str):
     try:
-        deadline.check("capture")
-        enc = stage("encode", encode, original, deadline)
-        # In a child process: hard time and memory limits, and a crash in egglog cannot take the caller down.
-        # It gets at most half of the time left (runner.SATURATION_SHARE); the later stages share the rest.
-        run, frozen = stage("saturate", saturate_isolated, enc.egraph, schedule, limits, deadline)
-    except TimeLimit as exc:
-        return out_of_time(f"{exc.stage}: the call's {limits.seconds:g} s ran out")
-    report.run = run
-    report.overflow_rewrites = numerics_mode.overflow_rewrites(schedule, run.fired)
-    if frozen is None:
-        if run.stop_reason is StopReason.TIME_LIMIT:
-            return out_of_time(f"saturate: {run.error}")
-        return keep_original(f"saturation failed ({run.error})")
-    try:
-        chosen = stage("extract", deadline.bind(_extract), frozen, enc, tgt, extractor, memory_budget)
-    except TimeLimit as exc:
-        return out_of_time(f"{exc.stage}: the call's {limits.seconds:g} s ran out")
-    except ExtractionError as exc:
-        return keep_original(str(exc))
-    report.cost_after = chosen.cost
-    report.extraction = chosen.method
-    report.declined = chosen.declined
-    report.ops_after = chosen.graph.op_counts()
-    report.gradient_traffic = _gradient_traffic(original, chosen.graph)
-    report.peak_memory = (peak_memory(original), peak_memory(chosen.graph))
-    report.memory_note = chosen.memory
-    report.top_costs = _describe(chosen.graph, chosen.node_costs, tgt)
-    # Under a memory budget the original does not meet, a program that meets it wins at any cost.
-    fits_only_after = memory_budget is not None and \
-        report.peak_memory[1].bytes <= memory_budget < report.peak_memory[0].bytes
-    if not fits_only_after and not chosen.cost < cost_before * (1 - 1e-9):
-        return keep_original("no cheaper program found")
-    if not fits_only_after and chosen.cost > cost_before * (1 - MIN_PREDICTED_GAIN):
-        gain = 1 - chosen.cost / cost_before
-        return keep_original(f"predicted gain {gain:.1%} is below the {MIN_PREDICTED_GAIN:.0%} threshold")
-    # A changed program is returned only if it was verified before the deadline; else the original runs.
-    if deadline.expired():
-        return out_of_time(f"extract: the call's {limits.seconds:g} s ran out")
-    program = stage("lower", lower, chosen.graph)
-    if deadline.expired():
-        return out_of_time(f"lower: the call's {limits.seconds:g} s ran out")
-    if check:
-        try:
-            problem = stage("verify", _verify, jitted_original, program, captured.in_avals, original, numerics)
-        except TimeLimit:
-            raise
-        except Exception as exc:   # noqa: BLE001 -- a program XLA cannot run here is not returned either
-            message = str(exc).splitlines()[0] if str(exc) else ""
-            problem = f"the optimized program failed to run ({type(exc).__name__}: {message[:200]})"
-        if problem:
-            warnings.warn(f"superopt: the optimized program differs from the original ({problem}); "
-                          f"returning the original. Rules involved: {', '.join(run.fired) or 'none'}",
-                          verification.VerificationWarning, stacklevel=3)
-            return keep_original(f"verification failed: {problem}")
-        if deadline.expired():
-            return out_of_time(f"verify: the call's {limits.seconds:g} s ran out")
-    report.outcome = "optimized"
-    report.stage_seconds = stage.seconds
-    return Specialization(program, report, chosen.graph, original, captured.out_tree, captured.in_avals)
+        hash(x)
+    except TypeError:
+        raise TypeError(f"superopt: static argument {where} is a {type(x).__name__}, which is not hashable; "
+                        "static values key the cache of specializations, as in jax.jit") from None
+    return x
 
 
-def _verify(reference: Callable, candidate: Callable, avals, original: Graph, numerics: str = "strict",
-            trials: int = 2) -> str | None:
-    """None if `candidate` keeps the numerics contract of `numerics` against `reference` (the original as
-    jax.jit runs it) on random inputs and on adversarial ones (near overflow, zeros, NaN, inf, integer
-    extremes; `superopt.verify.verify`), else what differed and on which inputs. Where finite values
-    differ beyond tolerance, the candidate passes if it is as accurate as the original against the
-    float64 value of the original program."""
-    return verification.verify(reference, candidate, avals, original, numerics, trials)
+class _Static:
+    """The non-array leaves of a call (functions, strings, a module's fields), made static as
+    `equinox.filter_jit` makes them; equal and hashed by the leaves' own equality and hash."""
 
+    def __init__(self, tree, items: tuple):
+        self.tree, self.items, self.fixed = tree, items, dict(items)
+        self._hash = hash((tree, items))
 
-def _gradient_traffic(original: Graph, chosen: Graph, groups_before=(), groups_after=()) -> tuple:
-    """(before, after) passes over gradient memory, or () when the program has no gradient tensors;
-    the groups are the sibling launches of the backend that runs each program (none: one op a launch)."""
-    from superopt.extract.traffic import gradient_traffic
-    before = gradient_traffic(original, groups_before)
-    if not before.tensors:
-        return ()
-    return before, (before if chosen is original else gradient_traffic(chosen, groups_after))
+    def __hash__(self):
+        return self._hash
 
+    def __eq__(self, other):
+        return isinstance(other, _Static) and self.tree == other.tree and self.items == other.items
 
-def _leaf_type(x) -> tuple:
-    try:
-        return x.shape, x.dtype
-    except AttributeError:  # a Python scalar
-        return (), type(x)
+    def rebuild(self, dynamic) -> tuple:
+        it = iter(dynamic)
+        n = len(dynamic) + len(self.items)
+        return jax.tree_util.tree_unflatten(self.tree, [self.fixed[k] if k in self.fixed else next(it)
+                                                        for k in range(n)])
 
 
 class Optimized:
-    """A callable with `fn`'s signature, specialized and cached per argument shapes and dtypes."""
+    """`fn` as a JAX transformation, with `fn`'s signature (positional and keyword arguments, pytrees with
+    None leaves, typed PRNG keys), specialized per argument shapes, dtypes, weak types and static values as
+    `jax.jit` specializes.
+
+    Called eagerly it is a `jax.jit` function: a call after the first dispatches through jax.jit's compiled
+    fast path. Called under a trace (`jax.jit`, `jax.grad`, `jax.vmap`, `lax.scan`, `jax.export`) it binds
+    the chosen program into that trace. Either way the first call for new types captures `fn` at the
+    abstract values it sees (one trace of `fn`), optimizes, and verifies on superopt's own concrete
+    inputs, never the caller's. On an NPU target an eager call runs the emulator; under a trace the
+    extracted program runs as JAX, or through `jax.pure_callback` to the emulator with
+    `npu_under_trace="callback"`."""
 
     def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool, extractor: str = "greedy",
                  backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
-                 precision: str | None = None):
+                 precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
+                 npu_under_trace: str = "jax", filter: bool = False):
         # Every misuse is one line naming the bad value and the valid ones, raised here, before any work.
         if not callable(fn):
             raise TypeError(f"superopt: fn must be callable, got {type(fn).__name__}")
@@ -254,61 +90,145 @@ class Optimized:
         if backend not in backends:
             raise ValueError(f"superopt: backend {backend!r} is not available for target {target!r}; "
                              f"valid: {', '.join(backends)}")
-        self.extractor, self.backend = extractor, backend
+        if npu_under_trace not in UNDER_TRACE:
+            raise ValueError(f"superopt: npu_under_trace must be one of {', '.join(UNDER_TRACE)}, "
+                             f"got {npu_under_trace!r}")
+        self.extractor, self.backend, self.npu_under_trace = extractor, backend, npu_under_trace
         self.memory_budget = None if memory_budget is None else parse_bytes(memory_budget)
         if self.memory_budget is not None and extractor != "greedy":
             raise ValueError(f"superopt: memory_budget works with the greedy extractor, not {extractor!r}")
-        if not isinstance(rulesets, Schedule):
-            from superopt.rewrites.rule import RuleSet
-            from superopt.rulesets import RULESETS
-            if isinstance(rulesets, (str, RuleSet)):     # one rule set: rulesets="algebra"
-                rulesets = (rulesets,)
-            try:
-                rulesets = tuple(rulesets)
-            except TypeError:
-                raise TypeError(f"superopt: rulesets must be rule set names, RuleSet objects or a Schedule, "
-                                f"got {type(rulesets).__name__}; known rule sets: {', '.join(sorted(RULESETS))}") \
-                    from None
-            bad = [rs for rs in rulesets if not isinstance(rs, (str, RuleSet))]
-            if bad:
-                raise TypeError(f"superopt: rulesets must be rule set names or RuleSet objects, got "
-                                f"{bad[0]!r} ({type(bad[0]).__name__}); known rule sets: "
-                                f"{', '.join(sorted(RULESETS))}")
-            rulesets = Schedule.of(*rulesets)
-        if isinstance(limits, dict):                      # limits={"seconds": 1}
-            import dataclasses
-            valid = [f.name for f in dataclasses.fields(Limits)]
-            unknown = sorted(set(limits) - set(valid), key=str)
-            if unknown:
-                raise ValueError(f"superopt: unknown limit {unknown[0]!r}; valid: {', '.join(valid)}")
-            limits = Limits(**limits)
-        elif not isinstance(limits, Limits):
-            raise TypeError(f"superopt: limits must be a Limits or a dict of its fields, got {type(limits).__name__}")
-        self.fn, self.target, self.rulesets, self.limits, self.verify = fn, target, rulesets, limits, verify
+        self.fn, self.target, self.verify = fn, target, verify
+        self.rulesets, self.limits = _schedule(rulesets), _limits(limits)
         self._cache: dict[tuple, Specialization] = {}
         self._last: Specialization | None = None
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", "optimized")
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
+        self.static_argnums, self.static_argnames = _static_args(fn, static_argnums, static_argnames)
+        self.donate_argnums = _argnums(donate_argnums, "donate_argnums")
 
-    def _lookup(self, args) -> tuple[Specialization, list]:
-        leaves, tree = jax.tree_util.tree_flatten(args)
-        key = (tree, tuple(_leaf_type(x) for x in leaves))
+        def traced(*args, **kwargs):   # runs once per specialization, when jax.jit traces it
+            leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+            dynamic = [isinstance(x, jax.core.Tracer) for x in leaves]
+            spec = self._specialize(leaves, tree, dynamic)
+            return spec.bind([x for x, d in zip(leaves, dynamic) if d], self.npu_under_trace)
+
+        traced = functools.wraps(fn)(traced)   # jax.jit reads fn's signature for static_argnames
+        self._jit = jax.jit(traced, static_argnums=self.static_argnums, static_argnames=self.static_argnames,
+                            donate_argnums=self.donate_argnums)
+        def filtered(dynamic, static):
+            args, kwargs = static.rebuild(dynamic)
+            return traced(*args, **kwargs)
+
+        self._filter_jit = jax.jit(filtered, static_argnums=1)
+        self._call = self._emulate if backend == "emulator" else self._filter_call if filter else self._jit
+        # A call costs what a jax.jit call costs: on the jax and pallas backends this object's class calls
+        # the jitted function itself (no Python frame of superopt's in between).
+        self.__class__ = type(type(self).__name__, (type(self),), {"__call__": staticmethod(self._call),
+                                                                    "__module__": type(self).__module__})
+
+    # ---- calling ----
+
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    def _emulate(self, *args, **kwargs):
+        """An NPU target's call: on the emulator when the arguments are concrete, else bound as `traced` binds."""
+        if _under_trace((args, kwargs)):
+            return self._jit(*args, **kwargs)
+        spec, flat = self._concrete(args, kwargs)
+        return spec.unflatten(spec.run(*flat))
+
+    def _filter_call(self, *args, **kwargs):
+        """A call with `filter=True`: non-array leaves (an equinox module's activation function, a string)
+        and every leaf of a static argument are static; the arrays are traced (as `equinox.filter_jit`)."""
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        static = self._static_mask(args, kwargs)
+        items = tuple((k, _static_leaf(x, f"leaf {k}")) for k, (x, s) in enumerate(zip(leaves, static))
+                      if s or not _array_like(x))
+        fixed = {k for k, _ in items}
+        return self._filter_jit([x for k, x in enumerate(leaves) if k not in fixed], _Static(tree, items))
+
+    def __get__(self, obj, objtype=None):
+        """As a method (`@superopt` on a method of a class): the instance is the first argument, as jax.jit binds it."""
+        return self if obj is None else functools.partial(self, obj)
+
+    def lower(self, *args, **kwargs):
+        """As `jax.jit(fn).lower`: the optimized program lowered for these arguments (`.compile()`, `.as_text()`)."""
+        return self._jit.lower(*args, **kwargs)
+
+    def compile(self, *args, **kwargs) -> Specialization:
+        """Optimize for these arguments' types and static values (once; later calls hit the cache) and
+        return the specialization: its report, chosen term and program."""
+        return self._concrete(args, kwargs)[0]
+
+    # ---- specializations ----
+
+    def _static_mask(self, args, kwargs) -> list[bool]:
+        """Per leaf of (args, kwargs), whether it belongs to a static argument."""
+        mask = []
+        for i, a in enumerate(args):
+            mask += [i in self.static_argnums] * len(jax.tree_util.tree_leaves(a))
+        for name in sorted(kwargs):   # the order tree_flatten gives a dict's entries
+            mask += [name in self.static_argnames] * len(jax.tree_util.tree_leaves(kwargs[name]))
+        return mask
+
+    def _concrete(self, args, kwargs) -> tuple[Specialization, list]:
+        """The specialization for concrete arguments, and the flat dynamic arguments its `run` takes."""
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        static = self._static_mask(args, kwargs)
+        dynamic = [not s and _array_like(x) for x, s in zip(leaves, static)]
+        spec = self._specialize(leaves, tree, dynamic)
+        flat = [x for x, d in zip(leaves, dynamic) if d]
+        return spec, [jax.random.key_data(x) if _is_key(jax.typeof(x).dtype) else x for x in flat]
+
+    def _specialize(self, leaves: list, tree, dynamic: list[bool]) -> Specialization:
+        """The cached or new specialization for these leaves: avals of the dynamic ones, values of the rest."""
+        avals = [jax.typeof(x) if d else None for x, d in zip(leaves, dynamic)]
+        key = (tree, tuple((a.shape, a.dtype, a.weak_type) if d else ("static", _static_leaf(x, f"leaf {k}"))
+                           for k, (x, a, d) in enumerate(zip(leaves, avals, dynamic))))
         spec = self._cache.get(key)
         if spec is None:
-            spec = self._cache[key] = optimize(self.fn, args, self.target, self.rulesets, self.limits, self.verify,
-                                               self.extractor, self.backend, self.memory_budget, self.numerics,
-                                               self.precision)
+            with jax.core.eval_context():   # superopt's own arrays stay concrete under the caller's trace
+                spec = self._cache[key] = self._optimize(leaves, tree, dynamic, avals)
         self._last = spec
-        return spec, leaves
+        return spec
 
-    def compile(self, *args) -> Specialization:
-        """Optimize for these argument shapes and dtypes (once; later calls hit the cache)."""
-        return self._lookup(args)[0]
+    def _optimize(self, leaves, tree, dynamic, avals) -> Specialization:
+        template = [None if d else x for x, d in zip(leaves, dynamic)]   # static leaves only: no tracer kept
+        positions = [k for k, d in enumerate(dynamic) if d]
+        in_keys, abstract = {}, []
+        for n, k in enumerate(positions):
+            aval = avals[k]
+            if _is_key(aval.dtype):   # a typed key enters as its key data; the program re-wraps it
+                in_keys[n] = jax.random.key_impl(leaves[k])
+                abstract.append(jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(aval.shape, aval.dtype)))
+            else:
+                abstract.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type))
+        out_keys: dict[int, Any] = {}
 
-    def __call__(self, *args):
-        spec, leaves = self._lookup(args)
-        return jax.tree_util.tree_unflatten(spec.out_tree, spec.run(*leaves))
+        def program(*flat):
+            full = list(template)
+            for n, (k, x) in enumerate(zip(positions, flat)):
+                full[k] = jax.random.wrap_key_data(x, impl=in_keys[n]) if n in in_keys else x
+            args, kwargs = jax.tree_util.tree_unflatten(tree, full)
+            out = self.fn(*args, **kwargs)
+            out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+            out_keys.clear()
+            out_keys.update({j: jax.random.key_impl(o) for j, o in enumerate(out_leaves) if _is_key(o.dtype)})
+            return jax.tree_util.tree_unflatten(out_tree, [jax.random.key_data(o) if j in out_keys else o
+                                                           for j, o in enumerate(out_leaves)])
+
+        example = None
+        if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+            example = [jax.random.key_data(leaves[k]) if n in in_keys else leaves[k] for n, k in enumerate(positions)]
+        spec = optimize(program, tuple(abstract), self.target, self.rulesets, self.limits, self.verify,
+                        self.extractor, self.backend, self.memory_budget, self.numerics, self.precision,
+                        example=example)
+        return dataclasses.replace(spec, out_keys=dict(out_keys))
+
+    # ---- results ----
 
     def _specialization(self) -> Specialization:
         if self._last is None:
@@ -317,6 +237,7 @@ class Optimized:
 
     @property
     def report(self) -> Report:
+        """The report of the latest specialization made or looked up (by a trace, `.compile` or an emulator call)."""
         return self._specialization().report
 
     @property
@@ -330,11 +251,83 @@ class Optimized:
         return self._specialization().npu
 
 
+UNDER_TRACE = ("jax", "callback")
+
+
+def _under_trace(tree) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _argnums(value, what: str) -> tuple[int, ...]:
+    value = (value,) if isinstance(value, int) else tuple(value or ())
+    if not all(isinstance(i, int) for i in value):
+        raise TypeError(f"superopt: {what} must be ints, got {value!r}")
+    return value
+
+
+def _static_args(fn, nums, names) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """static_argnums and static_argnames, each completed from the other through fn's signature (as jax.jit
+    completes them), so a static argument is static whether it is passed by position or by name."""
+    nums = _argnums(nums, "static_argnums")
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return nums, names
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    nums = tuple(sorted({i % len(positional) if i < 0 and positional else i for i in nums}
+                        | {positional.index(n) for n in names if n in positional}))
+    names = tuple(dict.fromkeys(names + tuple(positional[i] for i in nums if 0 <= i < len(positional)
+                                              and params[i].kind is not params[i].POSITIONAL_ONLY)))
+    return nums, names
+
+
+def _schedule(rulesets) -> Schedule:
+    if isinstance(rulesets, Schedule):
+        return rulesets
+    from superopt.rewrites.rule import RuleSet
+    from superopt.rulesets import RULESETS
+    if isinstance(rulesets, (str, RuleSet)):     # one rule set: rulesets="algebra"
+        rulesets = (rulesets,)
+    try:
+        rulesets = tuple(rulesets)
+    except TypeError:
+        raise TypeError(f"superopt: rulesets must be rule set names, RuleSet objects or a Schedule, "
+                        f"got {type(rulesets).__name__}; known rule sets: {', '.join(sorted(RULESETS))}") from None
+    bad = [rs for rs in rulesets if not isinstance(rs, (str, RuleSet))]
+    if bad:
+        raise TypeError(f"superopt: rulesets must be rule set names or RuleSet objects, got "
+                        f"{bad[0]!r} ({type(bad[0]).__name__}); known rule sets: {', '.join(sorted(RULESETS))}")
+    return Schedule.of(*rulesets)
+
+
+def _limits(limits) -> Limits:
+    if isinstance(limits, dict):                      # limits={"seconds": 1}
+        valid = [f.name for f in dataclasses.fields(Limits)]
+        unknown = sorted(set(limits) - set(valid), key=str)
+        if unknown:
+            raise ValueError(f"superopt: unknown limit {unknown[0]!r}; valid: {', '.join(valid)}")
+        return Limits(**limits)
+    if not isinstance(limits, Limits):
+        raise TypeError(f"superopt: limits must be a Limits or a dict of its fields, got {type(limits).__name__}")
+    return limits
+
+
 def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Sequence[Any] | Schedule = DEFAULT,
              limits: Limits | None = None, verify: bool = True, extractor: str = "greedy",
              backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
-             precision: str | None = None):
+             precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
+             npu_under_trace: str = "jax", filter: bool = False):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
+
+    The result is a JAX transformation of `fn` (`Optimized`): call it eagerly, or inside `jax.jit`,
+    `jax.grad`, `jax.vmap` or `jax.export`, with `fn`'s positional and keyword arguments.
+    `static_argnums`, `static_argnames` and `donate_argnums` mean what they mean to `jax.jit`. With
+    `filter=True` non-array leaves of the arguments (functions, strings: an equinox module's static fields)
+    are static, as `equinox.filter_jit` makes them (a call then flattens its arguments in Python); without
+    it such a leaf is refused as jax.jit refuses it. `npu_under_trace` is what runs an NPU target's program under an
+    outer trace: "jax" (the extracted program as JAX; the default) or "callback" (the emulator, through
+    `jax.pure_callback`).
 
     `rulesets` names rule sets (or gives RuleSet objects), run as one phase each in order, or is a
     `Schedule` of phases with their own limits and back-off. `extractor` is "greedy" (DAG-aware, the
@@ -351,12 +344,12 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
     an NPU target, is the type the cube multiplies float32 operands in: "fp16" (its full rate) or "fp32"
     (where the chip has an fp32 rate); None chooses per program (`npu_backend.default_precision`)."""
     options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
-                   memory_budget=memory_budget, numerics=numerics, precision=precision)
+                   memory_budget=memory_budget, numerics=numerics, precision=precision, static_argnums=static_argnums,
+                   static_argnames=static_argnames, donate_argnums=donate_argnums, npu_under_trace=npu_under_trace,
+                   filter=filter)
     if fn is None:   # the decorator form: check the options now, not at the first call
-        Optimized(lambda *args: None, target, rulesets, Limits() if limits is None else limits, verify, extractor,
-                  backend, memory_budget, numerics, precision)
+        Optimized(lambda *args: None, target, **{**options, "limits": Limits() if limits is None else limits})
         return lambda f: superopt(f, target, **options)
     if not callable(fn):
         raise TypeError(f"superopt: fn must be callable, got {type(fn).__name__}")
-    return Optimized(fn, target, rulesets, Limits() if limits is None else limits, verify, extractor, backend,
-                     memory_budget, numerics, precision)
+    return Optimized(fn, target, **{**options, "limits": Limits() if limits is None else limits})

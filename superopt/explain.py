@@ -93,11 +93,10 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     import dataclasses
     import time
     start = time.perf_counter()
+    from superopt import pipeline
+    from superopt.deadline import Deadline
     from superopt.numerics import restrict
-    from superopt.egraph.capture import capture
-    from superopt.egraph.encode import encode
-    from superopt.egraph.frozen import freeze
-    from superopt.egraph.runner import Limits, saturate
+    from superopt.egraph.runner import Limits
     from superopt.extract.candidates import candidates
     from superopt.extract.target import load_target
     from superopt.rewrites.schedule import Schedule
@@ -107,11 +106,21 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     limits = limits or Limits()
     if budget is not None:
         limits = dataclasses.replace(limits, seconds=max(min(limits.seconds, budget), 1e-3))
-    enc = encode(capture(fn, args).graph)
-    saturate(enc.egraph, schedule, limits)
+    # The pipeline's own stages: the same capture and the same isolated saturation `superopt()` runs.
+    # Where saturation cannot run in the budget, the unsaturated e-graph still holds the original.
+    captured = pipeline.capture(fn, args)
+    try:
+        saturated = pipeline.saturate(captured, schedule, limits, Deadline(limits.seconds), pipeline.Stages())
+        frozen, enc = saturated.frozen, saturated.encoding
+    except pipeline.Kept:
+        frozen = None
+    if frozen is None:
+        from superopt.egraph.encode import encode
+        from superopt.egraph.frozen import freeze
+        enc = encode(captured.graph)
+        frozen = freeze(enc.egraph)
     tgt = load_target(target)
-    found = candidates(freeze(enc.egraph), enc, tgt, limit=limit,
-                       deadline=None if budget is None else start + budget)
+    found = candidates(frozen, enc, tgt, limit=limit, deadline=None if budget is None else start + budget)
     out = []
     for c in found:
         rows = launches(c.graph, tgt)

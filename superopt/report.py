@@ -1,6 +1,7 @@
 """The optimization report: what was searched, why it stopped, what was chosen and at what cost."""
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass, field
 
@@ -18,6 +19,19 @@ _STOPS = {
     StopReason.MEMORY_LIMIT: "stopped at the memory limit",
     StopReason.ERROR: "stopped by an error",
 }
+
+
+class Outcome(enum.Enum):
+    """What a specialization runs: the optimized program, or the original for one kind of reason
+    (`Report.reason` has the words)."""
+    OPTIMIZED = "optimized"
+    NO_GAIN = "no cheaper program found"
+    BELOW_THRESHOLD = "predicted gain below the threshold"
+    TIME_LIMIT = "time limit"
+    SATURATION_FAILED = "saturation failed"
+    EXTRACTION_FAILED = "extraction failed"
+    VERIFICATION_FAILED = "verification failed"
+    KEPT_WHOLE = "kept whole"       # a program superopt does not rewrite (callbacks whose results it uses)
 
 
 def plural(n: int, word: str) -> str:
@@ -71,7 +85,8 @@ class Report:
     run: RunReport
     cost_before: float = 0.0       # model seconds per call, original program
     cost_after: float = 0.0        # model seconds per call, chosen program
-    outcome: str = ""              # "optimized", or why the original was kept
+    kind: Outcome | None = None    # what runs: the optimized program, or the original and the kind of reason
+    reason: str = ""               # why the original was kept, in words
     extraction: str = ""           # which extractor chose the program, and how it ended
     ops_before: dict = field(default_factory=dict)
     ops_after: dict = field(default_factory=dict)
@@ -89,7 +104,14 @@ class Report:
 
     @property
     def optimized(self) -> bool:
-        return self.outcome == "optimized"
+        return self.kind is Outcome.OPTIMIZED
+
+    @property
+    def outcome(self) -> str:
+        """The outcome as the report prints it: "optimized", or "kept original: <reason>"."""
+        if self.kind is None:
+            return ""
+        return "optimized" if self.optimized else f"kept original: {self.reason}"
 
     def _numerics_line(self) -> str:
         if self.numerics == "fast":

@@ -183,7 +183,7 @@ def test_a_tiny_limit_keeps_the_original_and_says_so():
 
 
 def test_a_program_verified_after_the_deadline_is_not_returned(monkeypatch):
-    import superopt.api as api
+    import superopt.pipeline as api
 
     def fn(a, b):
         return jnp.exp(jnp.log(a * a + 1.0)) @ b   # exp(log(.)) folds: a cheaper program
@@ -200,7 +200,7 @@ def test_a_program_verified_after_the_deadline_is_not_returned(monkeypatch):
         time.sleep(max(0.0, start + seconds + 0.1 - time.perf_counter()))
         return None
 
-    monkeypatch.setattr(api, "_verify", slow_verify)
+    monkeypatch.setattr(api.verification, "verify", slow_verify)
     fast = superopt(fn, limits=Limits(seconds=seconds))
     start = time.perf_counter()
     fast.compile(X, W)

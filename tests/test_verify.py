@@ -14,7 +14,7 @@ import pytest
 
 from superopt import VerificationWarning, superopt
 from superopt import verify as V
-from superopt.api import _verify
+from superopt.verify import verify as _verify
 from superopt.egraph.capture import capture
 from superopt.rewrites.reference import evaluate
 
@@ -245,7 +245,7 @@ def test_a_zero_sum_changing_sign_is_caught():
 def test_an_optimized_program_that_fails_to_run_is_not_returned(monkeypatch):
     """A program XLA cannot run on this machine (the fuzzer found a bf16 x bf16 = f32 dot that XLA's CPU
     runtime refuses) keeps the original, with the error in the outcome, instead of raising."""
-    import superopt.api as api
+    import superopt.pipeline as api
 
     def failing(graph):
         def run(*args):

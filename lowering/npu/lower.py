@@ -336,7 +336,7 @@ class NpuExecutable:
                     shape, _ = self.tensors[name]
                     gm[name] = arr.reshape(shape)
         if not symbolic:
-            run.outputs = [gm[self.names[o]].reshape(self.graph.nodes[o].shape) for o in self.graph.outputs]
+            run.outputs = [gm[self.names[o]].reshape(self.graph.nodes[o].shape) for o in self.graph.results]
         run.wall_seconds = time.perf_counter() - start
         self.last = run
         return run
@@ -790,7 +790,7 @@ def cube_reference(graph: Graph, args, precision: str = "fp16") -> list:
     from superopt.rewrites.reference import evaluate
     nodes, remap = _round_cube_operands(list(graph.nodes), precision)
     rounded = Graph(nodes=nodes, outputs=[remap[o] for o in graph.outputs], consts=graph.consts,
-                    opaque=graph.opaque, n_args=graph.n_args)
+                    opaque=graph.opaque, n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
     return evaluate(rounded, args)
 
 

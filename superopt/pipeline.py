@@ -1,0 +1,339 @@
+"""The pipeline for one specialization, as stage functions with typed results:
+
+    capture  -> Captured     (egraph/capture.py: the jaxpr of fn at abstract values, as a Graph)
+    saturate -> Saturated    (encode into egglog, then equality saturation in a child process)
+    extract  -> Extraction   (extract/greedy.py or extract/ilp.py under the target's cost model)
+    lower    -> a callable   (lowering/jax.py: one jitted JAX program)
+    verify   -> None         (superopt/verify.py: the numerics contract against the original)
+
+and then the backend (`superopt/backends.py`: jax, pallas or the NPU emulator) that runs the program.
+A stage that decides the original program runs raises `Kept` with a typed `Outcome`; `optimize` builds the
+report once, at the end, from what the stages returned. `api.py` is the JAX transformation over
+`optimize`; `explain` and `bench` call the same stages.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from superopt import numerics as numerics_mode
+from superopt import verify as verification
+from superopt.deadline import Deadline, TimeLimit
+from superopt.egraph.capture import Captured, capture
+from superopt.egraph.encode import encode
+from superopt.egraph.ir import Graph
+from superopt.egraph.isolate import saturate_isolated
+from superopt.egraph.runner import Limits, RunReport, StopReason
+from superopt.extract.greedy import Extraction, ExtractionError, extract, program_cost
+from superopt.extract.memory import peak_memory
+from superopt.extract.target import load_target
+from superopt.lowering.jax import lower
+from superopt.report import Outcome, Report
+from superopt.rewrites.schedule import Schedule
+
+# The cost model does not resolve differences of a few percent; a program that is predicted to be
+# less than this much faster is not worth swapping in for the original.
+MIN_PREDICTED_GAIN = 0.03
+EXTRACTORS = ("greedy", "ilp")
+
+
+@dataclass
+class Specialization:
+    """superopt's result for one set of argument types: the program that runs, and the report."""
+    run: Callable          # flat arrays -> flat outputs
+    report: Report
+    term: Graph            # the program that runs
+    original: Graph
+    out_tree: Any          # pytree structure of fn's result
+    avals: tuple = ()      # (shape, dtype) per flat argument
+    npu: Any = None        # the NpuExecutable `run` is, when the program runs on the NPU emulator
+    out_keys: dict = field(default_factory=dict)   # flat output index -> PRNG impl, for typed key results
+    reference: Callable | None = None   # the user's program, debug prints left out: what backends check against
+    _traced: Any = None    # the program bound under a trace, when `run` is not a JAX computation
+
+    def unflatten(self, outs) -> Any:
+        """fn's result from the program's flat outputs (key data of a typed key result wrapped again)."""
+        outs = list(outs)
+        for j, impl in self.out_keys.items():
+            outs[j] = jax.random.wrap_key_data(outs[j], impl=impl)
+        return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+    def bind(self, flat: list, npu_under_trace: str = "jax") -> Any:
+        """Run the program on traced arguments, in the caller's trace: a JAX program binds its equations
+        there; the NPU emulator, which is not a JAX computation, is replaced by the extracted program as JAX
+        or (npu_under_trace="callback") called through `jax.pure_callback`."""
+        flat = [jax.random.key_data(x) if is_key(x.dtype) else x for x in flat]
+        if self.npu is None:
+            return self.unflatten(self.run(*flat))
+        if self._traced is None:
+            program = lower(self.term)
+            if npu_under_trace == "callback":
+                shapes = jax.eval_shape(lambda *a: program(*a), *flat)
+                self._traced = lambda *a: jax.pure_callback(lambda *c: [np.asarray(o) for o in self.run(*c)],
+                                                            shapes, *a, vmap_method="sequential")
+                how = "calls the emulator through jax.pure_callback"
+            else:
+                self._traced = program
+                how = "runs the extracted program as JAX (npu_under_trace='callback' calls the emulator)"
+            self.report.backend += f"; under a JAX trace it {how}"
+        return self.unflatten(self._traced(*flat))
+
+
+def is_key(dtype) -> bool:
+    """Whether `dtype` is a typed PRNG key's (an extended dtype; keys are opaque to the optimizer)."""
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+class Kept(Exception):
+    """A stage decided that the original program runs: `outcome` says which kind of reason, `reason` the words."""
+
+    def __init__(self, outcome: Outcome, reason: str):
+        super().__init__(reason)
+        self.outcome, self.reason = outcome, reason
+
+
+@dataclass
+class Saturated:
+    run: RunReport
+    frozen: Any            # the saturated e-graph, read back (egraph/frozen.py); None if saturation failed
+    encoding: Any          # egraph/encode.py's Encoding: e-class ids of the original's nodes
+
+
+# ---- the stages ----
+
+def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: Deadline,
+             timer: "Stages") -> Saturated:
+    """Encode the captured program and saturate it in a child process (hard time and memory limits; a crash
+    in egglog cannot take the caller down). It gets at most half the time left (runner.SATURATION_SHARE)."""
+    try:
+        enc = timer("encode", encode, captured.graph, deadline)
+        run, frozen = timer("saturate", saturate_isolated, enc.egraph, schedule, limits, deadline)
+    except TimeLimit as exc:
+        raise Kept(Outcome.TIME_LIMIT, f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)") \
+            from None
+    return Saturated(run, frozen, enc)
+
+
+def choose(saturated: Saturated, target, extractor: str, memory_budget: int | None, deadline: Deadline,
+           limits: Limits, timer: "Stages") -> Extraction:
+    """Extract the cheapest program from the saturated e-graph under `target`'s cost model."""
+    run = saturated.run
+    if saturated.frozen is None:
+        if run.stop_reason is StopReason.TIME_LIMIT:
+            raise Kept(Outcome.TIME_LIMIT, f"time limit (saturate: {run.error})")
+        raise Kept(Outcome.SATURATION_FAILED, f"saturation failed ({run.error})")
+
+    def pick(frozen, enc):
+        if extractor == "ilp":
+            from superopt.extract.ilp import extract_ilp
+            return extract_ilp(frozen, enc, target)
+        return extract(frozen, enc, target, memory_budget=memory_budget)
+    try:
+        return timer("extract", deadline.bind(pick), saturated.frozen, saturated.encoding)
+    except TimeLimit as exc:
+        raise Kept(Outcome.TIME_LIMIT, f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)") \
+            from None
+    except ExtractionError as exc:
+        raise Kept(Outcome.EXTRACTION_FAILED, str(exc)) from None
+
+
+def worth_it(chosen: Extraction, cost_before: float, peaks: tuple, memory_budget: int | None) -> None:
+    """Raise Kept unless the chosen program is predicted cheaper by MIN_PREDICTED_GAIN, or it alone meets
+    the memory budget (then it wins at any cost)."""
+    fits_only_after = memory_budget is not None and peaks[1].bytes <= memory_budget < peaks[0].bytes
+    if fits_only_after:
+        return
+    if not chosen.cost < cost_before * (1 - 1e-9):
+        raise Kept(Outcome.NO_GAIN, "no cheaper program found")
+    if chosen.cost > cost_before * (1 - MIN_PREDICTED_GAIN):
+        gain = 1 - chosen.cost / cost_before
+        raise Kept(Outcome.BELOW_THRESHOLD,
+                   f"predicted gain {gain:.1%} is below the {MIN_PREDICTED_GAIN:.0%} threshold")
+
+
+def check(reference: Callable, candidate: Callable, captured: Captured, numerics: str,
+          fired: dict) -> None:
+    """Raise Kept unless `candidate` keeps the numerics contract against `reference` (verify.verify: random
+    and adversarial inputs of superopt's own, never the caller's). A candidate that fails to run (a program
+    XLA cannot run here) is not returned either."""
+    try:
+        problem = verification.verify(reference, candidate, captured.in_avals, captured.graph, numerics)
+    except TimeLimit:
+        raise
+    except Exception as exc:   # noqa: BLE001
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        problem = f"the optimized program failed to run ({type(exc).__name__}: {message[:200]})"
+    if problem:
+        warnings.warn(f"superopt: the optimized program differs from the original ({problem}); "
+                      f"returning the original. Rules involved: {', '.join(fired) or 'none'}",
+                      verification.VerificationWarning, stacklevel=5)
+        raise Kept(Outcome.VERIFICATION_FAILED, f"verification failed: {problem}")
+
+
+class Stages:
+    """Runs stages and records each one's seconds (the report's `stage_seconds`)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str, fn, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds[name] = time.perf_counter() - start
+
+
+def reference_program(captured: Captured) -> Callable:
+    """The user's program as jax.jit runs it, from the jaxpr capture traced (fn is not traced again), with
+    output-less effects (debug prints) left out: superopt runs it on its own inputs, which the user's
+    callbacks must never see."""
+    from superopt.egraph.capture import without_debug_effects
+    closed = without_debug_effects(captured.jaxpr)
+    return jax.jit(lambda *flat: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat))
+
+
+def user_program(captured: Captured) -> Callable:
+    """The user's program whole, effects and all: what runs when the original is kept."""
+    closed = captured.jaxpr
+    return jax.jit(lambda *flat: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat))
+
+
+# ---- the pipeline ----
+
+def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check_results: bool,
+             extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None,
+             numerics: str = "strict", precision: str | None = None, example=None) -> Specialization:
+    """The pipeline for one specialization; never returns a program that disagrees with `fn`. `args` may
+    be abstract (`jax.ShapeDtypeStruct` leaves); `example`, the call's concrete flat arguments where
+    there are some, is one more input the NPU program is checked on."""
+    from superopt.backends import BACKENDS
+    tgt = load_target(target)
+    spec = _optimize(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics)
+    if backend != "jax" and (spec.original.hidden_outputs or spec.report.kind is Outcome.KEPT_WHOLE):
+        # Effects run in the user's order only in the JAX program; the other backends check their program on
+        # inputs of their own, which the user's callbacks must not see.
+        what = "effects (debug prints or callbacks)" if spec.original.hidden_outputs else "a program kept whole"
+        spec.report.backend = f"jax (the program has {what}, which run only on the jax backend)"
+        return spec
+    return BACKENDS[backend].lower(spec, tgt, check_results, precision=precision, example=example)
+
+
+def _optimize(fn: Callable, args: tuple, tgt, rulesets, limits: Limits, check_results: bool, extractor: str,
+              memory_budget: int | None, numerics: str) -> Specialization:
+    deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
+    timer = Stages()
+    captured = timer("capture", capture, fn, args)
+    original = captured.graph
+    schedule = rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets)
+    left_out = numerics_mode.left_out(schedule, numerics)
+    schedule = numerics_mode.restrict(schedule, numerics)
+    cost_before, original_costs = program_cost(original, tgt)
+    run, chosen, program = RunReport(StopReason.SATURATED), None, None
+    reference = reference_program(captured)
+    try:
+        if captured.kept_whole:
+            raise Kept(Outcome.KEPT_WHOLE, captured.kept_whole)
+        deadline.check("capture")
+        saturated = saturate(captured, schedule, limits, deadline, timer)
+        run = saturated.run
+        chosen = choose(saturated, tgt, extractor, memory_budget, deadline, limits, timer)
+        worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), memory_budget)
+        # A changed program is returned only if it was verified before the deadline; else the original runs.
+        for stage_name, step in (("extract", None), ("lower", lambda: lower(chosen.graph))):
+            if deadline.expired():
+                raise Kept(Outcome.TIME_LIMIT, f"time limit ({stage_name}: the call's {limits.seconds:g} s ran out)")
+            if step is not None:
+                program = timer(stage_name, step)
+        if check_results:   # on superopt's own inputs: the program's debug prints stay silent
+            silent = lower(chosen.graph, effects=False) if chosen.graph.hidden_outputs else program
+            timer("verify", check, reference, silent, captured, numerics, run.fired)
+            if deadline.expired():
+                raise Kept(Outcome.TIME_LIMIT, f"time limit (verify: the call's {limits.seconds:g} s ran out)")
+        outcome, reason = Outcome.OPTIMIZED, ""
+    except Kept as kept:
+        outcome, reason = kept.outcome, kept.reason
+    except TimeLimit as exc:   # the original is always correct; no unverified program is returned
+        outcome, reason = Outcome.TIME_LIMIT, f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)"
+    report = build_report(tgt, captured, run, outcome, reason, chosen, cost_before, original_costs, numerics,
+                          left_out, schedule, timer.seconds)
+    if outcome is Outcome.OPTIMIZED:
+        return Specialization(program, report, chosen.graph, original, captured.out_tree, captured.in_avals,
+                              reference=reference)
+    return Specialization(user_program(captured), report, original, original, captured.out_tree,
+                          captured.in_avals, reference=reference)
+
+
+def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reason: str, chosen: Extraction | None,
+                 cost_before: float, original_costs: list, numerics: str, left_out: list, schedule: Schedule,
+                 stage_seconds: dict) -> Report:
+    """The report, once, from the stages' results: of the chosen program where it runs, else of the original
+    (with what extraction found, where it got that far)."""
+    original = captured.graph
+    if outcome is Outcome.TIME_LIMIT:
+        run.stop_reason = StopReason.TIME_LIMIT
+    report = Report(tgt.name, run, cost_before=cost_before, cost_after=cost_before, kind=outcome, reason=reason,
+                    ops_before=original.op_counts(), numerics=numerics, left_out=left_out,
+                    overflow_rewrites=numerics_mode.overflow_rewrites(schedule, run.fired),
+                    stage_seconds=stage_seconds)
+    if chosen is not None:
+        report.extraction, report.declined, report.memory_note = chosen.method, chosen.declined, chosen.memory
+    runs = chosen.graph if chosen is not None and outcome is Outcome.OPTIMIZED else original
+    report.ops_after = runs.op_counts()
+    report.gradient_traffic = gradient_traffic(original, runs)
+    report.peak_memory = (peak_memory(original), peak_memory(runs))
+    if runs is original:
+        if report.memory_note:
+            report.memory_note += f"; the original runs instead (peak {report.peak_memory[0]})"
+        report.top_costs = describe(original, original_costs, tgt)
+    else:
+        report.cost_after = chosen.cost
+        report.top_costs = describe(chosen.graph, chosen.node_costs, tgt)
+    return report
+
+
+def gradient_traffic(original: Graph, chosen: Graph, groups_before=(), groups_after=()) -> tuple:
+    """(before, after) passes over gradient memory, or () when the program has no gradient tensors;
+    the groups are the sibling launches of the backend that runs each program (none: one op a launch)."""
+    from superopt.extract.traffic import gradient_traffic as traffic
+    before = traffic(original, groups_before)
+    if not before.tensors:
+        return ()
+    return before, (before if chosen is original else traffic(chosen, groups_after))
+
+
+def describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tuple[float, str]]:
+    """The k costliest kernels with the cost model's breakdown of each."""
+    from superopt.egraph.ir import body_str, type_str
+    from superopt.extract.cost import op_breakdown
+    live = graph.live()
+    out = []
+    for c, i in sorted(zip(costs, live), key=lambda cn: -cn[0])[:k]:
+        if c <= 0:
+            continue
+        node = graph.nodes[i]
+        ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
+        parts = op_breakdown(node.op, node.attrs, ins, (node.shape, node.dtype), target)
+        what = f"kernel{{{_short(body_str(node.attrs[0]))}}}" if node.op == "kernel" else node.op
+        tiled = f"\n         tiles: {node.attrs[1]}" if node.op == "kernel" and len(node.attrs) > 1 else ""
+        out.append((c, f"{what} -> {type_str(node)}  [{_factors(parts)}]{tiled}"))
+    return out
+
+
+def _short(text: str, width: int = 72) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _factors(parts: dict) -> str:
+    from superopt.extract.cost import penalty_notes
+    shown = [f"{parts['flops']:.3g} flop", f"{parts['bytes']:.3g} B"]
+    if "occupancy" in parts:
+        shown += [f"{parts['registers']} regs", f"occupancy {parts['occupancy']:.2f}"]
+    if "unit" in parts:
+        shown += [parts["unit"], f"UB {parts['ub_bytes']} B"]
+    return ", ".join(shown + penalty_notes(parts))

@@ -93,10 +93,11 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     import dataclasses
     import time
     start = time.perf_counter()
-    from superopt import pipeline
-    from superopt.deadline import Deadline
     from superopt.numerics import restrict
-    from superopt.egraph.runner import Limits
+    from superopt.egraph.capture import capture
+    from superopt.egraph.encode import encode
+    from superopt.egraph.frozen import freeze
+    from superopt.egraph.runner import Limits, saturate
     from superopt.extract.candidates import candidates
     from superopt.extract.target import load_target
     from superopt.rewrites.schedule import Schedule
@@ -106,21 +107,13 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     limits = limits or Limits()
     if budget is not None:
         limits = dataclasses.replace(limits, seconds=max(min(limits.seconds, budget), 1e-3))
-    # The pipeline's own stages: the same capture and the same isolated saturation `superopt()` runs.
-    # Where saturation cannot run in the budget, the unsaturated e-graph still holds the original.
-    captured = pipeline.capture(fn, args)
-    try:
-        saturated = pipeline.saturate(captured, schedule, limits, Deadline(limits.seconds), pipeline.Stages())
-        frozen, enc = saturated.frozen, saturated.encoding
-    except pipeline.Kept:
-        frozen = None
-    if frozen is None:
-        from superopt.egraph.encode import encode
-        from superopt.egraph.frozen import freeze
-        enc = encode(captured.graph)
-        frozen = freeze(enc.egraph)
+    # In process, with the whole budget: the isolated saturation of `superopt()` gives saturation half the
+    # time left and spends some on its child process, which leaves this search too little to find alternatives.
+    enc = encode(capture(fn, args).graph)
+    saturate(enc.egraph, schedule, limits)
     tgt = load_target(target)
-    found = candidates(frozen, enc, tgt, limit=limit, deadline=None if budget is None else start + budget)
+    found = candidates(freeze(enc.egraph), enc, tgt, limit=limit,
+                       deadline=None if budget is None else start + budget)
     out = []
     for c in found:
         rows = launches(c.graph, tgt)

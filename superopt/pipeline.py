@@ -9,7 +9,8 @@
 and then the backend (`superopt/backends.py`: jax, pallas or the NPU emulator) that runs the program.
 A stage that decides the original program runs raises `Kept` with a typed `Outcome`; `optimize` builds the
 report once, at the end, from what the stages returned. `api.py` is the JAX transformation over
-`optimize`; `explain` and `bench` call the same stages.
+`optimize`; `bench` and the command line go through it too (`explain.alternatives` saturates in process,
+with its whole budget, to list alternatives).
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ model chose per target and why saturation stopped, and counts kernels by kind.
 from __future__ import annotations
 
 from superopt.workloads import WORKLOADS
-from superopt import progress, superopt
-from superopt.egraph.ir import REDUCTIONS
+from superopt import superopt
+from superopt.core import progress
+from superopt.core.ir import REDUCTIONS
 from superopt.extract.tiling import cone
 
 TARGETS = ("cpu", "gpu-h100", "npu-910b")

@@ -23,12 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from superopt import progress, superopt
+from superopt import superopt
+from superopt.core import progress
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
-from superopt.egraph.ir import Graph, Node
-from superopt.egraph.layout import fractal_matmul_shape, packed_shape
+from superopt.core.ir import Graph, Node
+from superopt.core.formats import fractal_matmul_shape, packed_shape
 from superopt.egraph.runner import saturate
 from superopt.extract.greedy import extract, program_cost
 from superopt.extract.target import load_target

@@ -23,12 +23,13 @@ import numpy as np
 from superopt.workloads import GEMM_CHAIN_SHAPES, WORKLOADS
 from bench.tiling import chosen_kernel
 from superopt.extract.cost import one_op_body, tiling_options
-from superopt.egraph.layout import CUBE_FORMATS
+from superopt.core.formats import CUBE_FORMATS
 from superopt.extract.target import load_target
 from superopt.lowering.npu.codegen import chain_program, gemm_program
 from superopt.lowering.npu.emulator import emulate
 from superopt.lowering.npu.lower import NpuExecutable
-from superopt import progress, superopt
+from superopt import superopt
+from superopt.core import progress
 
 PROGRAMS = ("bert-encoder-128", "bert-encoder-512", "transformer-block", "resnet-bottleneck")
 PROGRAM_TARGETS = ("npu-910b", "npu-910")

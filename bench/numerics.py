@@ -22,7 +22,7 @@ def row(name: str, target: str = "cpu", repeats: int = 9, rounds: int = 3) -> di
     import jax
     from superopt.workloads import WORKLOADS
     from superopt import superopt
-    from superopt.egraph.ir import pretty
+    from superopt.core.ir import pretty
     from superopt.numerics import MODES
     from superopt.timing import interleaved_medians
     wl = WORKLOADS[name]()

@@ -15,7 +15,8 @@ import statistics
 import jax
 import jax.numpy as jnp
 
-from superopt import progress, superopt
+from superopt import superopt
+from superopt.core import progress
 from superopt.timing import interleaved_medians
 
 BATCH, WIDTH, LAYERS = 4096, 256, 3

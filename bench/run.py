@@ -288,7 +288,7 @@ def destinations(pattern: str | None, sections, output: str | None, figures: str
 
 def _say(text: str) -> None:
     """A progress line: above the bar on a terminal, else one line on stderr."""
-    from superopt import progress
+    from superopt.core import progress
     if progress.active():
         progress.note(text)
     else:
@@ -298,7 +298,7 @@ def _say(text: str) -> None:
 def run(ns) -> int:
     from bench import plots
     from superopt.workloads import GEMM_CHAIN_SHAPES, WORKLOADS
-    from superopt import progress
+    from superopt.core import progress
     from superopt.extract.target import load_target
     load_target(ns.target)                                # an unknown target fails before any work
     npu_target = ns.npu_target or (ns.target if _is_npu(ns.target) else "npu-910b")
@@ -474,7 +474,7 @@ def run(ns) -> int:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> int:
-    from superopt import progress
+    from superopt.core import progress
     ns = build_parser(prog).parse_args(argv)
     try:
         if progress.active():          # inside `superopt bench`: its bars are already showing

@@ -18,7 +18,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from superopt.workloads import GEMM_CHAIN_SHAPES, gemm_chain
-from superopt import progress, superopt
+from superopt import superopt
+from superopt.core import progress
 from superopt.extract.cost import one_op_body, tiling_options
 from superopt.extract.models.chimera import optimal_dv_clamped, optimal_dv_mlkn, optimal_dv_tiles
 from superopt.extract.target import load_target

@@ -15,7 +15,8 @@ import statistics
 import jax
 
 from superopt.workloads import sgd_step, train_step
-from superopt import progress, superopt
+from superopt import superopt
+from superopt.core import progress
 from superopt.extract.target import load_target
 from superopt.lowering.npu.lower import NpuExecutable
 from superopt.npu_backend import default_precision

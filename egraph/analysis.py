@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from egglog import String, Vec, eq, f64, i64, rule, ruleset, set_, var, vars_
 
-from superopt.egraph.ir import BINARY_OPS, COMPARISONS, UNARY_OPS
-from superopt.egraph.layout import FORMATS
+from superopt.core.ir import BINARY_OPS, COMPARISONS, UNARY_OPS
+from superopt.core.formats import FORMATS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, conv,
     conv_int32, convert,
@@ -97,7 +97,7 @@ def _contraction_rules():
 
 
 def _packing_rules():
-    """Packed shapes per format and rank (egraph/layout.py); an unpack has the shape it names; the cube's
+    """Packed shapes per format and rank (superopt/core/formats.py); an unpack has the shape it names; the cube's
     fractal contraction swaps the fractal counts of its result (NZ: N1 before M1)."""
     for f in FORMATS.values():
         for r in range(MAX_RANK + 1):

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from superopt.egraph.ir import (
+from superopt.core.ir import (
     ARG_REDUCTIONS, BINARY_OPS, COMPARISONS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node, Opaque,
 )
 

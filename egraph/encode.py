@@ -21,10 +21,10 @@ import numpy as np
 from egglog import EGraph, bindings, i64, set_
 from egglog.bindings import Call, Lit, Var
 
-from superopt.deadline import Deadline
+from superopt.core.deadline import Deadline
 from superopt.egraph import terms as T
 from superopt.egraph.analysis import facts
-from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
+from superopt.core.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
 
 _CHUNK = 256                 # nodes per rule: a rule compiles in time linear in its actions; few cross rules
 _REF = "superopt_encode_ref"  # the helper table: node id -> e-class, for nodes read across rules

@@ -5,7 +5,7 @@ crash in Rust would take the caller's process down. So `saturate_isolated` forks
 (`runner.saturate`, whose limits are checked after each rule application), freezes the result into
 plain Python data and sends it back through a pipe, reporting each step on the way (progress bars).
 The parent waits until the time limit plus 10% and kills the child then; the child's address space is
-capped at its size at the fork plus `Limits.memory`. Under a call's deadline (`superopt/deadline.py`)
+capped at its size at the fork plus `Limits.memory`. Under a call's deadline (`superopt/core/deadline.py`)
 the time limit is the smaller of `Limits.seconds` and `SATURATION_SHARE` of the time left once the
 rules are compiled (compiling them is the first call's cost in a process), so the stages after
 saturation keep the rest. A child that is killed, runs out of memory or
@@ -27,9 +27,9 @@ import time
 import warnings
 from dataclasses import replace
 
-from superopt import progress
+from superopt.core import progress
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
-from superopt.deadline import Deadline
+from superopt.core.deadline import Deadline
 from superopt.egraph.runner import NODE_SLACK, SATURATION_SHARE, Limits, RunReport, StopReason, saturate
 
 _HEADER = struct.Struct("<Q")

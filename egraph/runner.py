@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from egglog import EGraph, back_off, bindings, ruleset
 from egglog import run as egg_run
 
-from superopt import progress
+from superopt.core import progress
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import count
 from superopt.rewrites.pattern import CONSTRUCTORS
@@ -37,7 +37,7 @@ from superopt.rewrites.pattern import CONSTRUCTORS
 class Limits:
     """Limits on one optimization. `seconds` bounds the whole call for one specialization: capture,
     encoding, saturation, extraction, lowering and verification together, on one clock
-    (`superopt/deadline.py`). Saturation gets at most `SATURATION_SHARE` of the time left when it
+    (`superopt/core/deadline.py`). Saturation gets at most `SATURATION_SHARE` of the time left when it
     starts, and at most `saturation_seconds`, so that extraction, lowering and verification have the
     rest; where the time runs out before a program is verified, the original program runs and the report
     names the stage that ran out ("kept original: time limit (extract: ...)"). Run directly

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from superopt.egraph.ir import Graph, Node
+from superopt.core.ir import Graph, Node
 
 
 def sibling_groups(graph: Graph, skip: set, member: Callable[[Node], bool],

@@ -79,7 +79,7 @@ def slice_(x: Tensor, start: Vec[i64], limit: Vec[i64], strides: Vec[i64]) -> Te
 def pad(x: Tensor, value: Tensor, low: Vec[i64], high: Vec[i64], interior: Vec[i64]) -> Tensor: ...
 @function(egg_fn="pack")
 def pack(x: Tensor, format: StringLike) -> Tensor:
-    """`x` in a packed layout (egraph/layout.py: NZ, ZZ, ZN, NC1HWC0, VNNI, B32; ND is the identity),
+    """`x` in a packed layout (superopt/core/formats.py: NZ, ZZ, ZN, NC1HWC0, VNNI, B32; ND is the identity),
     zero-padded to whole blocks."""
 @function(egg_fn="unpack")
 def unpack(x: Tensor, format: StringLike, shape: Vec[i64]) -> Tensor:

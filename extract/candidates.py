@@ -13,7 +13,7 @@ import time
 
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
-from superopt.egraph.ir import Graph, body_str, type_str
+from superopt.core.ir import Graph, body_str, type_str
 from superopt.extract.greedy import ExtractionError, Extraction, extract, node_costs
 from superopt.extract.kernels import expand
 from superopt.extract.target import Target
@@ -24,7 +24,7 @@ def program_key(graph: Graph) -> str:
     order of its nodes, and with a reshape and a broadcast that only add unit axes the same view: equal
     for two extractions that compute the same thing and differ in nothing a reader could see."""
     from math import prod
-    from superopt.egraph.ir import _attr_str
+    from superopt.core.ir import _attr_str
     keys: dict[int, str] = {}
     for i in graph.live():
         node = graph.nodes[i]

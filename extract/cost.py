@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, Node
+from superopt.core.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, Node
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, Untileable, nest_of, tilings
 
@@ -70,7 +70,7 @@ NPU_VECTOR_TILE = 16 * 1024
 NPU_CUBE_TILE = (128, 128, 64)
 STRIDED_CPU_FACTOR = 2      # a transposed f32 read inside an XLA CPU loop fusion: cache lines re-read (estimate)
 GPU_MATMUL_REGISTERS = 96    # a 128x128 tile over 256 threads: 64 fp32 accumulators + operand fragments (estimate)
-# pack / unpack (egraph/layout.py) are data movement too; on an NPU each is a format conversion (TransData).
+# pack / unpack (superopt/core/formats.py) are data movement too; on an NPU each is a format conversion (TransData).
 LAYOUT_OPS = frozenset({"pack", "unpack"})
 MOVEMENT = frozenset({"arg", "transpose", "broadcast", "reshape", "convert"}) | LAYOUT_OPS
 
@@ -329,7 +329,7 @@ def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Targ
         return {"flops": 0.0, "bytes": 0, "time": 0.0}   # the identity: a view
     if op == "fractal_matmul":
         # The cube does the matmul of the padded ND matrices, and moves the same bytes: charge it as that.
-        from superopt.egraph.layout import as_matmul
+        from superopt.core.formats import as_matmul
         a, b, c = as_matmul(ins[0][0], ins[1][0], out[0])
         mats = [(a, ins[0][1]), (b, ins[1][1])]
         return kernel_breakdown(one_op_body("matmul", (), mats, (c, out[1])), mats, (c, out[1]), target,

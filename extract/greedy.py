@@ -5,7 +5,7 @@ sub-term shared by several users is paid for once (the "cost set" of extraction-
 A node whose cost set would contain its own class would make a cycle and is never chosen. Sub-terms that
 depend on constants only are computed once when the program is built, so they cost nothing per call.
 
-Under a call's deadline (`superopt/deadline.py`), the optional work (growing kernels, trying producers
+Under a call's deadline (`superopt/core/deadline.py`), the optional work (growing kernels, trying producers
 computed once) stops when `OPTIONAL_SHARE` of the time left at the start of extraction is spent,
 keeping what it found; the greedy choice itself raises `TimeLimit("extract")` once the deadline passes.
 """
@@ -16,10 +16,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from superopt.deadline import Deadline, current
+from superopt.core.deadline import Deadline, current
 from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
-from superopt.egraph.ir import CycleError, Graph, Node, hoistable, postorder
+from superopt.core.ir import CycleError, Graph, Node, hoistable, postorder
 from superopt.extract.cost import MATRIX_OPS, op_cost
 from superopt.extract.kernels import expand
 from superopt.extract.target import Target
@@ -315,7 +315,7 @@ def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, 
     overflow, or its time against the chosen kernels it would replace (with the penalties that made it
     slower). Classes in `hoisted` are constants computed once; they are not kernels a fusion replaces.
     Largest first, at most `k`."""
-    from superopt.egraph.ir import Node, body_str, type_str
+    from superopt.core.ir import Node, body_str, type_str
     from superopt.extract.cost import op_breakdown, penalty_notes
 
     def reach(roots) -> set:

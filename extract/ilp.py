@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 import time
 
-from superopt.deadline import current
+from superopt.core.deadline import current
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
-from superopt.egraph.ir import hoistable
+from superopt.core.ir import hoistable
 from superopt.extract.kernels import expand
 from superopt.extract.greedy import (OPTIONAL_SHARE, Extraction, build_graph, declined_fusions, extract as extract_greedy,
                                      node_costs, program_cost)
@@ -53,7 +53,7 @@ def _reachable(fz: FrozenEGraph, typed) -> set:
 
 
 def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: float = 10.0) -> Extraction:
-    deadline = current()   # the call's (superopt/deadline.py): growth, greedy and HiGHS share what is left
+    deadline = current()   # the call's (superopt/core/deadline.py): growth, greedy and HiGHS share what is left
     fz = expand(fz, enc.conv_params, target, stop_at=time.perf_counter() + deadline.share(OPTIONAL_SHARE / 2)
                 if deadline.seconds != math.inf else math.inf)  # kernels as concrete variants, each with a fixed cost
     greedy = extract_greedy(fz, enc, target)

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 from superopt.egraph.encode import decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
-from superopt.egraph.ir import CycleError, Node, hoistable, postorder
+from superopt.core.ir import CycleError, Node, hoistable, postorder
 from superopt.extract.cost import nbytes, op_cost, tiling_options
 from superopt.extract.target import Target
 from superopt.rewrites.infer import IllTyped, infer

@@ -24,7 +24,7 @@ from itertools import permutations, product
 
 import numpy as np
 
-from superopt.egraph.ir import REDUCTIONS, Node
+from superopt.core.ir import REDUCTIONS, Node
 from superopt.extract.models.chimera import data_movement, gemm, gemm_chain
 
 MATRIX = frozenset({"matmul", "conv"})

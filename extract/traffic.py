@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from superopt.egraph.ir import BINARY_OPS, UNARY_OPS, Graph
+from superopt.core.ir import BINARY_OPS, UNARY_OPS, Graph
 from superopt.extract.memory import size_str
 from superopt.egraph.siblings import internal
 

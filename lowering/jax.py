@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from superopt.egraph.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
-from superopt.egraph.layout import fractal_einsum, format_of
+from superopt.core.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
+from superopt.core.formats import fractal_einsum, format_of
 
 _UNARY_FN = {"not": lax.bitwise_not, "stop_gradient": lax.stop_gradient, "round": lax.round,
              "round_even": lambda x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)}
@@ -56,7 +56,7 @@ def _reduce(node: Node, x):
 
 
 def _pack(node: Node, x):
-    """pad with zeros to whole blocks, split the blocked axes, transpose (egraph/layout.py)."""
+    """pad with zeros to whole blocks, split the blocked axes, transpose (superopt/core/formats.py)."""
     f = format_of(node.attrs[0])
     padded = f.padded_shape(x.shape)
     x = lax.pad(x, np.zeros((), x.dtype), tuple((0, p - n, 0) for n, p in zip(x.shape, padded)))

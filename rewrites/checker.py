@@ -30,14 +30,15 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from superopt.egraph.encode import decode
-from superopt.egraph.layout import FORMATS, LayoutError, packed_shape
+from superopt.core.formats import FORMATS, LayoutError, packed_shape
 from superopt.rewrites.functions import ATTRIBUTES, FLOAT_DTYPES, PREDICATES
 from superopt.rewrites.infer import IllTyped, infer
 from superopt.rewrites.pattern import (
     CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, SCALAR, SCALAR_AS_TENSOR, TENSOR, App, Const, Var, variables,
 )
-from superopt.rewrites.reference import evaluate_node
-from superopt.verify import TOLERANCES, as_accurate, is_float, mismatch
+from superopt.core.reference import evaluate_node
+from superopt.core.dtypes import is_float
+from superopt.core.verify import TOLERANCES, as_accurate, mismatch
 
 DTYPES = ("float32", "float16", "bfloat16")
 DRAWN_ELEMENTS = 128   # larger arrays are filled from a drawn seed (`_large_arrays`)
@@ -498,7 +499,7 @@ _SCALAR_GEN = {
 }
 
 
-# ---- packed layouts (egraph/layout.py) ----
+# ---- packed layouts (superopt/core/formats.py) ----
 
 def _block_dims(block: int) -> tuple:
     """Sizes drawn for an axis split into blocks: ragged (padded) ones and whole multiples of the block."""

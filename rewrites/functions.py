@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from egglog import String, Vec, eq, f64, i64, ne
 
-from superopt.egraph.layout import FORMATS
+from superopt.core.formats import FORMATS
 from superopt.egraph.terms import conv_channels_last, conv_int32, dtype as dtype_of, float_dtype
 from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var
 
@@ -62,7 +62,7 @@ def _keyed(*args):
     return tuple(a for a in args if a.sort == TENSOR or isinstance(a, Var))
 
 
-# ---- packed layouts (egraph/layout.py) ----
+# ---- packed layouts (superopt/core/formats.py) ----
 
 def _fills_blocks_egg(c, s, f) -> list:
     """One alternative per format that packs vectors of this length: it is the format, and each blocked

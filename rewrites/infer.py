@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from superopt.egraph.ir import COMPARISONS
-from superopt.egraph.layout import LayoutError, fractal_matmul_shape, packed_shape
+from superopt.core.ir import COMPARISONS
+from superopt.core.formats import LayoutError, fractal_matmul_shape, packed_shape
 
 Type = tuple[tuple[int, ...], str]
 
@@ -58,7 +58,7 @@ def _conv(params: dict, ins: list[Type]) -> Type:
 
 
 def _packed(fn: str, prims: tuple, ins: list[Type]) -> Type:
-    """Packed layouts (egraph/layout.py); a format that does not apply is ill typed."""
+    """Packed layouts (superopt/core/formats.py); a format that does not apply is ill typed."""
     try:
         if fn == "pack":
             return packed_shape(prims[0], ins[0][0]), ins[0][1]

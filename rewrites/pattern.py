@@ -12,7 +12,7 @@ from typing import Any
 # Sorts of pattern variables and constants.
 TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT = "tensor", "list", "vec", "dtype", "op", "float", "int"
 SCALAR = "scalar"  # a kernel body's value (egraph/terms.py `Scalar`)
-FORMAT = "format"  # a packed layout's name (egraph/layout.py)
+FORMAT = "format"  # a packed layout's name (superopt/core/formats.py)
 SORTS = (TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT, SCALAR, FORMAT)
 
 # Term constructors: name -> (argument sorts, result sort). `vec` is Vec[i64]: shapes, perms, axes.

@@ -1,5 +1,5 @@
 """Layout packing: pack/unpack cancellation, elementwise ops in a packed layout, and the NPU's matmul on
-fractals (the formats are defined in `egraph/layout.py`).
+fractals (the formats are defined in `superopt/core/formats.py`).
 
 - Cancellation. unpack(pack(x)) is always x. pack(unpack(y)) is y only where the shape fills whole
   blocks: otherwise y's padding may hold anything (an elementwise op applied in the packed layout turns
@@ -11,7 +11,7 @@ fractals (the formats are defined in `egraph/layout.py`).
 - The cube. matmul(x, y) is unpack(fractal_matmul(pack(x, ZZ), pack(y, ZN)), NZ): the cube's own
   contraction on 16x16 fractals (L0A ZZ, L0B ZN, L0C NZ), exact because the zero padding of the
   contracted axis multiplies zero padding. With constant weights, pack(W, ZN) is a constant sub-term,
-  computed once when the program is built (`egraph/ir.py: hoistable`).
+  computed once when the program is built (`superopt/core/ir.py: hoistable`).
 
 Which side is cheaper is the cost model's business: a pack or unpack of a per-call tensor is a format
 conversion (TransData on an NPU, `extract/cost.py`), a pack of a constant costs nothing per call.

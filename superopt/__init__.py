@@ -7,6 +7,6 @@
 from superopt.api import Optimized, superopt
 from superopt.egraph.runner import Limits, StopReason
 from superopt.extract.target import available_targets
-from superopt.verify import VerificationWarning
+from superopt.core.verify import VerificationWarning
 
 __all__ = ["superopt", "Optimized", "Limits", "StopReason", "available_targets", "VerificationWarning"]

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from superopt import numerics as numerics_mode
-from superopt.egraph.ir import pretty
+from superopt.core.ir import pretty
 from superopt.egraph.runner import Limits
 from superopt.extract.memory import parse_bytes
 from superopt.extract.target import load_target

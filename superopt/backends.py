@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from superopt import verify as verification
+from superopt.core import verify as verification
 
 
 class Backend(Protocol):
@@ -36,7 +36,7 @@ class JaxBackend:
         return spec.reference    # the user's program from the captured jaxpr, debug prints left out
 
     def tolerance(self, expected, actual, spec, args) -> str | None:
-        from superopt.rewrites.reference import evaluate
+        from superopt.core.reference import evaluate
         return verification.judge(expected, actual, lambda: evaluate(spec.original, args, precise=True),
                                   spec.report.numerics)
 

@@ -265,7 +265,7 @@ def function_and_args(target_spec: str, shapes: list[str] | None, dtype: str = "
     if shapes:
         if not callable(obj):
             raise ValueError(f"superopt: {target_spec} is not a function")
-        from superopt.verify import random_args
+        from superopt.core.verify import random_args
         example = tuple(random_args([parse_shape(s, dtype) for s in shapes], seed))
         _check_shapes(obj, name, shapes, example)
         return obj, example, name
@@ -334,7 +334,7 @@ def _html(args, spec, example, name: str, explanation: str = "", png: str | None
 # ---- optimize, explain, emulate, bench ----
 
 def _optimize(args) -> int:
-    from superopt.egraph.ir import pretty
+    from superopt.core.ir import pretty
     _, spec, example, name = _compile(args)
     print(spec.report)
     if args.print_term:
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(run=_bench, bench_args=argv[1:])
     else:
         args = parser().parse_args(argv)
-    from superopt import progress
+    from superopt.core import progress
     try:
         with progress.bars():
             return args.run(args)

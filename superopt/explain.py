@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from superopt.egraph.ir import Graph, body_str, type_str
+from superopt.core.ir import Graph, body_str, type_str
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 
 _FREE = frozenset({"arg", "const", "lit", "reshape", "broadcast", "iota"})

@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 
-from superopt.egraph.ir import Graph, body_str, type_str
+from superopt.core.ir import Graph, body_str, type_str
 from superopt.explain import launches, rules_by_phase
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 
@@ -179,7 +179,7 @@ def _short(text: str, width: int) -> str:
 def render(spec, title: str, timeline_png: str | None = None, note: str = "", use_dot: bool = True,
            explanation: str = "") -> str:
     """The page for one specialization (`Optimized.compile(...)`'s result) as an HTML string."""
-    from superopt.egraph.ir import pretty
+    from superopt.core.ir import pretty
     from superopt.extract.target import load_target
     report = spec.report
     target = load_target(report.target)

@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from superopt import verify as verification
+from superopt.core import verify as verification
 from superopt.backends import BACKENDS
 
 CHECK_SEEDS = (0, 1)           # random inputs (verify.random_args) the emulator is checked on
@@ -258,7 +258,7 @@ def _differs(expected: list, actual: list, original, args) -> str | None:
     computed only when a direct comparison fails."""
     def truth():
         try:
-            from superopt.rewrites.reference import evaluate
+            from superopt.core.reference import evaluate
             return evaluate(original, args, precise=True)
         except Exception:    # noqa: BLE001 -- no float64 value to judge by: the direct comparison stands
             return None

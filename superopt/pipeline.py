@@ -4,7 +4,7 @@
     saturate -> Saturated    (encode into egglog, then equality saturation in a child process)
     extract  -> Extraction   (extract/greedy.py or extract/ilp.py under the target's cost model)
     lower    -> a callable   (lowering/jax.py: one jitted JAX program)
-    verify   -> None         (superopt/verify.py: the numerics contract against the original)
+    verify   -> None         (superopt/core/verify.py: the numerics contract against the original)
 
 and then the backend (`superopt/backends.py`: jax, pallas or the NPU emulator) that runs the program.
 A stage that decides the original program runs raises `Kept` with a typed `Outcome`; `optimize` builds the
@@ -23,11 +23,11 @@ import jax
 import numpy as np
 
 from superopt import numerics as numerics_mode
-from superopt import verify as verification
-from superopt.deadline import Deadline, TimeLimit
+from superopt.core import verify as verification
+from superopt.core.deadline import Deadline, TimeLimit
 from superopt.egraph.capture import Captured, capture
 from superopt.egraph.encode import encode
-from superopt.egraph.ir import Graph
+from superopt.core.ir import Graph
 from superopt.egraph.isolate import saturate_isolated
 from superopt.egraph.runner import Limits, RunReport, StopReason
 from superopt.extract.greedy import Extraction, ExtractionError, extract, program_cost
@@ -310,7 +310,7 @@ def gradient_traffic(original: Graph, chosen: Graph, groups_before=(), groups_af
 
 def describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tuple[float, str]]:
     """The k costliest kernels with the cost model's breakdown of each."""
-    from superopt.egraph.ir import body_str, type_str
+    from superopt.core.ir import body_str, type_str
     from superopt.extract.cost import op_breakdown
     live = graph.live()
     out = []

@@ -383,13 +383,13 @@ INPUT_KINDS = ("random", "random", "zeros", "specials", "scaled", "scaled")
 
 def draw_inputs(draw, avals, reference=None) -> tuple[str, list]:
     """(a description, arguments) for a fuzzed program: random normal a third of the time, else one of
-    superopt.verify's adversarial sets with a drawn seed, so never the inputs superopt verified with:
+    superopt.core.verify's adversarial sets with a drawn seed, so never the inputs superopt verified with:
     "zeros" (+-0, subnormals, the smallest normal; integer extremes, int8 -128/127, int32 min/max),
     "specials" (NaN, +-inf, +-max and -0 among random values; integers over their whole range) or
     "scaled" (float arguments per a drawn `scale_patterns` pattern: near the dtype's overflow, near its
     smallest normal, or a mix; calibrated against `reference`, the original under jax.jit, to just below
     where it overflows, or at a drawn exponent without one)."""
-    from superopt.verify import calibrated, random_args, scale_patterns, scaled_args, special_args
+    from superopt.core.verify import calibrated, random_args, scale_patterns, scaled_args, special_args
     avals = [(tuple(shape), np.dtype(dtype)) for shape, dtype in avals]
     kind = draw(st.sampled_from(INPUT_KINDS))
     seed = draw(st.integers(2, 2**16))
@@ -416,7 +416,7 @@ def _flush_subnormals(a: np.ndarray) -> np.ndarray:
     them by a discontinuity at zero (atan2 of a subnormal and 0: +-pi/2 against 0). README.md's contract
     leaves that to XLA; superopt's own verification still draws subnormals and keeps the original
     where they make the programs differ."""
-    from superopt.verify import is_float
+    from superopt.core.dtypes import is_float
     if not is_float(a.dtype) or a.ndim == 0 and not np.isfinite(np.float64(a)):
         return a
     import ml_dtypes
@@ -430,12 +430,12 @@ def _flush_subnormals(a: np.ndarray) -> np.ndarray:
 def agrees(expected: list, actual: list, original, args, exact: bool, as_dtype: str | None = None,
            numerics: str = "strict") -> str | None:
     """None if `actual` (the optimized program's outputs) keeps the numerics contract against the original's
-    `expected`, as superopt's own verification judges it (`superopt.verify.judge`): NaN and +-inf in the
+    `expected`, as superopt's own verification judges it (`superopt.core.verify.judge`): NaN and +-inf in the
     same places (up to the range edge), finite values within the dtype's tolerance (or `as_dtype`'s, for
     a program that computes in a narrower type), or as accurate as the original against the float64 value
     of the original graph. Integer programs must match exactly."""
-    from superopt.rewrites.reference import evaluate
-    from superopt.verify import compare_outputs, judge
+    from superopt.core.reference import evaluate
+    from superopt.core.verify import compare_outputs, judge
     if exact:
         for k, (e, a) in enumerate(zip(expected, actual)):
             if np.asarray(e).dtype != np.asarray(a).dtype or not np.array_equal(e, a):
@@ -448,8 +448,8 @@ def same_value(original, candidate, args) -> str | None:
     """None if two graphs compute the same outputs in exact arithmetic: both evaluated by the numpy
     reference in float64 (`evaluate(precise=True)`), where rounding differences between equal programs
     are far below float64's tolerance, so a difference is a wrong rewrite, not rounding."""
-    from superopt.rewrites.reference import evaluate
-    from superopt.verify import compare_outputs
+    from superopt.core.reference import evaluate
+    from superopt.core.verify import compare_outputs
     return compare_outputs(evaluate(original, args, precise=True), evaluate(candidate, args, precise=True))
 
 

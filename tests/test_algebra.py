@@ -15,7 +15,7 @@ from superopt.extract.greedy import extract
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
 from superopt.rulesets.algebra import ALGEBRA
-from superopt.verify import compare_outputs
+from superopt.core.verify import compare_outputs
 
 rng = np.random.default_rng(0)
 A, B, C = (jnp.asarray(rng.standard_normal((8, 8)), jnp.float32) for _ in range(3))

@@ -92,7 +92,7 @@ def test_a_rounding_difference_amplified_by_tanh_is_judged_against_the_float64_v
 
 
 def test_accuracy_check_refuses_a_program_that_is_wrong_by_a_few_percent():
-    from superopt.verify import as_accurate
+    from superopt.core.verify import as_accurate
     rng = np.random.default_rng(0)
     truth = rng.standard_normal(4096)
     original = (truth + rng.standard_normal(4096) * 1e-3).astype(np.float32)   # rounding-level error

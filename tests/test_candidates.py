@@ -5,7 +5,7 @@ import pytest
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
-from superopt.egraph.ir import pretty
+from superopt.core.ir import pretty
 from superopt.egraph.runner import Limits, Phase, saturate
 from superopt.extract.candidates import candidates, spearman
 from superopt.extract.target import load_target

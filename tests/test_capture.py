@@ -9,7 +9,7 @@ from superopt import superopt
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.lowering.jax import lower
-from superopt.verify import compare_outputs
+from superopt.core.verify import compare_outputs
 
 x = jnp.linspace(-2.0, 2.0, 24, dtype=jnp.float32).reshape(4, 6)
 
@@ -61,7 +61,7 @@ def test_structural_ops_are_modelled(op):
 
 @pytest.mark.parametrize("kind", ["max", "sum", "min"])
 def test_window_reductions_are_modelled_and_match_the_reference(kind):
-    from superopt.rewrites.reference import evaluate
+    from superopt.core.reference import evaluate
     img = jnp.asarray(np.random.default_rng(0).standard_normal((1, 7, 6, 2)), jnp.float32)
     init, op = {"max": (-jnp.inf, lax.max), "sum": (0.0, lax.add), "min": (jnp.inf, lax.min)}[kind]
     fn = lambda a: lax.reduce_window(a, init, op, (1, 3, 2, 1), (1, 2, 2, 1), "SAME")

@@ -11,7 +11,7 @@ from jax.extend import core as jcore
 from superopt.egraph.capture import EffectfulResults, KeepWhole, capture, without_debug_effects
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
-from superopt.egraph.ir import pretty
+from superopt.core.ir import pretty
 from superopt.egraph.runner import Limits, saturate
 from superopt.extract.greedy import extract
 from superopt.extract.memory import peak_memory, reorder_for_memory

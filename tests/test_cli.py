@@ -288,7 +288,8 @@ def test_bench_help_lists_its_options(capsys):
 
 
 def test_saturation_shows_progress_on_a_terminal_and_nothing_otherwise(program, capsys, monkeypatch):
-    from superopt import progress, superopt
+    from superopt import superopt
+    from superopt.core import progress
     import jax.numpy as jnp
     args = (jnp.ones((32, 32)), jnp.ones((32, 32)), jnp.ones((32, 1)))
     fn, _, _ = function_and_args(program + ":chain", ["32x32", "32x32", "32x1"])

@@ -20,7 +20,7 @@ from superopt.extract.greedy import extract
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
 from superopt.rulesets import RULESETS
-from superopt.verify import compare_outputs
+from superopt.core.verify import compare_outputs
 
 _built: dict[str, tuple] = {}
 

@@ -10,7 +10,7 @@ from superopt import superopt
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
-from superopt.egraph.ir import body_str
+from superopt.core.ir import body_str
 from superopt.egraph.runner import StopReason, saturate
 from superopt.extract.greedy import extract
 from superopt.extract.ilp import extract_ilp
@@ -19,11 +19,11 @@ from superopt.lowering.jax import lower
 from superopt.rewrites.checker import check_rule
 from superopt.rewrites.functions import when
 from superopt.rewrites.pattern import kernel, reduce, sarg, scalars, shape_of, srow, tensors, vecs
-from superopt.rewrites.reference import evaluate
+from superopt.core.reference import evaluate
 from superopt.rewrites.rule import rule
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets.fusion import FUSION
-from superopt.verify import compare_outputs
+from superopt.core.verify import compare_outputs
 
 rng = np.random.default_rng(0)
 

@@ -4,7 +4,7 @@ Two properties:
 
 1. `superopt(program)` returns what the program returns, for every target and every backend that target
    offers (as superopt lists them: JAX everywhere, the NPU emulator on NPU targets, Pallas on GPU targets),
-   under the numerics contract of numerics="strict" as superopt.verify judges it (`verify.judge`: NaN and
+   under the numerics contract of numerics="strict" as superopt.core.verify judges it (`verify.judge`: NaN and
    +-inf where the original has them, finite values within the dtype's tolerance or as accurate as the
    original against its float64 value), exact for integer programs, on the NPU emulator as on JAX (its
    outputs are checked against the user's program at their own dtype's tolerance). On random inputs
@@ -49,7 +49,7 @@ from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT
-from superopt.verify import random_args
+from superopt.core.verify import random_args
 
 LONG = os.environ.get("SUPEROPT_FUZZ") == "long"
 FUZZ_LIMITS = Limits(iterations=4, nodes=8_000, seconds=3.0)

@@ -11,7 +11,7 @@ from superopt.egraph.analysis import analysis, facts
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import Encoding, encode
 from superopt.egraph.frozen import freeze
-from superopt.egraph.ir import Graph
+from superopt.core.ir import Graph
 from superopt.egraph.runner import Limits, Phase, saturate
 from superopt.extract.greedy import extract, program_cost
 from superopt.extract.ilp import extract_ilp

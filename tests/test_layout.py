@@ -11,15 +11,15 @@ from hypothesis import given, settings, strategies as st
 
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
-from superopt.egraph.ir import Graph, Node
-from superopt.egraph.layout import FORMATS, fractal_matmul_shape, pack_np, packed_shape, unpack_np
+from superopt.core.ir import Graph, Node
+from superopt.core.formats import FORMATS, fractal_matmul_shape, pack_np, packed_shape, unpack_np
 from superopt.egraph.runner import saturate
 from superopt.extract.cost import op_breakdown
 from superopt.extract.greedy import extract, program_cost
 from superopt.extract.target import load_target
 from superopt.lowering import jax as jax_lowering
 from superopt.lowering.npu.lower import NpuExecutable, cube_reference
-from superopt.rewrites import reference
+from superopt.core import reference
 from superopt.rewrites.checker import check_rule
 from superopt.rewrites.pattern import exp, formats, pack, tensors, unpack, vecs
 from superopt.rewrites.rule import rule
@@ -85,7 +85,7 @@ def test_layouts_are_the_documented_ones():
 
 
 def test_a_format_that_does_not_apply_is_a_clear_error():
-    from superopt.egraph.layout import LayoutError
+    from superopt.core.formats import LayoutError
     with pytest.raises(LayoutError, match="NC1HWC0 packs rank 4"):
         packed_shape("NC1HWC0", (3, 16))
     with pytest.raises(LayoutError, match="unknown format 'NHWC'"):

@@ -13,14 +13,14 @@ from egglog import EGraph, String, set_
 
 from bench.limits import chain
 from superopt import Limits, StopReason, superopt
-from superopt.deadline import Deadline, TimeLimit, current
+from superopt.core.deadline import Deadline, TimeLimit, current
 from superopt.egraph import encode as encode_module
 from superopt.egraph import terms as T
 from superopt.egraph.analysis import facts
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
-from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS
+from superopt.core.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS
 from superopt.egraph.isolate import portable, saturate_isolated
 from superopt.extract.greedy import extract
 from superopt.extract.target import load_target

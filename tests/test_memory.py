@@ -6,7 +6,7 @@ import pytest
 
 from bench.remat import mlp_grad
 from superopt import superopt
-from superopt.egraph.ir import Graph, Node
+from superopt.core.ir import Graph, Node
 from superopt.extract.memory import beam_order, memory_order, parse_bytes, peak_memory, renumber, reorder_for_memory
 from superopt.lowering.jax import lower
 

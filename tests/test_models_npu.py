@@ -25,7 +25,7 @@ def test_the_cube_runs_int8_at_twice_the_fp16_rate():
 
 
 def test_an_int8_matmul_kernel_is_costed_at_the_int8_rate():
-    from superopt.egraph.ir import Node
+    from superopt.core.ir import Node
     from superopt.extract.cost import kernel_breakdown
 
     def body(dtype, acc):

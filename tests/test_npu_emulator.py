@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from superopt.extract.models.chimera import data_movement, gemm, gemm_chain
-from superopt.egraph.ir import Node
-from superopt.egraph.layout import holds, pack_np, unpack_np
+from superopt.core.ir import Node
+from superopt.core.formats import holds, pack_np, unpack_np
 from superopt.extract.target import load_target
 from superopt.lowering.npu.codegen import CodegenError, chain_program, gemm_program
 from superopt.lowering.npu.vector import vector_program

@@ -14,7 +14,7 @@ from superopt import superopt
 from superopt.extract.target import load_target
 from superopt.lowering.npu.lower import NpuExecutable
 from superopt.npu_backend import NumericsWarning, check_precision, on_emulator
-from superopt.verify import VerificationWarning, compare_outputs, random_args
+from superopt.core.verify import VerificationWarning, compare_outputs, random_args
 
 NPUS = ["npu-910", "npu-910b"]
 

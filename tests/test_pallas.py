@@ -13,13 +13,13 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from superopt import superopt
-from superopt.egraph.ir import Graph, Node
+from superopt.core.ir import Graph, Node
 from superopt.extract.target import load_target
 from superopt.extract.tiling import Tiling
 from superopt.lowering.jax import lower
 from superopt.lowering.pallas.blocks import Options, plural
 from superopt.lowering.pallas.program import PallasProgram, compare, narrowest_floats
-from superopt.rewrites.reference import evaluate as reference
+from superopt.core.reference import evaluate as reference
 
 H100 = load_target("gpu-h100")
 FEW = settings(max_examples=5, deadline=None)

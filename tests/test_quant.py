@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from superopt.workloads import qlinear_args as _args   # the benchmark's int8 layer, any shape
 from superopt.workloads import qconv_args, qconv_fn, qconv_per_channel_args, qconv_per_channel_fn, qlinear_fn as qlinear
 from superopt import superopt
-from superopt.rewrites.reference import evaluate
+from superopt.core.reference import evaluate
 
 f32 = jnp.float32
 

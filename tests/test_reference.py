@@ -7,10 +7,10 @@ import pytest
 from jax import lax
 
 from superopt.egraph.capture import capture
-from superopt.egraph.ir import ALL_OPS, Graph, Node
+from superopt.core.ir import ALL_OPS, Graph, Node
 from superopt.lowering.jax import lower
-from superopt.rewrites import reference
-from superopt.rewrites.reference import EVAL, evaluate, evaluate_node
+from superopt.core import reference
+from superopt.core.reference import EVAL, evaluate, evaluate_node
 
 rng = np.random.default_rng(0)
 BF16 = ml_dtypes.bfloat16

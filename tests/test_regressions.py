@@ -18,7 +18,7 @@ from superopt.extract.target import available_targets, load_target
 from superopt.lowering.jax import lower
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT
-from superopt.verify import compare_outputs, random_args
+from superopt.core.verify import compare_outputs, random_args
 
 
 def _flat(tree) -> list:
@@ -36,7 +36,7 @@ def test_precise_reference_keeps_a_kernels_inputs_unrounded():
     """Fuzz-found (extracted programs vs original, float64): the reference evaluator rounded a kernel's
     inputs to their declared dtype in precise mode, so a fused bf16 program's float64 value differed
     from the unfused one's by bf16 rounding (2.9e-8 over a 1.95e-9 bound). Fixed in
-    rewrites/reference.py: a kernel body is evaluated with round_args=False."""
+    superopt/core/reference.py: a kernel body is evaluated with round_args=False."""
     def program(a0):
         v1 = 2.0 + a0
         v2 = 3.0 * v1
@@ -113,7 +113,7 @@ def test_a_mixed_precision_matmul_is_judged_at_its_declared_precision():
     drops f32 -> bf16 -> f32 round trips), so the original below is more accurate than its types say,
     and the extracted bf16 x bf16 -> f32 matmul (`matmul-mixed-precision-bf16`, exact at the declared
     types) was judged less accurate than it. Not a superopt bug: the fuzzer judges such programs at their
-    narrowest float type (`fuzzing.narrowest_float`, superopt.verify's `as_dtype`), and superopt's own
+    narrowest float type (`fuzzing.narrowest_float`, superopt.core.verify's `as_dtype`), and superopt's own
     verification, which compares at the output's type, keeps the original where it disagrees."""
     def program(a1, a20):
         v1 = jnp.square(a1)

@@ -19,7 +19,7 @@ from superopt.egraph.runner import NODE_SLACK, Phase, _rows, saturate
 from superopt.rewrites.pattern import add, mul, sub, tensors, unary
 from superopt.rewrites.rule import RuleSet, rule
 from superopt.rewrites.schedule import Schedule
-from superopt.verify import compare_outputs
+from superopt.core.verify import compare_outputs
 from superopt.report import stop_phrase
 
 RNG = np.random.default_rng(0)

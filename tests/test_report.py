@@ -8,7 +8,7 @@ from superopt.egraph.capture import capture
 from superopt.egraph.runner import PhaseReport, RunReport
 from superopt.explain import rules_by_phase
 from superopt.extract.candidates import program_key
-from superopt.egraph.ir import pretty
+from superopt.core.ir import pretty
 from superopt.report import Outcome, Report, fusion_lines, plural, stop_phrase
 
 

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from superopt.egraph.capture import capture
-from superopt.egraph.ir import Graph, Node
+from superopt.core.ir import Graph, Node
 from superopt.egraph.siblings import internal, merged_body, run_before, sibling_groups
 from superopt.extract.traffic import gradient_tensors, gradient_traffic
 

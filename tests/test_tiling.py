@@ -10,7 +10,7 @@ import pytest
 
 from superopt.workloads import GEMM_CHAIN_SHAPES
 from superopt import superopt
-from superopt.egraph.ir import Node
+from superopt.core.ir import Node
 from superopt.extract.cost import op_breakdown, op_cost
 from superopt.extract.models.chimera import gemm_chain_mlkn, optimal_dv_clamped, optimal_dv_mlkn, optimal_dv_tiles
 from superopt.extract.target import load_target

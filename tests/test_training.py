@@ -8,7 +8,7 @@ import pytest
 
 from superopt.workloads import sgd_step, sgd_step_fn, train_step, train_step_fn
 from superopt import superopt
-from superopt.egraph.ir import body_str
+from superopt.core.ir import body_str
 from superopt.egraph.runner import StopReason
 from superopt.extract.target import load_target
 from superopt.extract.tiling import cone

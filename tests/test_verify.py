@@ -1,4 +1,4 @@
-"""Verification under the numerics contract (superopt/verify.py), written from issue 28's findings: random
+"""Verification under the numerics contract (superopt/core/verify.py), written from issue 28's findings: random
 normal inputs never reach the values where rewrites differ, so verification adds adversarial input sets
 (near overflow, zeros and -0, NaN and inf, subnormals, integer extremes) and compares finite, NaN and inf
 patterns exactly.
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from superopt import VerificationWarning, superopt
-from superopt import verify as V
-from superopt.verify import verify as _verify
+from superopt.core import verify as V
+from superopt.core.verify import verify as _verify
 from superopt.egraph.capture import capture
-from superopt.rewrites.reference import evaluate
+from superopt.core.reference import evaluate
 
 F16 = jnp.float16
 

@@ -22,7 +22,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from superopt.egraph.layout import FORMATS, packed_shape
+from superopt.core.formats import FORMATS, packed_shape
 from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
     ALIGNMENT, CUBE_FP32, PRECISIONS, Buf, CopyIn, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, WaitFlag,
@@ -156,7 +156,7 @@ def insert_flags(instrs: list) -> list:
 
 
 def _gm_shape(shape3: tuple, layout: str) -> tuple:
-    """The GM tensor that holds a [batch, rows, columns] matrix in `layout` (egraph/layout.py)."""
+    """The GM tensor that holds a [batch, rows, columns] matrix in `layout` (superopt/core/formats.py)."""
     if layout == "ND":
         return shape3
     if not FORMATS[layout].fills_blocks(shape3[1:]):
@@ -183,7 +183,7 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     """C = A @ B (relu optional) tiled as the Chimera model counts it. `a`, `b`, `c` are (name, shape,
     dtype) of GM tensors: A [batch, M, K], B [K, N] or [batch, K, N], C [batch, M, N] (a leading batch
     of 1 may be left out). `order` names the loops m, n, k outermost first; `tiles` their tile sizes.
-    `layouts` are the GM formats of A, B and C: ND, or the cube's own (ZZ, ZN, NZ: egraph/layout.py), in
+    `layouts` are the GM formats of A, B and C: ND, or the cube's own (ZZ, ZN, NZ: superopt/core/formats.py), in
     which case the shapes are those of the padded matrices they hold and tiles move as whole fractals (the
     same bytes; the conversions to and from ND that MTE1 and FixPipe do are not needed). `precision`
     is the type float32 operands are multiplied in (`cube_dtype`: "fp16", or "fp32" where the chip takes it)."""

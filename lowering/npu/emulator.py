@@ -25,9 +25,9 @@ from superopt.lowering.npu.isa import (
     ALIGNMENT, CUBE_K_PER_CYCLE, Barrier, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag,
     VecOp, WaitFlag,
 )
-from superopt.egraph.ir import BINARY_OPS, UNARY_OPS
-from superopt.egraph.layout import holds, pack_np, unpack_np
-from superopt.rewrites.reference import evaluate_node
+from superopt.core.ir import BINARY_OPS, UNARY_OPS
+from superopt.core.formats import holds, pack_np, unpack_np
+from superopt.core.reference import evaluate_node
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "logistic", "erf", "sqrt", "rsqrt", "pow", "log1p", "expm1"})
 FRACTAL = 16

@@ -100,7 +100,7 @@ class CopyIn(_Move):
     """MTE2: a GM window into L1 or the UB (zero padding past the tensor's edge), cast to the buffer's dtype
     when the window's dtype differs (the cube's operands become fp16). `src` is a Gm, `dst` a Buf. With
     `at`, the window fills only its own region of `dst`, from that row and column. With `layout`, the
-    window is a block of whole fractals of a packed tensor in that format (egraph/layout.py: ZZ, ZN) and
+    window is a block of whole fractals of a packed tensor in that format (superopt/core/formats.py: ZZ, ZN) and
     lands as the matrix it holds (the cube's operands are fractal on chip anyway)."""
     at: tuple = ()
     layout: str = ""

@@ -1,4 +1,4 @@
-"""Format conversions (TransData) on the vector unit: pack or unpack a GM tensor (egraph/layout.py).
+"""Format conversions (TransData) on the vector unit: pack or unpack a GM tensor (superopt/core/formats.py).
 
 The logical tensor is cut into boxes: a range of its first axis and of its last axis, each in whole
 blocks of the format, every other axis whole. A box is one contiguous range of the packed tensor's
@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from superopt.egraph.layout import format_of
+from superopt.core.formats import format_of
 from superopt.extract.target import Target
 from superopt.lowering.npu.codegen import Allocator, CodegenError, _view, insert_flags, vector_cores
 from superopt.lowering.npu.isa import ALIGNMENT, CopyIn, CopyOut, Gm, Program, ScalarOp, VecOp

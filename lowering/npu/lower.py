@@ -15,7 +15,7 @@ stages, each an `isa.Program` that reads and writes GM tensors:
   That is the 910B's own path between its cube and vector cores; on the coupled 910 it is conservative
   (the hardware could also pass the tile through the UB), so the 910 figures are an upper bound;
 - a convolution is an img2col stage (the patch matrix in GM) and a cube stage;
-- a `fractal_matmul` (egraph/layout.py) is a cube stage whose operands and result stay in the cube's own
+- a `fractal_matmul` (superopt/core/formats.py) is a cube stage whose operands and result stay in the cube's own
   fractal formats in GM (ZZ, ZN -> NZ), and a pack or unpack of a computed tensor is a format conversion
   on the vector unit (`layout.py`); a pack of a constant is computed when the executable is built.
 
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from superopt.egraph.ir import REDUCTIONS, Graph, Node, body_str
-from superopt.egraph.layout import CUBE_FORMATS, holds, packed_shape
+from superopt.core.ir import REDUCTIONS, Graph, Node, body_str
+from superopt.core.formats import CUBE_FORMATS, holds, packed_shape
 from superopt.egraph.siblings import internal, merged_body, run_before, sibling_groups
 from superopt.extract.cost import one_op_body
 from superopt.extract.target import Target
@@ -787,7 +787,7 @@ def cube_reference(graph: Graph, args, precision: str = "fp16") -> list:
     """The program's outputs computed in numpy with the NPU's rounding: matmul operands in fp16 (as they
     are under `precision` "fp32"), the rest in the program's own types. The emulator's results differ
     from these only by summation order."""
-    from superopt.rewrites.reference import evaluate
+    from superopt.core.reference import evaluate
     nodes, remap = _round_cube_operands(list(graph.nodes), precision)
     rounded = Graph(nodes=nodes, outputs=[remap[o] for o in graph.outputs], consts=graph.consts,
                     opaque=graph.opaque, n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)

@@ -18,7 +18,7 @@ from itertools import product
 
 import numpy as np
 
-from superopt.egraph.ir import REDUCTIONS, Node
+from superopt.core.ir import REDUCTIONS, Node
 from superopt.extract.target import Target
 from superopt.lowering.npu.codegen import Allocator, CodegenError, _up, _view, insert_flags, vector_cores
 from superopt.lowering.npu.emulator import ELEMENTWISE, emulate

@@ -27,7 +27,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from superopt.egraph.ir import REDUCTIONS, Graph, Node
+from superopt.core.ir import REDUCTIONS, Graph, Node
 from superopt.extract.tiling import _online_softmax
 from superopt.lowering.jax import evaluate as jax_evaluate
 from superopt.lowering.pallas.attention import attention

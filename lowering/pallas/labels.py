@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from superopt.egraph.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, Node, postorder
+from superopt.core.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, Node, postorder
 
 MATRIX = frozenset({"matmul", "conv"})
 ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"select", "convert", "integer_pow"}

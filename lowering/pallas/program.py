@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from superopt.egraph.ir import Graph
+from superopt.core.ir import Graph
 from superopt.egraph.siblings import merged_body, run_before
 from superopt.extract.cost import one_op_body, tiling_options
 from superopt.lowering.jax import evaluate as jax_evaluate
@@ -230,7 +230,7 @@ def compare(graph: Graph, expected: list, actual: list) -> str | None:
     writes every value at the type the term declares, while XLA drops float32 -> bfloat16 -> float32
     round trips inside a fusion (it keeps an intermediate's excess precision), so where an output depends
     on a bfloat16 or float16 intermediate the two programs differ by that type's rounding."""
-    from superopt import verify as verification
+    from superopt.core import verify as verification
     if len(expected) != len(actual):
         return f"{len(actual)} outputs, expected {len(expected)}"
     for k, (e, a, narrow) in enumerate(zip(expected, actual, narrowest_floats(graph))):
@@ -245,7 +245,7 @@ def on_pallas(spec, target, check: bool):
     against the JAX program on random inputs (`compare`: at each output's type, or at the narrowest float
     type it is computed through). Where the check fails the JAX program runs instead and the report says
     why."""
-    from superopt import verify as verification
+    from superopt.core import verify as verification
     report = spec.report
     start = time.perf_counter()
     try:

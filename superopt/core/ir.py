@@ -46,9 +46,9 @@ STRUCTURAL_OPS = frozenset({
     "concat",       # (dimension,)
     "slice",        # (start, limit, strides)
     "pad",          # (low, high, interior) inputs (x, padding_value)
-    "pack",         # (format,) a packed layout (egraph/layout.py)
+    "pack",         # (format,) a packed layout (superopt/core/formats.py)
     "unpack",       # (format,) the logical shape is the node's shape
-    "fractal_matmul",  # () ZZ-packed lhs x ZN-packed rhs -> NZ-packed result (egraph/layout.py)
+    "fractal_matmul",  # () ZZ-packed lhs x ZN-packed rhs -> NZ-packed result (superopt/core/formats.py)
     "opaque",       # (opaque_index, output_index) into Graph.opaque
     "kernel",       # (body,) one launch: body is a tuple of Nodes in topological order, `arg` k = input k
 })

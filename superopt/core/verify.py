@@ -6,6 +6,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from superopt.core.dtypes import is_float
+from superopt.core.reference import evaluate
+
 # Floating-point outputs pass two checks (integers and bools must be equal):
 #   elementwise |a - e| <= tol * (|e| + max|e|)   -- no element is wrong on the output's own scale;
 #   normwise    ||a - e|| <= norm_tol * ||e||      -- the output as a whole is as accurate as rounding allows.
@@ -32,12 +35,6 @@ def random_args(avals, seed: int) -> list[np.ndarray]:
         else:
             out.append(rng.standard_normal(shape).astype(np.float32).astype(dt))
     return out
-
-
-def is_float(dtype) -> bool:
-    """numpy's float kinds, and the ml_dtypes floats (bfloat16, float8), whose numpy kind is 'V'."""
-    dtype = np.dtype(dtype)
-    return dtype.kind in "fc" or dtype.name.startswith(("bfloat", "float8"))
 
 
 def mismatch(expected, actual, as_dtype: str | None = None) -> str | None:
@@ -410,7 +407,6 @@ def verify(reference, candidate, avals, original, numerics: str = "strict", tria
     and near-overflow ones are left out, since a re-associated or factored product may turn an inf into a
     NaN or overflow where the original does not; and a set on which one program overflowed is skipped
     (`judge`). NaN positions, zeros, subnormals and finite values are still compared."""
-    from superopt.rewrites.reference import evaluate
     if numerics not in MODES:
         raise ValueError(f"unknown numerics mode {numerics!r}; valid: {', '.join(MODES)}")
 

@@ -20,9 +20,9 @@ from typing import Callable
 import ml_dtypes  # also makes np.dtype('bfloat16') resolve
 import numpy as np
 
-from superopt.egraph.ir import WINDOW_REDUCTIONS, Graph
-from superopt.egraph.layout import fractal_einsum, pack_np, unpack_np
-from superopt.verify import is_float
+from superopt.core.ir import WINDOW_REDUCTIONS, Graph
+from superopt.core.formats import fractal_einsum, pack_np, unpack_np
+from superopt.core.dtypes import is_float
 
 try:  # scipy is optional; math and statistics give the same functions one element at a time
     from scipy import special as _special
@@ -213,7 +213,7 @@ def _matmul(x, y, dt):
 
 
 def _fractal_matmul(x, y, dt):
-    """The cube's contraction on fractals (egraph/layout.py), accumulated like `_matmul`."""
+    """The cube's contraction on fractals (superopt/core/formats.py), accumulated like `_matmul`."""
     acc = _accumulator(dt)
     return np.einsum(fractal_einsum(y.ndim > 4), x.astype(acc), y.astype(acc))
 

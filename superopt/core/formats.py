@@ -126,7 +126,7 @@ def _inverse(perm: tuple) -> tuple:
     return tuple(int(i) for i in np.argsort(perm))
 
 
-# ---- numpy: the reference semantics (rewrites/reference.py) and the emulator's UB conversions ----
+# ---- numpy: the reference semantics (superopt/core/reference.py) and the emulator's UB conversions ----
 
 def pack_np(x: np.ndarray, name: str) -> np.ndarray:
     f = format_of(name)

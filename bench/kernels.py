@@ -8,7 +8,7 @@ from __future__ import annotations
 from superopt.workloads import WORKLOADS
 from superopt import superopt
 from superopt.core import progress
-from superopt.core.ir import REDUCTIONS
+from superopt.core.ops import REDUCTIONS
 from superopt.extract.tiling import cone
 
 TARGETS = ("cpu", "gpu-h100", "npu-910b")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from egglog import String, Vec, eq, f64, i64, rule, ruleset, set_, var, vars_
 
-from superopt.core.ir import BINARY_OPS, COMPARISONS, UNARY_OPS
+from superopt.core.ops import BINARY_OPS, UNARY_OPS, flagged
 from superopt.core.formats import FORMATS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, conv,
@@ -124,7 +124,7 @@ def _concat_rules():
 
 def facts():
     """Ground facts the analyses need, registered once per e-graph."""
-    bool_ops = COMPARISONS | {"is_finite"}
+    bool_ops = flagged("bool_result")
     floats = ("float16", "bfloat16", "float32", "float64")
     return [float_dtype(String(f)) for f in floats] + [bool_result_op(String(o)) for o in sorted(bool_ops)] + [
         same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops)]

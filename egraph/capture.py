@@ -1,7 +1,8 @@
 """Capture: a Python function and example arguments -> a `Graph` built from its jaxpr.
 
-Each primitive has an entry in `_HANDLERS`; the bodies of `jit`, `custom_jvp_call` and `custom_vjp_call`
-(their primal bodies) are inlined, and any primitive without an entry becomes an `opaque` node that
+Each primitive has an entry in `_HANDLERS`: an op table entry's `capture` hook (core/ops.py), or a
+structural handler below. The bodies of `jit`, `custom_jvp_call` and `custom_vjp_call` (their primal
+bodies) are inlined, and any primitive without an entry becomes an `opaque` node that
 lowering binds again with its original params, so every JAX program goes through unchanged in meaning.
 The arguments may be abstract (`jax.ShapeDtypeStruct` leaves, weakly typed or not): `fn` is traced once.
 
@@ -42,9 +43,9 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from superopt.core.ir import (
-    ARG_REDUCTIONS, BINARY_OPS, COMPARISONS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node, Opaque,
-)
+from superopt.core.ir import Graph, Node, Opaque
+
+from superopt.core.ops import OPS, Op
 
 # Primitives whose body is inlined, with the param holding the body.
 _CALL_BODIES = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr",
@@ -493,18 +494,6 @@ def _out(eqn):
     return eqn.outvars[0].aval
 
 
-def _elementwise(b, eqn, ins):
-    if any(v is not None for v in eqn.params.values()):
-        return None  # e.g. round's rounding_method, an accuracy request: keep the primitive whole
-    return b.node(eqn.primitive.name, ins, (), _out(eqn))
-
-
-def _round(b, eqn, ins):
-    """lax.round: half away from zero is `round`, half to even (jnp.round's) is `round_even`."""
-    method = int(eqn.params.get("rounding_method", 0))
-    return b.node("round_even" if method == 1 else "round", ins, (), _out(eqn)) if method in (0, 1) else None
-
-
 def _integer_pow(b, eqn, ins):
     return b.node("integer_pow", ins, (int(eqn.params["y"]),), _out(eqn))
 
@@ -513,17 +502,6 @@ def _select_n(b, eqn, ins):
     if len(ins) != 3:
         return None
     return b.node("select", ins, (), _out(eqn))
-
-
-def _reduce(b, eqn, ins):
-    return b.node(eqn.primitive.name, ins, (tuple(sorted(int(a) for a in eqn.params["axes"])),), _out(eqn))
-
-
-def _arg_reduce(b, eqn, ins):
-    axes = tuple(eqn.params["axes"])
-    if len(axes) != 1:
-        return None
-    return b.node(eqn.primitive.name, ins, (int(axes[0]),), _out(eqn))
 
 
 def _transpose(b, eqn, ins):
@@ -588,15 +566,6 @@ def _iota(b, eqn, ins):
     return b.node("iota", (), (int(eqn.params["dimension"]),), _out(eqn))
 
 
-def _pool(b, eqn, ins):
-    p = eqn.params
-    if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
-        return None
-    low, high = (tuple(int(pad[k]) for pad in p["padding"]) for k in (0, 1))
-    attrs = (tuple(p["window_dimensions"]), tuple(p["window_strides"]), low, high)
-    return b.node(eqn.primitive.name, ins, attrs, _out(eqn))
-
-
 def _conv(b, eqn, ins):
     params = tuple(sorted(eqn.params.items()))
     try:
@@ -636,12 +605,17 @@ def _dot_general(b, eqn, ins):
     return mm
 
 
+def _from_table(op: Op) -> Callable:
+    """The handler of a primitive an op table entry captures: its `capture` hook names the op and attrs."""
+    def handler(b, eqn, ins):
+        found = op.capture(eqn.params)
+        return None if found is None else b.node(found[0], ins, found[1], _out(eqn))
+    return handler
+
+
 _HANDLERS: dict[str, Callable] = {
-    **{op: _elementwise for op in UNARY_OPS | BINARY_OPS | COMPARISONS},
-    **{op: _reduce for op in REDUCTIONS},
-    **{op: _arg_reduce for op in ARG_REDUCTIONS},
-    **{op: _pool for op in WINDOW_REDUCTIONS},
-    "round": _round, "integer_pow": _integer_pow, "select_n": _select_n, "transpose": _transpose, "reshape": _reshape,
+    **{primitive: _from_table(op) for op in OPS.values() if op.capture for primitive in op.captures},
+    "integer_pow": _integer_pow, "select_n": _select_n, "transpose": _transpose, "reshape": _reshape,
     "squeeze": _squeeze, "broadcast_in_dim": _broadcast, "convert_element_type": _convert,
     "concatenate": _concat, "stack": _stack, "add_any": _add_any, "slice": _slice, "pad": _pad, "iota": _iota,
     "conv_general_dilated": _conv, "dot_general": _dot_general,

@@ -24,7 +24,8 @@ from egglog.bindings import Call, Lit, Var
 from superopt.core.deadline import Deadline
 from superopt.egraph import terms as T
 from superopt.egraph.analysis import facts
-from superopt.core.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
+from superopt.core.ir import Graph, Node
+from superopt.core.ops import lookup
 
 _CHUNK = 256                 # nodes per rule: a rule compiles in time linear in its actions; few cross rules
 _REF = "superopt_encode_ref"  # the helper table: node id -> e-class, for nodes read across rules
@@ -110,15 +111,16 @@ class _Writer:
         """The egglog call for `node` with its inputs `ins` (variables)."""
         op, a = node.op, node.attrs
         call, s, i, v = self.declare, self.string, self.int, self.vec
-        if op in UNARY_OPS:
+        family = lookup(op).family   # an op of a family is its constructor applied to the op's name
+        if family == "unary":
             return Call(_SPAN, call(T.unary), [s(op), ins[0]])
-        if op in BINARY_OPS:
+        if family == "binary":
             return Call(_SPAN, call(T.binary), [s(op), ins[0], ins[1]])
-        if op in REDUCTIONS:
+        if family == "reduce":
             return Call(_SPAN, call(T.reduce), [s(op), ins[0], v(a[0])])
-        if op in ARG_REDUCTIONS:
+        if family == "argreduce":
             return Call(_SPAN, call(T.argreduce), [s(op), ins[0], i(a[0]), s(node.dtype)])
-        if op in WINDOW_REDUCTIONS:
+        if family == "pool":
             return Call(_SPAN, call(T.pool), [s(op), ins[0], *(v(x) for x in a)])
         if op == "conv":   # the params are interned first, as the expression layer did
             index = self.enc.intern_conv(a[0])

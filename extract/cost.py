@@ -10,16 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from superopt.core.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, Node
+from superopt.core.ir import Node
+
+from superopt.core.ops import FREE, LAYOUT_OPS, MATRIX_OPS, MOVEMENT, REDUCTIONS, lookup
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, Untileable, nest_of, tilings
 
 Type = tuple[tuple[int, ...], str]  # (shape, dtype)
-
-TRANSCENDENTAL = frozenset({"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erfc", "erf_inv",
-                            "sin", "cos", "tan", "pow", "atan2", "sqrt", "rsqrt", "cbrt"})
-FREE = frozenset({"arg", "const", "lit", "reshape"})  # leaves, and reshape (a bitcast of a dense array)
-
 
 def nbytes(t: Type) -> int:
     shape, dtype = t
@@ -31,26 +28,13 @@ def size(t: Type) -> int:
 
 
 def flops(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:
-    if op == "matmul":
-        (a_shape, _), (b_shape, _) = ins
-        return 2.0 * size(out) * a_shape[-1]
-    if op == "conv":
-        params = dict(attrs[0])
-        rhs_shape = ins[1][0]
-        out_features = rhs_shape[params["dimension_numbers"].rhs_spec[0]]
-        return 2.0 * size(out) * math.prod(rhs_shape) / out_features
-    if op in UNARY_OPS or op in BINARY_OPS:
-        return size(out) * (target.transcendental_flops if op in TRANSCENDENTAL else 1)
-    if op in REDUCTIONS or op in ARG_REDUCTIONS:
-        return float(size(ins[0]))
-    if op.startswith("reduce_window"):
-        return float(size(out) * math.prod(attrs[0]))
-    if op == "integer_pow":
-        return size(out) * max(1, abs(attrs[0]).bit_length())
-    return 0.0
+    """The op's arithmetic (its op table entry's `flops`), an element of a transcendental op counted as
+    `target.transcendental_flops`. An op not in the table is an error naming it."""
+    spec = lookup(op)
+    work = spec.flops(attrs, ins, out)
+    return work * target.transcendental_flops if spec.has("transcendental") else work
 
 
-MATRIX_OPS = frozenset({"matmul", "conv"})
 MATRIX_DTYPES = frozenset({"float16", "bfloat16"})  # what tensor cores and the cube take at their peak
 
 
@@ -70,9 +54,6 @@ NPU_VECTOR_TILE = 16 * 1024
 NPU_CUBE_TILE = (128, 128, 64)
 STRIDED_CPU_FACTOR = 2      # a transposed f32 read inside an XLA CPU loop fusion: cache lines re-read (estimate)
 GPU_MATMUL_REGISTERS = 96    # a 128x128 tile over 256 threads: 64 fp32 accumulators + operand fragments (estimate)
-# pack / unpack (superopt/core/formats.py) are data movement too; on an NPU each is a format conversion (TransData).
-LAYOUT_OPS = frozenset({"pack", "unpack"})
-MOVEMENT = frozenset({"arg", "transpose", "broadcast", "reshape", "convert"}) | LAYOUT_OPS
 
 
 def one_op_body(op: str, attrs: tuple, ins: list[Type], out: Type) -> tuple:

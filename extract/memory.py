@@ -17,8 +17,9 @@ import re
 from dataclasses import dataclass, field, replace
 
 from superopt.core.ir import Graph
+from superopt.core.ops import flagged
 
-_VIEWS = frozenset({"reshape"})
+_VIEWS = flagged("view")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 

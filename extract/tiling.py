@@ -24,10 +24,12 @@ from itertools import permutations, product
 
 import numpy as np
 
-from superopt.core.ir import REDUCTIONS, Node
+from superopt.core.ir import Node
+
+from superopt.core.ops import MATRIX_OPS, REDUCTIONS
 from superopt.extract.models.chimera import data_movement, gemm, gemm_chain
 
-MATRIX = frozenset({"matmul", "conv"})
+MATRIX = MATRIX_OPS
 KEEP = 4                      # alternatives offered per kernel: the best tiles of the best loop orders
 SPLITS = 6                    # tile candidates that split a loop into this many equal parts or fewer
 

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from superopt.core.ir import BINARY_OPS, UNARY_OPS, Graph
+from superopt.core.ir import Graph
+from superopt.core.ops import ELEMENTWISE, MATRIX_OPS, flagged
 from superopt.extract.memory import size_str
 from superopt.egraph.siblings import internal
 
-_ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"select", "convert", "integer_pow", "broadcast", "transpose"}
-_VIEWS = frozenset({"reshape"})
+_ELEMENTWISE = ELEMENTWISE | {"broadcast", "transpose"}   # the same index space as the operands, permuted
+_VIEWS = flagged("view")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def _key(shape: tuple) -> tuple:
     return tuple(sorted(shape))
 
 
-_CONTRACTIONS = frozenset({"matmul", "conv"})
+_CONTRACTIONS = MATRIX_OPS
 _PASS = _VIEWS | {"transpose", "convert"}
 
 

@@ -14,94 +14,14 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from superopt.core.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS, Graph, Node
-from superopt.core.formats import fractal_einsum, format_of
+from superopt.core.ir import Graph
+from superopt.core.ops import OPS, lookup
 
-_UNARY_FN = {"not": lax.bitwise_not, "stop_gradient": lax.stop_gradient, "round": lax.round,
-             "round_even": lambda x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)}
-_BINARY_FN = {"and": lax.bitwise_and, "or": lax.bitwise_or, "xor": lax.bitwise_xor}
-# The public functions, not `primitive.bind`: they supply every param (reduce_sum's out_sharding) that the
-# primitives' transpose and batching rules need, so grad and vmap of a lowered program work.
-_REDUCE_FN = {"reduce_sum": lax.reduce_sum, "reduce_max": lax.reduce_max, "reduce_min": lax.reduce_min,
-              "reduce_prod": lax.reduce_prod, "reduce_and": lax.reduce_and, "reduce_or": lax.reduce_or}
-
-
-def _matmul(node: Node, a, b):
-    ra, rb = a.ndim, b.ndim
-    if rb == 2:
-        dims = (((ra - 1,), (0,)), ((), ()))
-    else:
-        batch = tuple(range(ra - 2))
-        dims = (((ra - 1,), (rb - 2,)), (batch, batch))
-    return lax.dot_general(a, b, dims, preferred_element_type=np.dtype(node.dtype))
-
-
-def _pool(node: Node, x):
-    """A window reduction, bound with every param its primitive has (as `lax.reduce_window` binds it): the
-    primitive's JVP, transpose and batching rules read them all."""
-    window, strides, low, high = node.attrs
-    primitive = {"reduce_window_max": lax.reduce_window_max_p, "reduce_window_min": lax.reduce_window_min_p,
-                 "reduce_window_sum": lax.reduce_window_sum_p}[node.op]
-    ones = (1,) * len(window)
-    return primitive.bind(x, window_dimensions=window, window_strides=strides, padding=tuple(zip(low, high)),
-                          base_dilation=ones, window_dilation=ones)
-
-
-def _reduce(node: Node, x):
-    return _REDUCE_FN[node.op](x, tuple(node.attrs[0]))
-
-
-def _pack(node: Node, x):
-    """pad with zeros to whole blocks, split the blocked axes, transpose (superopt/core/formats.py)."""
-    f = format_of(node.attrs[0])
-    padded = f.padded_shape(x.shape)
-    x = lax.pad(x, np.zeros((), x.dtype), tuple((0, p - n, 0) for n, p in zip(x.shape, padded)))
-    return lax.transpose(lax.reshape(x, tuple(f.split_dims(list(padded), lambda n, b: n // b))), f.full_perm(x.ndim))
-
-
-def _unpack(node: Node, y):
-    """The inverse transpose, merge the split axes, drop the padding."""
-    f = format_of(node.attrs[0])
-    perm = f.full_perm(len(node.shape))
-    padded = f.padded_shape(node.shape)
-    x = lax.reshape(lax.transpose(y, tuple(int(i) for i in np.argsort(perm))), padded)
-    return lax.slice(x, (0,) * len(padded), node.shape)
-
-
-def _fractal_matmul(node: Node, a, b):
-    return jnp.einsum(fractal_einsum(b.ndim > 4), a, b, preferred_element_type=np.dtype(node.dtype))
-
-
-_LOWER: dict[str, Callable] = {
-    "integer_pow": lambda n, x: lax.integer_pow(x, n.attrs[0]),
-    "select": lambda n, p, f, t: lax.select_n(p, f, t),
-    "matmul": _matmul,
-    # every param as captured (lhs/rhs shapes, precision, preferred_element_type...): grad and vmap need them
-    "conv": lambda n, lhs, rhs: lax.conv_general_dilated_p.bind(lhs, rhs, **dict(n.attrs[0])),
-    "transpose": lambda n, x: lax.transpose(x, n.attrs[0]),
-    "reshape": lambda n, x: lax.reshape(x, n.shape),
-    "broadcast": lambda n, x: lax.broadcast_in_dim(x, n.shape, n.attrs[0]),
-    "convert": lambda n, x: lax.convert_element_type(x, np.dtype(n.dtype)),
-    "concat": lambda n, *xs: lax.concatenate(xs, n.attrs[0]),
-    "slice": lambda n, x: lax.slice(x, *n.attrs),
-    "pad": lambda n, x, v: lax.pad(x, v, tuple(zip(*n.attrs))),
-    "pack": _pack,
-    "unpack": _unpack,
-    "fractal_matmul": _fractal_matmul,
-    "iota": lambda n: lax.broadcasted_iota(np.dtype(n.dtype), n.shape, n.attrs[0]),
-    "argmax": lambda n, x: lax.argmax(x, n.attrs[0], np.dtype(n.dtype)),
-    "argmin": lambda n, x: lax.argmin(x, n.attrs[0], np.dtype(n.dtype)),
-    **{op: _reduce for op in REDUCTIONS},
-    **{op: _pool for op in WINDOW_REDUCTIONS},
-    **{op: (lambda fn: lambda n, x: fn(x))(_UNARY_FN.get(op) or getattr(lax, op)) for op in UNARY_OPS
-       if op in _UNARY_FN or hasattr(lax, op)},
-    **{op: (lambda fn: lambda n, x, y: fn(x, y))(_BINARY_FN.get(op) or getattr(lax, op)) for op in BINARY_OPS
-       if op in _BINARY_FN or hasattr(lax, op)},
-}
+# Each op's lowering is its op table entry's `jax` function (core/ops.py); every primitive is bound through
+# its public lax function, or with all of its params.
+_LOWER: dict[str, Callable] = {op.name: op.jax for op in OPS.values() if op.jax is not None}
 
 
 def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=None,
@@ -134,7 +54,7 @@ def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=N
         else:
             lower = _LOWER.get(node.op)
             if lower is None:
-                raise NotImplementedError(f"superopt: no JAX lowering for op {node.op!r} (target cpu)")
+                raise NotImplementedError(f"superopt: no JAX lowering for op {lookup(node.op).name!r}")
             env[i] = lower(node, *ins)
     return env
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from superopt.core.ir import COMPARISONS
+from superopt.core.ops import flagged
 from superopt.core.formats import LayoutError, fractal_matmul_shape, packed_shape
 
 Type = tuple[tuple[int, ...], str]
+
+
+BOOL_RESULT = flagged("bool_result")
 
 
 class IllTyped(ValueError):
@@ -32,7 +35,7 @@ def _elementwise(op: str, ins: list[Type]) -> Type:
     dtypes = {d for _, d in ins}
     _need(len(dtypes) == 1 or op == "select", f"{op}: operand dtypes {sorted(dtypes)} differ")
     shape = shapes[0] if shapes else ()
-    return shape, ("bool" if op in COMPARISONS or op == "is_finite" else ins[-1][1])
+    return shape, ("bool" if op in BOOL_RESULT else ins[-1][1])
 
 
 def _conv(params: dict, ins: list[Type]) -> Type:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 
-from superopt.core.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS
+from superopt.core.ops import BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS
 from superopt.rewrites.functions import PREDICATES
 from superopt.rewrites.pattern import (
     ATTRIBUTE_FNS, CONSTRUCTORS, DTYPE, FLOAT, FORMAT, INT, OP, TENSOR, VEC, App, Const, Var, app,

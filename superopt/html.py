@@ -14,10 +14,11 @@ import shutil
 import subprocess
 
 from superopt.core.ir import Graph, body_str, type_str
+from superopt.core.ops import flagged
 from superopt.explain import launches, rules_by_phase
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 
-_LEAVES = frozenset({"arg", "const", "lit", "iota"})
+_LEAVES = flagged("leaf")
 _COLOURS = {"arg": "#d4edda", "const": "#e2e3e5", "lit": "#e2e3e5", "iota": "#e2e3e5", "kernel": "#ffe5b4",
             "matmul": "#f8c9c4", "conv": "#f8c9c4", "fractal_matmul": "#f8c9c4", "opaque": "#f5c6cb"}
 _WIDTH = 44   # characters of a label line

@@ -20,7 +20,7 @@ from superopt.egraph.analysis import facts
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
-from superopt.core.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS
+from superopt.core.ops import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS
 from superopt.egraph.isolate import portable, saturate_isolated
 from superopt.extract.greedy import extract
 from superopt.extract.target import load_target

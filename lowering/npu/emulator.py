@@ -25,13 +25,11 @@ from superopt.lowering.npu.isa import (
     ALIGNMENT, CUBE_K_PER_CYCLE, Barrier, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag,
     VecOp, WaitFlag,
 )
-from superopt.core.ir import BINARY_OPS, UNARY_OPS
+from superopt.core.ops import ELEMENTWISE, TRANSCENDENTAL
 from superopt.core.formats import holds, pack_np, unpack_np
 from superopt.core.reference import evaluate_node
 
-TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "logistic", "erf", "sqrt", "rsqrt", "pow", "log1p", "expm1"})
 FRACTAL = 16
-ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"select", "convert", "integer_pow"}
 
 
 class EmulatorError(RuntimeError):

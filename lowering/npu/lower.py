@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from superopt.core.ir import REDUCTIONS, Graph, Node, body_str
+from superopt.core.ir import Graph, Node, body_str
+
+from superopt.core.ops import LAYOUT_OPS, REDUCTIONS, on_npu
 from superopt.core.formats import CUBE_FORMATS, holds, packed_shape
 from superopt.egraph.siblings import internal, merged_body, run_before, sibling_groups
 from superopt.extract.cost import one_op_body
@@ -54,9 +56,7 @@ from superopt.lowering.npu.isa import Program
 from superopt.lowering.npu.layout import layout_program
 from superopt.lowering.npu.vector import VECTOR_OPS, img2col_program, vector_program
 
-VIEWS = frozenset({"reshape"})
-LAYOUT_OPS = frozenset({"pack", "unpack"})
-FREE = frozenset({"arg", "const", "lit"}) | VIEWS
+VIEWS = on_npu("view")   # views of their operand's GM tensor
 
 
 def _shared(operand: Node, reader: Node) -> bool:

@@ -18,13 +18,15 @@ from itertools import product
 
 import numpy as np
 
-from superopt.core.ir import REDUCTIONS, Node
+from superopt.core.ir import Node
+
+from superopt.core.ops import ELEMENTWISE, on_npu
 from superopt.extract.target import Target
 from superopt.lowering.npu.codegen import Allocator, CodegenError, _up, _view, insert_flags, vector_cores
-from superopt.lowering.npu.emulator import ELEMENTWISE, emulate
+from superopt.lowering.npu.emulator import emulate
 from superopt.lowering.npu.isa import ALIGNMENT, CopyIn, CopyOut, Gm, Program, ScalarOp, VecOp
 
-VECTOR_OPS = ELEMENTWISE | REDUCTIONS | {"broadcast", "transpose", "reshape", "arg"}
+VECTOR_OPS = on_npu("vector") | {"reshape", "arg"}   # the ops the vector unit runs, views and loads
 
 
 def _squeezed_axes(shape: tuple) -> list[int]:

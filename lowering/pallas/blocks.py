@@ -25,7 +25,9 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from superopt.core.ir import REDUCTIONS, Node
+from superopt.core.ir import Node
+
+from superopt.core.ops import REDUCTIONS
 from superopt.lowering.jax import _LOWER as JAX_OPS   # the per-op table this backend shares with lowering/jax.py
 from superopt.lowering.pallas.labels import ELEMENTWISE, Labelled, NoTemplate
 

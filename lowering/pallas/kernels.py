@@ -27,7 +27,9 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from superopt.core.ir import REDUCTIONS, Graph, Node
+from superopt.core.ir import Graph, Node
+
+from superopt.core.ops import REDUCTIONS
 from superopt.extract.tiling import _online_softmax
 from superopt.lowering.jax import evaluate as jax_evaluate
 from superopt.lowering.pallas.attention import attention

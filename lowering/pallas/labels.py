@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from superopt.core.ir import BINARY_OPS, REDUCTIONS, UNARY_OPS, Node, postorder
+from superopt.core.ir import Node, postorder
 
-MATRIX = frozenset({"matmul", "conv"})
-ELEMENTWISE = UNARY_OPS | BINARY_OPS | {"select", "convert", "integer_pow"}
+from superopt.core.ops import ELEMENTWISE, MATRIX_OPS, REDUCTIONS
+
+MATRIX = MATRIX_OPS
 LEAVES = frozenset({"arg", "lit"})
 MAIN = None                      # the region of everything that is no matrix operand's producer
 MAT = "matrix"                   # the key of a matrix op itself (never copied)

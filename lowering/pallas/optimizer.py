@@ -11,7 +11,9 @@ The grouping itself (`egraph/siblings.py`) is shared with the NPU lowering.
 """
 from __future__ import annotations
 
-from superopt.core.ir import REDUCTIONS, Graph, Node
+from superopt.core.ir import Graph, Node
+
+from superopt.core.ops import REDUCTIONS
 from superopt.egraph.siblings import sibling_groups
 from superopt.lowering.pallas.labels import ELEMENTWISE, MATRIX
 

@@ -27,18 +27,17 @@ import numpy as np
 from jax import lax
 
 from superopt.core.ir import Graph
+from superopt.core.ops import flagged, on_pallas
 from superopt.egraph.siblings import merged_body, run_before
 from superopt.extract.cost import one_op_body, tiling_options
 from superopt.lowering.jax import evaluate as jax_evaluate
 from superopt.lowering.pallas.blocks import Options
 from superopt.lowering.pallas.kernels import Launch, kind_of, run_kernel
-from superopt.lowering.pallas.labels import ELEMENTWISE, NoTemplate
+from superopt.lowering.pallas.labels import NoTemplate
 from superopt.lowering.pallas.optimizer import update_groups
 
-VIEWS = frozenset({"reshape"})
-BODY_OPS = ELEMENTWISE | {"broadcast", "transpose", "matmul", "reduce_sum", "reduce_max", "reduce_min",
-                          "reduce_prod", "reduce_and", "reduce_or"}
-MOVEMENT = frozenset({"concat", "slice", "pad", "pack", "unpack", "iota"})
+VIEWS = flagged("view")
+BODY_OPS = on_pallas("body") - VIEWS   # the ops a kernel of one op runs; the others run in JAX
 
 
 def default_options(target=None) -> Options:
@@ -101,7 +100,7 @@ class PallasProgram:
         elif node.op in BODY_OPS:
             body, tiling = one_op_body(node.op, node.attrs, ins, (node.shape, node.dtype)), None
         else:
-            raise NoTemplate(f"{'data movement' if node.op in MOVEMENT else 'no template'}: {node.op}")
+            raise NoTemplate(f"no template: {node.op} runs in JAX")
         if tiling is None and any(n.op == "matmul" for n in body):
             options, _ = tiling_options(body, ins, (node.shape, node.dtype), self.target)
             tiling = options[0] if options else None
@@ -204,7 +203,7 @@ class PallasProgram:
         return lines
 
 
-LEAF_OPS = frozenset({"arg", "const", "lit"})
+LEAF_OPS = flagged("leaf") & flagged("graph")   # arg, const, lit
 NARROW_FLOATS = ("bfloat16", "float16")      # widest tolerance first
 
 

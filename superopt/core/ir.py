@@ -1,4 +1,4 @@
-"""The Python-side mirror of the term language: a DAG of typed nodes.
+"""The Python-side mirror of the term language: a DAG of typed nodes (the ops: core/ops.py).
 
 One IR serves every stage that is not the e-graph itself: capture builds a `Graph` from a jaxpr,
 extraction builds one from the chosen e-nodes, and lowering, printing and cost evaluation walk it.
@@ -11,53 +11,7 @@ from typing import Any
 
 import numpy as np
 
-# Elementwise ops of one operand. Names follow lax primitives.
-UNARY_OPS = frozenset({
-    "neg", "abs", "sign", "floor", "ceil", "round", "round_even", "exp", "exp2", "log", "log1p", "expm1", "tanh",
-    "logistic", "sqrt", "rsqrt", "cbrt", "erf", "erfc", "erf_inv", "sin", "cos", "tan", "asin", "acos",
-    "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "not", "is_finite", "square", "stop_gradient",
-    "real", "imag", "conj",
-})
-# Elementwise ops of two operands (a rank-0 operand broadcasts, as in jaxprs).
-BINARY_OPS = frozenset({
-    "add", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter",
-    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "shift_left", "shift_right_logical",
-    "shift_right_arithmetic",
-})
-COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
-REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or"})
-ARG_REDUCTIONS = frozenset({"argmax", "argmin"})
-# Window reductions (pooling); attrs (window, strides, low padding, high padding), no dilation.
-WINDOW_REDUCTIONS = frozenset({"reduce_window_max", "reduce_window_min", "reduce_window_sum"})
-# Structural ops and leaves; attrs are listed with each.
-STRUCTURAL_OPS = frozenset({
-    "arg",          # (index,)
-    "const",        # (index,) into Graph.consts
-    "lit",          # (value,) rank-0 literal
-    "iota",         # (dimension,)
-    "integer_pow",  # (y,)
-    "select",       # () inputs (pred, on_false, on_true)
-    "matmul",       # () numpy matmul: equal batch dims, or a rank-2 rhs
-    "conv",         # (params,) sorted tuple of conv_general_dilated params
-    "transpose",    # (permutation,)
-    "reshape",      # () target shape is the node's shape
-    "broadcast",    # (broadcast_dimensions,) target shape is the node's shape
-    "convert",      # () target dtype is the node's dtype
-    "concat",       # (dimension,)
-    "slice",        # (start, limit, strides)
-    "pad",          # (low, high, interior) inputs (x, padding_value)
-    "pack",         # (format,) a packed layout (superopt/core/formats.py)
-    "unpack",       # (format,) the logical shape is the node's shape
-    "fractal_matmul",  # () ZZ-packed lhs x ZN-packed rhs -> NZ-packed result (superopt/core/formats.py)
-    "opaque",       # (opaque_index, output_index) into Graph.opaque
-    "kernel",       # (body,) one launch: body is a tuple of Nodes in topological order, `arg` k = input k
-})
-ALL_OPS = UNARY_OPS | BINARY_OPS | REDUCTIONS | ARG_REDUCTIONS | WINDOW_REDUCTIONS | STRUCTURAL_OPS
-
-
-# Leaves whose value is known when the program is built, and ops that are never evaluated ahead of time.
-CONST_LEAVES = frozenset({"const", "lit", "iota"})
-NEVER_HOISTED = frozenset({"arg", "opaque"})
+from superopt.core.ops import ALL_OPS, CONST_LEAVES, NEVER_HOISTED, REDUCTIONS, lookup
 
 
 def hoistable(op: str, inputs_constant: list[bool]) -> bool:
@@ -150,7 +104,8 @@ class Graph:
         return self.outputs[:len(self.outputs) - self.hidden_outputs]
 
     def add(self, node: Node) -> int:
-        assert node.op in ALL_OPS, f"unknown op {node.op!r}"
+        if node.op not in ALL_OPS:
+            lookup(node.op)   # raises, naming the op
         assert all(i < len(self.nodes) for i in node.inputs), "inputs must precede their users"
         self.nodes.append(node)
         return len(self.nodes) - 1

@@ -1,0 +1,90 @@
+"""The op table (superopt/core/ops.py): every op has what every layer and backend needs, and the layers
+read it instead of keeping their own copies."""
+import numpy as np
+import pytest
+
+from superopt.core import ops
+from superopt.core.ir import Graph, Node
+from superopt.core.ops import OPS
+from superopt.core.reference import evaluate_node
+from superopt.egraph.capture import _HANDLERS
+from superopt.extract import cost
+from superopt.extract.target import load_target
+from superopt.lowering import jax as jax_lowering
+from superopt.lowering.npu import emulator, vector
+from superopt.lowering.pallas import program as pallas_program
+
+FAMILIES = {"unary", "binary", "reduce", "argreduce", "pool", "scan", "structural"}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_every_op_has_an_entry_for_every_layer(name):
+    op = OPS[name]
+    assert op.family in FAMILIES
+    assert op.flags <= ops.FLAGS, op.flags - ops.FLAGS
+    assert op.npu in ops.NPU_PLACES and op.pallas in ops.PALLAS_PLACES
+    assert op.flops is not None, "the cost models need its arithmetic"
+    if op.has("graph"):                 # the graph walks evaluate it; no backend table may claim it
+        assert op.numpy is None and op.jax is None and op.npu == "graph" and op.pallas == "graph"
+        return
+    assert op.numpy is not None, "the reference evaluator and the NPU emulator need its semantics"
+    assert jax_lowering._LOWER[name] is op.jax, "the JAX lowering (and Pallas between kernels) need it"
+    if op.family != "structural" and name != "round_even":   # round's hook captures round_even
+        assert op.capture is not None and op.captures, "a family op is captured by its table hook"
+    for primitive in op.captures:
+        assert primitive in _HANDLERS
+    if op.npu == "vector":
+        assert name in vector.VECTOR_OPS
+    if op.pallas == "body":
+        assert name in pallas_program.BODY_OPS | pallas_program.VIEWS
+
+
+def test_op_sets_are_derived_from_the_table():
+    assert emulator.TRANSCENDENTAL is ops.TRANSCENDENTAL   # the emulator and the cost model agree
+    assert emulator.ELEMENTWISE is ops.ELEMENTWISE
+    assert cost.MATRIX_OPS is ops.MATRIX_OPS and cost.FREE is ops.FREE
+    assert ops.UNARY_OPS | ops.BINARY_OPS <= ops.ELEMENTWISE
+    assert "erf" in ops.TRANSCENDENTAL and "add" not in ops.TRANSCENDENTAL
+
+
+def test_an_unknown_op_is_an_error_naming_it_not_zero_cost():
+    with pytest.raises(NotImplementedError, match="unknown op 'frobnicate'"):
+        cost.flops("frobnicate", (), [((4,), "float32")], ((4,), "float32"), load_target("cpu"))
+    with pytest.raises(NotImplementedError, match="unknown op 'frobnicate'"):
+        Graph().add(Node("frobnicate", (), (), (4,), "float32"))
+
+
+def test_transcendental_ops_cost_more_than_plain_ones():
+    t = load_target("gpu-h100")
+    ty = ((1024,), "float32")
+    assert cost.flops("erf", (), [ty], ty, t) == 1024 * t.transcendental_flops
+    assert cost.flops("add", (), [ty, ty], ty, t) == 1024
+
+
+_X = np.array([-3.5, -1.0, -0.25, 0.0, 0.5, 0.75, 2.0, 7.0], np.float32)
+_I = np.array([-7, -2, -1, 0, 1, 3, 5, 9], np.int32)
+_DOMAIN = {"acosh": _X + 5, "erf_inv": _X / 8, "asin": _X / 8, "acos": _X / 8, "atanh": _X / 8,
+           "log": np.abs(_X) + 0.5, "sqrt": np.abs(_X), "rsqrt": np.abs(_X) + 0.5, "log1p": np.abs(_X)}
+_INTEGER = {"not", "and", "or", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "rem"}
+
+
+def _operand(name: str):
+    if name in _INTEGER:
+        return _I
+    return _DOMAIN.get(name, _X)
+
+
+@pytest.mark.parametrize("name", sorted((ops.UNARY_OPS | ops.BINARY_OPS | ops.SCANS) - {"real", "imag", "conj"}))
+def test_numpy_semantics_and_the_jax_lowering_agree(name):
+    """The op's two meanings in the table, on one operand set (elementwise ops and scans)."""
+    op = OPS[name]
+    x = _operand(name)
+    ins = [x] if op.family != "binary" else [x, np.roll(x, 3) if name not in ("pow",) else np.abs(np.roll(x, 3))]
+    if name in ("shift_left", "shift_right_logical", "shift_right_arithmetic"):
+        ins[1] = np.abs(ins[1]) % 5
+    attrs = (0, 0) if op.family == "scan" else ()
+    out_dtype = "bool" if op.has("bool_result") else str(x.dtype)
+    want = evaluate_node(name, attrs, ins, x.shape, out_dtype)
+    got = np.asarray(op.jax(Node(name, (), attrs, x.shape, out_dtype), *ins))
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2e-6, atol=1e-6,
+                               equal_nan=True)

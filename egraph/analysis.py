@@ -14,7 +14,7 @@ from superopt.core.formats import FORMATS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, conv,
     conv_int32, convert,
-    dtype, fractal_matmul, integer_pow, iota, lit, matmul, pack, pad, pool, reduce, reshape, select, shape, slice_, tcons,
+    dtype, fractal_matmul, integer_pow, iota, lit, matmul, pack, pad, pool, reduce, reshape, scan, select, shape, slice_, tcons,
     tnil, transpose, unary, unpack,
 )
 
@@ -84,6 +84,8 @@ def _contraction_rules():
         set_(shape(z)).to(s), set_(dtype(z)).to(d))
     yield rule(eq(z).to(argreduce(op, x, k, d)), eq(s).to(shape(x))).then(
         set_(shape(z)).to(s.remove(k)), set_(dtype(z)).to(d))
+    yield rule(eq(z).to(scan(op, x, k, n)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(
+        set_(shape(z)).to(s), set_(dtype(z)).to(d))
     # A conv's result shape is a function of its operands' shapes and its params (not computed here: the
     # params are an id), so a new conv takes it from a typed one of the same params and operand shapes,
     # or of the params it is the int32 twin of (quant.py's int8 conv), which give int32.

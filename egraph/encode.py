@@ -122,6 +122,8 @@ class _Writer:
             return Call(_SPAN, call(T.argreduce), [s(op), ins[0], i(a[0]), s(node.dtype)])
         if family == "pool":
             return Call(_SPAN, call(T.pool), [s(op), ins[0], *(v(x) for x in a)])
+        if family == "scan":
+            return Call(_SPAN, call(T.scan), [s(op), ins[0], i(a[0]), i(a[1])])
         if op == "conv":   # the params are interned first, as the expression layer did
             index = self.enc.intern_conv(a[0])
             return Call(_SPAN, call(T.conv), [ins[0], ins[1], i(index)])
@@ -262,6 +264,7 @@ def decode(fn: str, args: tuple, children: tuple, enc: Encoding) -> tuple[str, t
         "conv": lambda: ("conv", (enc.conv_params[args[0]],)),
         "reduce": lambda: (args[0], (tuple(args[1]),)),
         "argreduce": lambda: (args[0], (args[1],)),
+        "scan": lambda: (args[0], (args[1], args[2])),
         "pool": lambda: (args[0], tuple(tuple(v) for v in args[1:])),
         "transpose": lambda: ("transpose", (tuple(args[0]),)),
         "reshape": lambda: ("reshape", ()),

@@ -62,6 +62,9 @@ def pool(op: StringLike, x: Tensor, window: Vec[i64], strides: Vec[i64], low: Ve
     """A window reduction (reduce_window_max / _min / _sum) without dilation."""
 @function(egg_fn="argreduce")
 def argreduce(op: StringLike, x: Tensor, axis: i64Like, dtype: StringLike) -> Tensor: ...
+@function(egg_fn="scan")
+def scan(op: StringLike, x: Tensor, axis: i64Like, reverse: i64Like) -> Tensor:
+    """A cumulative op (cumsum, cumprod, cummax, cummin) along `axis`, from the end when `reverse` is 1."""
 
 
 # ---- data movement ----

@@ -38,6 +38,7 @@ from superopt.rewrites.pattern import (
 )
 from superopt.core.reference import evaluate_node
 from superopt.core.dtypes import is_float
+from superopt.core.ops import SCANS, flagged
 from superopt.core.verify import TOLERANCES, as_accurate, mismatch
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -49,6 +50,8 @@ UNARY = ("neg", "abs", "exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "sin",
          "erf", "is_finite")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "pow", "gt", "eq")
 REDUCE = ("reduce_sum", "reduce_max", "reduce_min")
+SCAN = tuple(sorted(SCANS))
+BOOL_RESULT = flagged("bool_result")
 FLOATS = (0.0, 1.0, -1.0, 2.0, 0.5, -3.25, 1e-3, 100.0)
 DIMS = (1, 2, 3)
 _LEAVES = ("arg", "const")
@@ -233,6 +236,13 @@ class _Generator:
             self.env[v] = self.draw(st.sampled_from(choices))
         return self.env[v]
 
+    def int(self, v, make):
+        if isinstance(v, Const):
+            return v.value
+        if v not in self.env:
+            self.env[v] = int(make())
+        return self.env[v]
+
     def vec(self, v, make):
         if isinstance(v, Const):
             return v.value
@@ -284,14 +294,14 @@ class _Generator:
             if shape is None:
                 shape = () if self.scalarish(operand) else self.shape()
             t = self.gen(operand, (shape, self.dtype))
-            return t[0], ("bool" if op == "is_finite" else self.dtype)
+            return t[0], ("bool" if op in BOOL_RESULT else self.dtype)
         if p.fn == "binary":
             op = self.op(a[0], BINARY)
             if shape is None:
                 shape = () if all(self.scalarish(o) for o in a[1:]) else self.shape(_fixed_rank(p))
             for operand in a[1:]:
                 self.gen(operand, ((), self.dtype) if self.scalarish(operand) else (shape, self.dtype))
-            return shape, ("bool" if op in ("gt", "eq") else self.dtype)
+            return shape, ("bool" if op in BOOL_RESULT else self.dtype)
         if p.fn == "select":
             shape = shape if shape is not None else self.shape()
             self.gen(a[0], (() if self.scalarish(a[0]) else shape, "bool"))
@@ -336,6 +346,15 @@ class _Generator:
             dims = self.vec(a[2], lambda: sorted(self.draw(st.sets(st.integers(0, len(shape) - 1)))) if shape else ())
             inner = tuple(shape[k] if self.draw(st.booleans()) else 1 for k in dims)
             self.gen(a[0], (inner, self.dtype))
+            return shape, self.dtype
+        if p.fn == "scan":
+            self.op(a[0], SCAN)
+            shape = shape if shape is not None else self.shape(lo=1)
+            if not shape:
+                raise Reject("a scan needs an axis")
+            self.int(a[2], lambda: self.draw(st.integers(0, len(shape) - 1)))
+            self.int(a[3], lambda: self.draw(st.integers(0, 1)))
+            self.gen(a[1], (shape, self.dtype))
             return shape, self.dtype
         if p.fn == "reduce":
             self.op(a[0], REDUCE)

@@ -24,7 +24,7 @@ _EGG_SORTS = {TENSOR: T.Tensor, SCALAR: T.Scalar, LIST: T.TList, VEC: Vec[i64], 
               FORMAT: String}
 _CONSTRUCTOR_FNS = {"arg": T.arg, "const": T.const, "lit": T.lit, "iota": T.iota, "unary": T.unary,
                     "binary": T.binary, "integer_pow": T.integer_pow, "select": T.select, "convert": T.convert,
-                    "matmul": T.matmul, "conv": T.conv, "reduce": T.reduce, "argreduce": T.argreduce,
+                    "matmul": T.matmul, "conv": T.conv, "reduce": T.reduce, "argreduce": T.argreduce, "scan": T.scan,
                     "transpose": T.transpose, "reshape": T.reshape, "broadcast": T.broadcast, "concat": T.concat,
                     "slice": T.slice_, "pad": T.pad, "pool": T.pool, "tnil": T.tnil, "tcons": T.tcons,
                     "kernel": T.kernel, "sarg": T.sarg, "sunary": T.sunary, "sbinary": T.sbinary,

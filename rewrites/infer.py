@@ -123,6 +123,10 @@ def infer(fn: str, prims: tuple, ins: list[Type]) -> Type:
         out = tuple((n + lo + hi - w) // t + 1 for n, w, t, lo, hi in zip(s, window, strides, low, high))
         _need(all(n >= 1 for n in out), f"pool: window larger than the padded input {s}")
         return out, d
+    if fn == "scan":
+        (s, d), (_, axis, reverse) = ins[0], prims
+        _need(0 <= axis < len(s) and reverse in (0, 1), f"scan: bad axis {axis} or reverse {reverse}")
+        return s, d
     if fn == "argreduce":
         (s, _), (_, axis, dtype) = ins[0], prims
         _need(0 <= axis < len(s), f"argreduce: bad axis {axis}")

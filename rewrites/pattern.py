@@ -23,7 +23,7 @@ CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "integer_pow": ((TENSOR, INT), TENSOR), "select": ((TENSOR, TENSOR, TENSOR), TENSOR),
     "convert": ((TENSOR, DTYPE), TENSOR), "matmul": ((TENSOR, TENSOR, DTYPE), TENSOR),
     "conv": ((TENSOR, TENSOR, INT), TENSOR), "reduce": ((OP, TENSOR, VEC), TENSOR),
-    "argreduce": ((OP, TENSOR, INT, DTYPE), TENSOR),
+    "argreduce": ((OP, TENSOR, INT, DTYPE), TENSOR), "scan": ((OP, TENSOR, INT, INT), TENSOR),
     "pool": ((OP, TENSOR, VEC, VEC, VEC, VEC), TENSOR), "transpose": ((TENSOR, VEC), TENSOR),
     "reshape": ((TENSOR, VEC), TENSOR), "broadcast": ((TENSOR, VEC, VEC), TENSOR),
     "concat": ((LIST, INT), TENSOR), "slice": ((TENSOR, VEC, VEC, VEC), TENSOR),
@@ -179,6 +179,7 @@ def select(p, on_false, on_true): return app("select", p, on_false, on_true)
 def convert(x, dtype): return app("convert", x, dtype)
 def matmul(a, b, dtype): return app("matmul", a, b, dtype)
 def reduce(op, x, axes): return app("reduce", op, x, axes)
+def scan(op, x, axis, reverse): return app("scan", op, x, axis, reverse)
 def transpose(x, perm): return app("transpose", x, perm)
 def pool(op, x, window, strides, low, high): return app("pool", op, x, window, strides, low, high)
 def reshape(x, shape): return app("reshape", x, shape)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 
-from superopt.core.ops import BINARY_OPS, REDUCTIONS, UNARY_OPS, WINDOW_REDUCTIONS
+from superopt.core.ops import BINARY_OPS, REDUCTIONS, SCANS, UNARY_OPS, WINDOW_REDUCTIONS
 from superopt.rewrites.functions import PREDICATES
 from superopt.rewrites.pattern import (
     ATTRIBUTE_FNS, CONSTRUCTORS, DTYPE, FLOAT, FORMAT, INT, OP, TENSOR, VEC, App, Const, Var, app,
@@ -45,7 +45,7 @@ def format_pattern(p) -> str:
         return repr(float(p.value)) if p.sort == FLOAT else str(int(p.value))
     args = list(p.args)
     head = p.fn
-    if p.fn in ("unary", "binary", "reduce", "pool") and isinstance(args[0], Const):
+    if p.fn in ("unary", "binary", "reduce", "pool", "scan") and isinstance(args[0], Const):
         head, args = args[0].value, args[1:]
     if p.fn == "tcons" or p.fn == "tnil":
         items = []
@@ -154,6 +154,8 @@ class _Reader:
             return app("binary", head, *[self.atom(a, TENSOR) for a in rest])
         if head in REDUCTIONS:
             return app("reduce", head, self.atom(rest[0], TENSOR), self.atom(rest[1], VEC))
+        if head in SCANS:
+            return app("scan", head, self.atom(rest[0], TENSOR), self.atom(rest[1], INT), self.atom(rest[2], INT))
         if head in WINDOW_REDUCTIONS:
             return app("pool", head, self.atom(rest[0], TENSOR), *(self.atom(a, VEC) for a in rest[1:]))
         if head == "list":

@@ -8,7 +8,7 @@ from __future__ import annotations
 from superopt.rewrites.pattern import (
     add, app, arg, axes_of, binary, broadcast, compose, concat, const, conv, dim, div, dtypes, exp, floats, iadd,
     ints, lit, log, last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_last, shape_of,
-    slice_, sub, tensors, transpose, unary, vecs, zeros_like, integer_pow,
+    scan, slice_, sub, tensors, transpose, unary, vecs, zeros_like, integer_pow,
 )
 from superopt.rewrites.rule import RuleSet, multi_rule, rule, when
 
@@ -150,6 +150,13 @@ ALGEBRA = RuleSet("algebra", {
         rule("max-self", binary("max", x, x), x, doc="max(x, x) -> x"),
         rule("min-self", binary("min", x, x), x, doc="min(x, x) -> x"),
         rule("select-same", select(y, x, x), x, doc="select(p, x, x) -> x"),
+        rule("cummax-of-cummax", scan("cummax", scan("cummax", x, i, j), i, j), scan("cummax", x, i, j),
+             doc="a running max of a running max along the same axis is the running max"),
+        rule("cummin-of-cummin", scan("cummin", scan("cummin", x, i, j), i, j), scan("cummin", x, i, j),
+             doc="a running min of a running min along the same axis is the running min"),
+        rule("cumsum-of-neg", scan("cumsum", neg(x), i, j), neg(scan("cumsum", x, i, j)), two_way=True,
+             numerics="rounding", doc="cumsum(-x) <-> -cumsum(x): negation commutes with every rounded sum, but "
+                                      "-0 + 0 is +0, so a zero's sign may differ"),
         rule("integer-pow-one", integer_pow(x, 1), x, doc="x**1 -> x"),
         rule("integer-pow-two", integer_pow(x, 2), mul(x, x), two_way=True, doc="x**2 <-> x*x"),
     ],

@@ -403,7 +403,7 @@ def _scan_capture(name):
     return lambda params: (name, (int(params["axis"]), int(bool(params["reverse"]))))
 
 
-def _scan(name, fn, lax_fn):
+def _scan(name, fn, lax_fn, flags=()):
     """A cumulative op along one axis: attrs (axis, reverse) with reverse 0 or 1; the result has the
     operand's shape and dtype. `fn` is numpy's accumulation along an axis (from the start)."""
     def reference(a, s, d, x):
@@ -411,7 +411,7 @@ def _scan(name, fn, lax_fn):
         if not reverse:
             return fn(x, axis)
         return np.flip(fn(np.flip(x, axis), axis), axis)
-    return Op(name, "scan", ("axis", "reverse"), frozenset(), (name,), _scan_capture(name), numpy=reference,
+    return Op(name, "scan", ("axis", "reverse"), frozenset(flags), (name,), _scan_capture(name), numpy=reference,
               jax=lambda n, x: lax_fn(x, axis=n.attrs[0], reverse=bool(n.attrs[1])), flops=_per_element)
 
 
@@ -561,6 +561,12 @@ _ENTRIES = [
                 flags=("movement", "layout"), npu="format"),
 
     # ---- cumulative ops along one axis ----
+    _scan("cumsum", lambda x, axis: np.cumsum(x, axis=axis, dtype=x.dtype), lax.cumsum),
+    _scan("cumprod", lambda x, axis: np.cumprod(x, axis=axis, dtype=x.dtype), lax.cumprod),
+    _scan("cummax", lambda x, axis: np.maximum.accumulate(x, axis=axis), lax.cummax),   # NaN propagates
+    _scan("cummin", lambda x, axis: np.minimum.accumulate(x, axis=axis), lax.cummin),
+    _scan("cumlogsumexp", lambda x, axis: np.logaddexp.accumulate(x, axis=axis), lax.cumlogsumexp,
+          flags=_TRANSCENDENTAL),
 ]
 
 OPS: dict[str, Op] = {op.name: op for op in _ENTRIES}

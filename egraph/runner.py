@@ -30,7 +30,7 @@ from egglog import run as egg_run
 from superopt.core import progress
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import count
-from superopt.rewrites.pattern import CONSTRUCTORS
+from superopt.egraph.terms import CONSTRUCTORS
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,32 @@ class Schedule:
 
     @classmethod
     def of(cls, *rulesets, limits: Limits | None = None, backoff: BackOff | None = BackOff()) -> "Schedule":
-        """One phase per rule set (names or RuleSet objects), in the order given."""
-        from superopt.rulesets import resolve
+        """One phase per rule set (registered names or RuleSet objects), in the order given."""
         return cls(tuple(Phase(rs.name, tuple(rs), limits, backoff) for rs in resolve(rulesets)))
 
     def __add__(self, other: "Schedule") -> "Schedule":
         return Schedule(self.phases + other.phases)
 
 
-__all__ = ["Schedule", "Phase", "BackOff", "Limits"]
+# Rule sets by name: `rulesets/__init__.py` registers the project's (this layer cannot import them).
+REGISTERED: dict = {}
+
+
+def register(*rulesets) -> None:
+    for rs in rulesets:
+        REGISTERED[rs.name] = rs
+
+
+def resolve(rulesets) -> list:
+    """Rule sets from names or RuleSet objects; an unknown name is an error listing the known ones."""
+    out = []
+    for rs in rulesets:
+        if isinstance(rs, str):
+            if rs not in REGISTERED:
+                raise ValueError(f"superopt: unknown rule set {rs!r}; known: {', '.join(sorted(REGISTERED))}")
+            rs = REGISTERED[rs]
+        out.append(rs)
+    return out
+
+
+__all__ = ["Schedule", "Phase", "BackOff", "Limits", "register", "resolve"]

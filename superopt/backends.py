@@ -11,9 +11,20 @@ emulator runs cube and vector programs (`lowering/npu`), checked against the use
 """
 from __future__ import annotations
 
+import time
+import warnings
+from dataclasses import replace
 from typing import Callable, Protocol
 
+import numpy as np
+
 from superopt.core import verify as verification
+from superopt.core.reference import evaluate
+from superopt.egraph.siblings import run_before
+from superopt.extract.traffic import gradient_traffic
+from superopt.lowering.pallas.optimizer import update_groups
+from superopt.lowering.pallas.program import PallasProgram, compare
+from superopt.npu_backend import _differs, on_emulator
 
 
 class Backend(Protocol):
@@ -36,7 +47,6 @@ class JaxBackend:
         return spec.reference    # the user's program from the captured jaxpr, debug prints left out
 
     def tolerance(self, expected, actual, spec, args) -> str | None:
-        from superopt.core.reference import evaluate
         return verification.judge(expected, actual, lambda: evaluate(spec.original, args, precise=True),
                                   spec.report.numerics)
 
@@ -45,14 +55,12 @@ class PallasBackend:
     name = "pallas"
 
     def lower(self, spec, target, check: bool, *, precision=None, example=None):
-        from superopt.lowering.pallas.program import on_pallas
-        return on_pallas(spec, target, check)
+        return _on_pallas(spec, target, check)
 
     def reference(self, spec) -> Callable:
         return spec.run      # the verified JAX program of the same term
 
     def tolerance(self, expected, actual, spec, args) -> str | None:
-        from superopt.lowering.pallas.program import compare
         return compare(spec.term, expected, actual)
 
 
@@ -60,15 +68,48 @@ class NpuEmulatorBackend:
     name = "emulator"
 
     def lower(self, spec, target, check: bool, *, precision=None, example=None):
-        from superopt.npu_backend import on_emulator
         return on_emulator(spec, target, spec.avals, check, precision=precision, example=example)
 
     def reference(self, spec) -> Callable:
         return spec.reference    # the user's program, as for jax
 
     def tolerance(self, expected, actual, spec, args) -> str | None:
-        from superopt.npu_backend import _differs
         return _differs(expected, actual, spec.original, args)
+
+
+def _on_pallas(spec, target, check: bool):
+    """`spec` (api.Specialization) running on Pallas kernels instead of one jitted JAX program, checked
+    against the JAX program on random inputs (`compare`: at each output's type, or at the narrowest float
+    type it is computed through). Where the check fails the JAX program runs instead and the report says
+    why."""
+    report = spec.report
+    start = time.perf_counter()
+    try:
+        program = PallasProgram(spec.term, target)
+    except Exception as exc:  # a bug here must not take the user's program down: say so and run JAX
+        warnings.warn(f"superopt: the Pallas lowering failed ({type(exc).__name__}: {exc}); running JAX",
+                      RuntimeWarning, stacklevel=3)
+        report.backend = f"jax (the Pallas lowering failed: {type(exc).__name__}: {exc})"
+        return spec
+    if check:
+        backend = BACKENDS["pallas"]
+        args = verification.random_args(spec.avals, 0)
+        expected = [np.asarray(o) for o in backend.reference(spec)(*args)]
+        actual = [np.asarray(o) for o in program(*args)]
+        problem = backend.tolerance(expected, actual, spec, args)
+        if problem:
+            warnings.warn(f"superopt: the Pallas program differs from the JAX program ({problem}); running JAX",
+                          verification.VerificationWarning, stacklevel=3)
+            report.backend = f"jax (the Pallas program failed verification: {problem})"
+            return spec
+    report.backend = "\n".join([program.summary()] + program.describe())
+    if report.gradient_traffic:   # as the two programs run here: sibling kernels one launch a group
+        original, constant = spec.original, spec.original.constant_nodes()
+        formed = [grp for grps in run_before(original, update_groups(original, constant), constant).values()
+                  for grp in grps]
+        report.gradient_traffic = (gradient_traffic(original, formed), gradient_traffic(spec.term, program.groups))
+    report.stage_seconds["lower-pallas"] = time.perf_counter() - start
+    return replace(spec, run=program)
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (JaxBackend(), PallasBackend(), NpuEmulatorBackend())}

@@ -34,7 +34,6 @@ from typing import Callable
 import numpy as np
 
 from superopt.core import verify as verification
-from superopt.backends import BACKENDS
 
 CHECK_SEEDS = (0, 1)           # random inputs (verify.random_args) the emulator is checked on
 MATRIX_OPS = ("matmul", "fractal_matmul", "conv")
@@ -218,7 +217,6 @@ def _check(executable, reference: _OriginalProgram, spec, avals, precision: str,
     CHECK_SEEDS' random inputs and on `example` (run last, so the executable's `last` run is the
     caller's), else (the reason the JAX program runs instead, None)."""
     from superopt.lowering.npu.isa import CUBE_FP32
-    backend = BACKENDS["emulator"]
     operands = f"{', '.join(types)} cube operands" if types else "no cube stages"
     trials = [(f"random inputs (seed {seed})", verification.random_args(avals, seed)) for seed in CHECK_SEEDS]
     if example is not None:
@@ -229,8 +227,8 @@ def _check(executable, reference: _OriginalProgram, spec, avals, precision: str,
             actual = [np.asarray(o) for o in executable(*args)]
         except Exception as exc:    # noqa: BLE001
             return f"the NPU program failed on {where}: {type(exc).__name__}: {_short(str(exc))}", None
-        expected = [np.asarray(o) for o in (backend.reference(spec) or reference())(*args)]
-        problem = backend.tolerance(expected, actual, spec, args)
+        expected = [np.asarray(o) for o in (spec.reference or reference())(*args)]
+        problem = _differs(expected, actual, spec.original, args)
         if problem is None:
             continue
         problem = f"{problem}, on {where}"

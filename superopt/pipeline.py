@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from superopt import numerics as numerics_mode
+from superopt.backends import BACKENDS
 from superopt.core import verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
 from superopt.egraph.capture import Captured, capture
@@ -213,7 +214,6 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     """The pipeline for one specialization; never returns a program that disagrees with `fn`. `args` may
     be abstract (`jax.ShapeDtypeStruct` leaves); `example`, the call's concrete flat arguments where
     there are some, is one more input the NPU program is checked on."""
-    from superopt.backends import BACKENDS
     tgt = load_target(target)
     spec = _optimize(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics)
     if backend != "jax" and (spec.original.hidden_outputs or spec.report.kind is Outcome.KEPT_WHOLE):

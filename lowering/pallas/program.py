@@ -18,14 +18,12 @@ power-of-two edges (`Options.pow2`: every block is rounded up and the padding ma
 """
 from __future__ import annotations
 
-import time
-import warnings
-from dataclasses import replace
 
 import jax
 import numpy as np
 from jax import lax
 
+from superopt.core import verify as verification
 from superopt.core.ir import Graph
 from superopt.core.ops import flagged, on_pallas
 from superopt.egraph.siblings import merged_body, run_before
@@ -229,7 +227,6 @@ def compare(graph: Graph, expected: list, actual: list) -> str | None:
     writes every value at the type the term declares, while XLA drops float32 -> bfloat16 -> float32
     round trips inside a fusion (it keeps an intermediate's excess precision), so where an output depends
     on a bfloat16 or float16 intermediate the two programs differ by that type's rounding."""
-    from superopt.core import verify as verification
     if len(expected) != len(actual):
         return f"{len(actual)} outputs, expected {len(expected)}"
     for k, (e, a, narrow) in enumerate(zip(expected, actual, narrowest_floats(graph))):
@@ -237,41 +234,3 @@ def compare(graph: Graph, expected: list, actual: list) -> str | None:
         if problem:
             return f"output {k}: {problem}"
     return None
-
-
-def on_pallas(spec, target, check: bool):
-    """`spec` (api.Specialization) running on Pallas kernels instead of one jitted JAX program, checked
-    against the JAX program on random inputs (`compare`: at each output's type, or at the narrowest float
-    type it is computed through). Where the check fails the JAX program runs instead and the report says
-    why."""
-    from superopt.core import verify as verification
-    report = spec.report
-    start = time.perf_counter()
-    try:
-        program = PallasProgram(spec.term, target)
-    except Exception as exc:  # a bug here must not take the user's program down: say so and run JAX
-        warnings.warn(f"superopt: the Pallas lowering failed ({type(exc).__name__}: {exc}); running JAX",
-                      RuntimeWarning, stacklevel=3)
-        report.backend = f"jax (the Pallas lowering failed: {type(exc).__name__}: {exc})"
-        return spec
-    if check:
-        from superopt.backends import BACKENDS
-        backend = BACKENDS["pallas"]
-        args = verification.random_args(spec.avals, 0)
-        expected = [np.asarray(o) for o in backend.reference(spec)(*args)]
-        actual = [np.asarray(o) for o in program(*args)]
-        problem = backend.tolerance(expected, actual, spec, args)
-        if problem:
-            warnings.warn(f"superopt: the Pallas program differs from the JAX program ({problem}); running JAX",
-                          verification.VerificationWarning, stacklevel=3)
-            report.backend = f"jax (the Pallas program failed verification: {problem})"
-            return spec
-    report.backend = "\n".join([program.summary()] + program.describe())
-    if report.gradient_traffic:   # as the two programs run here: sibling kernels one launch a group
-        from superopt.extract.traffic import gradient_traffic
-        original, constant = spec.original, spec.original.constant_nodes()
-        formed = [grp for grps in run_before(original, update_groups(original, constant), constant).values()
-                  for grp in grps]
-        report.gradient_traffic = (gradient_traffic(original, formed), gradient_traffic(spec.term, program.groups))
-    report.stage_seconds["lower-pallas"] = time.perf_counter() - start
-    return replace(spec, run=program)

@@ -1,6 +1,6 @@
 """Benchmark superopt against plain ``jax.jit`` and write ``BENCHMARKS.md`` and its plots.
 
-Usage (from the repository root; ``make bench`` and ``superopt bench`` run the default)::
+Usage (from the repository root; ``make bench`` runs the default)::
 
     python -m bench.run [--target T] [--filter REGEX] [--sections table,npu,...] [--repeats N] [--rounds R]
                         [--output FILE] [--figures DIR]
@@ -198,7 +198,7 @@ def render(rows: list[dict], repeats: int, rounds: int, when: str, command: str,
            target: str = "cpu", npu_target: str = "npu-910b", figure: str | None = None) -> str:
     """The whole BENCHMARKS.md text."""
     import jax
-    reproduce = ("Reproduce with `make bench` (or `superopt bench`), i.e. `python -m bench.run`."
+    reproduce = ("Reproduce with `make bench`, i.e. `python -m bench.run`."
                  if command == "python -m bench.run" else f"Reproduce with `{command}` (`make bench` runs everything).")
     lines = [
         "# Benchmarks: superopt vs. jax.jit", "",
@@ -477,8 +477,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> in
     from superopt.core import progress
     ns = build_parser(prog).parse_args(argv)
     try:
-        if progress.active():          # inside `superopt bench`: its bars are already showing
-            return run(ns)
         with progress.bars():
             return run(ns)
     except ValueError as exc:

@@ -20,6 +20,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
 CACHE_ENV = "SUPEROPT_CACHE_DIR"
 FIELDS = ("peak_flops", "matrix_flops", "mem_bandwidth", "cache_bandwidth")
 DISAGREE = 1.5    # rounds whose best and worst differ by more than this factor: the machine was busy
@@ -71,7 +74,6 @@ class Measurement:
 
 
 def _best_time(fn, args, repeats: int) -> float:
-    import jax
     jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
@@ -85,8 +87,6 @@ def measure(matmul_size: int = 2048, stream_mib: int = 256, cache_mib: int = 4, 
             rounds: int = 3) -> Measurement:
     """Measure {peak_flops, matrix_flops, mem_bandwidth, cache_bandwidth} in `rounds` interleaved rounds
     (the last on a `cache_mib` array, which stays in the caches); each figure is its best round."""
-    import jax
-    import jax.numpy as jnp
     a = jnp.ones((matmul_size, matmul_size), jnp.float32)
     matmul = jax.jit(lambda x, y: x @ y)
     x = jnp.ones((stream_mib * 1024 * 1024 // 4,), jnp.float32)

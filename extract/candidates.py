@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+from math import prod
 
+from superopt.core.ir import Graph, _attr_str, body_str, type_str
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
-from superopt.core.ir import Graph, body_str, type_str
-from superopt.extract.greedy import ExtractionError, Extraction, extract, node_costs
+from superopt.extract.greedy import Extraction, ExtractionError, extract, node_costs
 from superopt.extract.kernels import expand
 from superopt.extract.target import Target
 
@@ -23,8 +24,6 @@ def program_key(graph: Graph) -> str:
     """The printed program (`pretty`: ops, attributes, types and kernel bodies) up to the numbering and
     order of its nodes, and with a reshape and a broadcast that only add unit axes the same view: equal
     for two extractions that compute the same thing and differ in nothing a reader could see."""
-    from math import prod
-    from superopt.core.ir import _attr_str
     keys: dict[int, str] = {}
     for i in graph.live():
         node = graph.nodes[i]

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from superopt.core.formats import as_matmul
 from superopt.core.ir import Node
-
 from superopt.core.ops import FREE, LAYOUT_OPS, MATRIX_OPS, MOVEMENT, REDUCTIONS, lookup
+from superopt.extract.models import gpu as gpu_model, npu as npu_model
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, Untileable, nest_of, tilings
 
@@ -239,20 +240,18 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
     other = k.flops - k.matrix_flops
     matrix_rate = compute_rate("matmul", [ins[0]] if ins else [], target) if k.matrix_flops else 1.0
     if target.kind == "gpu":
-        from superopt.extract.models.gpu import GpuKernel, breakdown
         per_thread = math.ceil(k.row_elements / 256) if k.row_reduction else 1
         regs_values = k.live_values * per_thread + (GPU_MATMUL_REGISTERS if k.matrix_flops else 0)
         # A tiled transpose stages through shared memory and stays coalesced; inside a kernel that also
         # computes, the permuted side is accessed with a stride.
         strided = 0.0 if k.pure_movement or (k.matrix_flops and not k.epilogue_ops) else k.strided_bytes
-        parts = breakdown(GpuKernel(k.flops, moved, live_values=regs_values, value_bytes=k.value_bytes,
+        parts = gpu_model.breakdown(gpu_model.GpuKernel(k.flops, moved, live_values=regs_values, value_bytes=k.value_bytes,
                                     uncoalesced_bytes=min(strided, moved),
                                     tensor_cores=bool(k.matrix_flops) and matrix_rate == target.matrix_flops,
                                     smem_per_block=8192 if k.pure_movement and k.strided_bytes else 0,
                                     l2_bytes=l2_moved), target)
         return parts
     if target.kind == "npu":
-        from superopt.extract.models.npu import NpuKernel, breakdown, matmul_tiles
         row_bytes = (out[0][-1] if out[0] else 1) * k.value_bytes
         if k.row_reduction:
             row_bytes = max(row_bytes, k.row_elements * k.value_bytes)
@@ -273,14 +272,14 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
                 converted, launches = (k.matmul_bytes if k.reduce_after_matmul else 0.0), 0
             extra = dict(transdata_bytes=converted + k.strided_bytes, transdata_launches=launches,
                          gm_exchange_bytes=k.matmul_bytes if k.epilogue_ops else 0.0)
-            kernel = NpuKernel("cube", k.matrix_flops, moved, vector_flops=other, int8=k.int8_matrix,
-                               ub_live_bytes=(ub if k.epilogue_ops else 0),
-                               **{**matmul_tiles(*NPU_CUBE_TILE),
+            kernel = npu_model.NpuKernel("cube", k.matrix_flops, moved, vector_flops=other, int8=k.int8_matrix,
+                                         ub_live_bytes=(ub if k.epilogue_ops else 0),
+                                         **{**npu_model.matmul_tiles(*NPU_CUBE_TILE),
                                   **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra)
         else:
-            kernel = NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
-                               transdata_bytes=k.strided_bytes)
-        return breakdown(kernel, target)
+            kernel = npu_model.NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
+                                         transdata_bytes=k.strided_bytes)
+        return npu_model.breakdown(kernel, target)
     # On a CPU the program runs through XLA, which fuses elementwise ops with each other but not into a
     # dot: what a kernel computes before its matmul (a prologue) and the matmul's result that an epilogue
     # computes on are written out and read back. A dot takes and gives either orientation for free, but
@@ -310,7 +309,6 @@ def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Targ
         return {"flops": 0.0, "bytes": 0, "time": 0.0}   # the identity: a view
     if op == "fractal_matmul":
         # The cube does the matmul of the padded ND matrices, and moves the same bytes: charge it as that.
-        from superopt.core.formats import as_matmul
         a, b, c = as_matmul(ins[0][0], ins[1][0], out[0])
         mats = [(a, ins[0][1]), (b, ins[1][1])]
         return kernel_breakdown(one_op_body("matmul", (), mats, (c, out[1])), mats, (c, out[1]), target,

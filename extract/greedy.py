@@ -17,21 +17,19 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from superopt.core.deadline import Deadline, current
+from superopt.core.ir import CycleError, Graph, Node, body_str, hoistable, postorder, type_str
 from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
-from superopt.core.ir import CycleError, Graph, Node, hoistable, postorder
-from superopt.extract.cost import MATRIX_OPS, op_cost
+from superopt.extract.cost import MATRIX_OPS, op_breakdown, op_cost, penalty_notes
 from superopt.extract.kernels import expand
+from superopt.extract.errors import ExtractionError
+from superopt.extract.memory import fit_budget
 from superopt.extract.target import Target
 
 _LISTS = frozenset({"tcons", "tnil"})
 _EPS = 1e-15
 OPTIONAL_SHARE = 0.5   # of the time left when extraction starts, what kernel growth and sharing trials may take
 _CHECK_EVERY = 4096    # e-nodes visited between two looks at the clock
-
-
-class ExtractionError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -171,7 +169,6 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
 
     memory = ""
     if memory_budget is not None:
-        from superopt.extract.memory import fit_budget
         choice, graph, memory = fit_budget(choice, remat_choose, lambda ch: _build(fz, enc, ch), own,
                                            memory_budget)
     else:
@@ -315,8 +312,6 @@ def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, 
     overflow, or its time against the chosen kernels it would replace (with the penalties that made it
     slower). Classes in `hoisted` are constants computed once; they are not kernels a fusion replaces.
     Largest first, at most `k`."""
-    from superopt.core.ir import Node, body_str, type_str
-    from superopt.extract.cost import op_breakdown, penalty_notes
 
     def reach(roots) -> set:
         seen, stack = set(), list(roots)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from superopt.core.ir import Graph
 from superopt.core.ops import flagged
+from superopt.extract.errors import ExtractionError
 
 _VIEWS = flagged("view")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -256,7 +257,6 @@ def fit_budget(choice: dict, choose, build, own: dict, budget: int,
     it always makes progress. Returns the choice that reached the lowest peak with the fewest
     intermediates recomputed, its program (reordered where that lowers the peak) and a sentence saying
     what was done."""
-    from superopt.extract.greedy import ExtractionError
 
     def built(ch: dict) -> tuple[Graph, dict, Peak, bool]:
         plain, plain_classes = build(ch)

@@ -9,6 +9,8 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from superopt.extract.calibrate import cached_calibration
+
 _DIR = Path(__file__).parent / "targets"
 
 
@@ -92,7 +94,6 @@ def load_target(name: str) -> Target:
     gpu, npu = data.pop("gpu", None), data.pop("npu", None)
     target = Target(**data, gpu=GpuSpec(**gpu) if gpu else None, npu=NpuSpec(**npu) if npu else None)
     if name == "cpu":
-        from superopt.extract.calibrate import cached_calibration
         measured = cached_calibration()
         if measured:
             target = replace(target, calibrated=True, **measured)

@@ -26,20 +26,32 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from superopt.egraph.encode import decode
+from superopt.core.dtypes import is_float
 from superopt.core.formats import FORMATS, LayoutError, packed_shape
-from superopt.rewrites.functions import ATTRIBUTES, FLOAT_DTYPES, PREDICATES
+from superopt.core.ops import SCANS, flagged
+from superopt.core.reference import evaluate_node
+from superopt.core.verify import TOLERANCES, as_accurate, mismatch
+from superopt.egraph.encode import decode
+from superopt.rewrites.functions import ATTRIBUTES, CONV_TABLE, FLOAT_DTYPES, PREDICATES
 from superopt.rewrites.infer import IllTyped, infer
 from superopt.rewrites.pattern import (
-    CONSTRUCTORS, DTYPE, FLOAT, INT, LIST, SCALAR, SCALAR_AS_TENSOR, TENSOR, App, Const, Var, variables,
+    CONSTRUCTORS,
+    DTYPE,
+    FLOAT,
+    INT,
+    LIST,
+    SCALAR,
+    SCALAR_AS_TENSOR,
+    TENSOR,
+    App,
+    Const,
+    Var,
+    variables,
 )
-from superopt.core.reference import evaluate_node
-from superopt.core.dtypes import is_float
-from superopt.core.ops import SCANS, flagged
-from superopt.core.verify import TOLERANCES, as_accurate, mismatch
 
 DTYPES = ("float32", "float16", "bfloat16")
 DRAWN_ELEMENTS = 128   # larger arrays are filled from a drawn seed (`_large_arrays`)
@@ -58,30 +70,6 @@ _LEAVES = ("arg", "const")
 
 
 WINDOWS = ("reduce_window_max", "reduce_window_min", "reduce_window_sum")
-
-
-class _ConvTable:
-    """Convolution parameters the checker draws from; a `conv` pattern's params id indexes this table."""
-
-    def __init__(self):
-        self._params = None
-
-    @property
-    def conv_params(self) -> list:
-        if self._params is None:  # captured from a real call, so they are exactly what capture produces
-            import jax.numpy as jnp
-            from jax import lax
-            from superopt.egraph.capture import capture
-            fn = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "VALID",  # noqa: E731
-                                                       dimension_numbers=("NHWC", "HWIO", "NHWC"))
-            from superopt.egraph.encode import int32_twin
-            graph = capture(fn, (jnp.ones((1, 3, 3, 2)), jnp.ones((2, 2, 2, 4)))).graph
-            params = next(n.attrs[0] for n in graph.nodes if n.op == "conv")
-            self._params = [params, int32_twin(params)]
-        return self._params
-
-
-CONV_TABLE = _ConvTable()  # entry 0: NHWC input, HWIO kernel, stride 1, VALID padding; 1: the same in int32
 
 
 class Reject(Exception):
@@ -644,7 +632,6 @@ def _extremes(dtype: str) -> list[float]:
     """The values of a float dtype that break rules: NaN, +-inf, -0, subnormals, the smallest normal,
     the largest finite value, values near half of it and near its square root (where a square or a
     product of two overflows), each with both signs."""
-    import ml_dtypes
     info, dt = ml_dtypes.finfo(dtype), np.dtype(dtype)
     big, root = float(info.max), math.sqrt(float(info.max))
     magnitudes = [float(info.smallest_subnormal), 3 * float(info.smallest_subnormal), float(info.tiny),
@@ -774,7 +761,6 @@ def _range_edge(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     if left.shape != right.shape or left.dtype != right.dtype or not is_float(left.dtype) \
             or str(left.dtype) not in TOLERANCES:
         return right
-    import ml_dtypes
     big = float(ml_dtypes.finfo(left.dtype).max) * (1 - TOLERANCES[str(left.dtype)][0])
     a, b = left.astype(np.float64), right.astype(np.float64)
     edge = ((np.isinf(a) & np.isfinite(b) & (np.abs(b) >= big)) |

@@ -11,12 +11,17 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from egglog import String, Vec, eq, f64, i64, ne
+from jax import lax
 
 from superopt.core.formats import FORMATS
+from superopt.egraph.capture import capture
+from superopt.egraph.encode import channels_last, int32_twin
 from superopt.egraph.terms import conv_channels_last, conv_int32, dtype as dtype_of, float_dtype
-from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var
+from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var, _coerce
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 # Terms of int8 products an int32 sum always holds: each product lies in [-128 * 127, (-128) ** 2] =
@@ -80,6 +85,28 @@ def _fills_blocks_egg(c, s, f) -> list:
 
 def _fills_blocks_py(s, f) -> bool:
     return f in FORMATS and FORMATS[f].fills_blocks(tuple(s))
+
+
+# The convolution parameters the checker draws from (rewrites/checker.py); a conv pattern's params id,
+# and a conv predicate's argument, index this table.
+class _ConvTable:
+    """Convolution parameters the checker draws from; a `conv` pattern's params id indexes this table."""
+
+    def __init__(self):
+        self._params = None
+
+    @property
+    def conv_params(self) -> list:
+        if self._params is None:  # captured from a real call, so they are exactly what capture produces
+            fn = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "VALID",  # noqa: E731
+                                                       dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            graph = capture(fn, (jnp.ones((1, 3, 3, 2)), jnp.ones((2, 2, 2, 4)))).graph
+            params = next(n.attrs[0] for n in graph.nodes if n.op == "conv")
+            self._params = [params, int32_twin(params)]
+        return self._params
+
+
+CONV_TABLE = _ConvTable()  # entry 0: NHWC input, HWIO kernel, stride 1, VALID padding; 1: the same in int32
 
 
 PREDICATES: dict[str, Predicate] = {p.name: p for p in [
@@ -179,7 +206,6 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
 
 def _dtype_range(dtype: str) -> tuple[float, float]:
     """(smallest normal, largest finite) of a float dtype."""
-    import ml_dtypes
     info = ml_dtypes.finfo(dtype)
     return float(info.tiny), float(info.max)
 
@@ -216,15 +242,11 @@ def _fmin(a: float, b: float) -> float:
 
 def _int32_conv_py(n: int) -> int | None:
     """The checker's table id of conv params n accumulating in int32, or None."""
-    from superopt.egraph.encode import int32_twin
-    from superopt.rewrites.checker import CONV_TABLE
     twin = int32_twin(CONV_TABLE.conv_params[n])
     return CONV_TABLE.conv_params.index(twin) if twin in CONV_TABLE.conv_params else None
 
 
 def _conv_channels_last_py(n: int) -> bool:
-    from superopt.egraph.encode import channels_last
-    from superopt.rewrites.checker import CONV_TABLE
     return channels_last(CONV_TABLE.conv_params[n])
 
 
@@ -288,7 +310,6 @@ ATTRIBUTES: dict[str, AttributeFn] = {f.name: f for f in [
 
 def when(name: str, *args) -> tuple:
     """A predicate application in a rule's `when` list, checked against the predicate's sorts."""
-    from superopt.rewrites.pattern import _coerce
     if name not in PREDICATES:
         raise KeyError(f"unknown predicate {name!r}; known: {', '.join(sorted(PREDICATES))}")
     pred = PREDICATES[name]

@@ -34,6 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from superopt.rewrites.compile import compile_rule
 from superopt.rewrites.functions import PREDICATES, when
 from superopt.rewrites.pattern import SCALAR, TENSOR, Pattern, variables
 
@@ -79,7 +80,6 @@ class Rule:
     @cached_property
     def egg(self) -> tuple:
         """The egglog rules this rule compiles to (compiled once, on first use)."""
-        from superopt.rewrites.compile import compile_rule
         return tuple(compile_rule(self))
 
     def key(self) -> tuple:

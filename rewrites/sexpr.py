@@ -21,9 +21,22 @@ import re
 from superopt.core.ops import BINARY_OPS, REDUCTIONS, SCANS, UNARY_OPS, WINDOW_REDUCTIONS
 from superopt.rewrites.functions import PREDICATES
 from superopt.rewrites.pattern import (
-    ATTRIBUTE_FNS, CONSTRUCTORS, DTYPE, FLOAT, FORMAT, INT, OP, TENSOR, VEC, App, Const, Var, app,
+    ATTRIBUTE_FNS,
+    CONSTRUCTORS,
+    DTYPE,
+    FLOAT,
+    FORMAT,
+    INT,
+    OP,
+    TENSOR,
+    VEC,
+    App,
+    Const,
+    Var,
+    app,
 )
 from superopt.rewrites.rule import Rule
+from superopt.rewrites.taso import Noop, expand
 
 _TOKEN = re.compile(r'\s*(?:(;[^\n]*)|([()\[\]])|("(?:[^"\\]|\\.)*")|([^\s()\[\]";]+))')
 
@@ -141,7 +154,6 @@ class _Reader:
             raise ParseError(f"expected (op args...), got {node!r}")
         head, rest = node[0], node[1:]
         if self.dialect == "taso":
-            from superopt.rewrites.taso import expand
             try:
                 expanded = expand(self, head, rest)
             except ValueError as exc:
@@ -213,7 +225,6 @@ class _Reader:
 
 def _ungroup(pair) -> list:
     """TASO's `noop` joins several outputs: (noop a b) => (noop c d) matches a and b together."""
-    from superopt.rewrites.taso import Noop
     lhs, rhs = pair
     if isinstance(lhs, Noop) or isinstance(rhs, Noop):
         if not (isinstance(lhs, Noop) and isinstance(rhs, Noop) and len(rhs.args) == len(lhs.args)):

@@ -17,8 +17,9 @@ from superopt.extract.target import load_target
 from superopt.npu_backend import check_precision
 from superopt.pipeline import EXTRACTORS, Specialization, is_key as _is_key, optimize
 from superopt.report import Report
+from superopt.rewrites.rule import RuleSet
 from superopt.rewrites.schedule import Schedule
-from superopt.rulesets import DEFAULT
+from superopt.rulesets import DEFAULT, RULESETS
 
 BACKENDS = ("jax",)          # plus "emulator" on an NPU target (its default there), "pallas" on a GPU target
 
@@ -285,8 +286,6 @@ def _static_args(fn, nums, names) -> tuple[tuple[int, ...], tuple[str, ...]]:
 def _schedule(rulesets) -> Schedule:
     if isinstance(rulesets, Schedule):
         return rulesets
-    from superopt.rewrites.rule import RuleSet
-    from superopt.rulesets import RULESETS
     if isinstance(rulesets, (str, RuleSet)):     # one rule set: rulesets="algebra"
         rulesets = (rulesets,)
     try:

@@ -3,7 +3,6 @@
     superopt optimize MODULE:FN [--target T] [--shapes 128x768 768x768:f16 ...] [--html FILE]
     superopt explain  MODULE:FN [--target T] [--shapes ...] [--alternatives N] [--html FILE]
     superopt emulate  MODULE:FN --target npu-910b [--shapes ...] [--timeline FILE.png|.json] [--html FILE]
-    superopt bench    [--target T] [--filter RE] ...      (regenerates BENCHMARKS.md; from a source checkout)
     superopt rules list [--ruleset NAME] | superopt rules check [NAME ...] [--thorough] [--jobs N]
     superopt calibrate [--quick] [--force] [--reset] | superopt demo
 
@@ -18,20 +17,38 @@ import argparse
 import importlib
 import importlib.util
 import inspect
+import multiprocessing
 import os
 import sys
 import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from superopt import html, superopt
+from superopt.core import progress
+from superopt.core.ir import pretty
+from superopt.core.verify import random_args
+from superopt.demo import main as demo_main
+from superopt.explain import alternatives, explain
+from superopt.extract import calibrate as cal
+from superopt.extract.calibrate import SHOWN
+from superopt.extract.target import load_target
+from superopt.lowering.npu.lower import NpuExecutable
+from superopt.rewrites.checker import check_rule
+from superopt.rulesets import RULESETS, resolve
 
 DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
           "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}
-REPO = Path(__file__).resolve().parents[1]   # the source checkout, when superopt runs from one
 
 
 # ---- rules, calibrate, demo ----
 
 def _rules_list(args) -> int:
-    from superopt.rulesets import RULESETS, resolve
     sets = resolve([args.ruleset]) if args.ruleset else list(RULESETS.values())
     for rs in sets:
         print(f"{rs.name} ({len(rs)} rules)")
@@ -47,8 +64,6 @@ RULES_CHECK_THOROUGH = 10      # --thorough multiplies the default by this
 def _check_one(ruleset: str, name: str, examples: int) -> tuple:
     """Check one registered rule; runs in a worker process, so the rule is looked up by name (rules hold
     functions that need not pickle) and the result comes back as the plain fields that are printed."""
-    from superopt.rewrites.checker import check_rule
-    from superopt.rulesets import RULESETS
     found = [r for r in RULESETS[ruleset] if r.name == name] if ruleset in RULESETS else []
     if not found:
         raise ValueError(f"superopt: rule {ruleset}/{name} is not registered in a fresh process "
@@ -71,9 +86,6 @@ def _check_results(rules, examples: int, jobs: int):
         for r in rules:
             yield _check_one(r.ruleset, r.name, examples)
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["superopt.rewrites.checker", "superopt.rulesets"])
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
@@ -89,7 +101,6 @@ def _check_results(rules, examples: int, jobs: int):
 
 
 def _rules_check(args) -> int:
-    from superopt.rulesets import RULESETS
     rules = [r for rs in RULESETS.values() for r in rs]
     if args.names:
         known = {r.name for r in rules}
@@ -123,7 +134,6 @@ target cpu uses them; --reset deletes that file and the shipped defaults apply a
 
 
 def _calibration_table(old: dict, old_source: str, new: dict | None = None) -> list[str]:
-    from superopt.extract.calibrate import SHOWN
     head = f"  {'':<17} {old_source:>22}" + (f"   {'measured now':>16}" if new is not None else "")
     lines = [head]
     for name, label, scale, unit in SHOWN:
@@ -135,7 +145,6 @@ def _calibration_table(old: dict, old_source: str, new: dict | None = None) -> l
 
 
 def _calibrate(args) -> int:
-    from superopt.extract import calibrate as cal
     defaults = cal.shipped_defaults()
     path = cal.cache_path()
     if args.reset:
@@ -168,7 +177,6 @@ def _calibrate(args) -> int:
 
 
 def _demo(args) -> int:
-    from superopt.demo import main as demo_main
     demo_main()
     return 0
 
@@ -177,7 +185,6 @@ def _demo(args) -> int:
 
 def parse_shape(text: str, default_dtype: str = "float32") -> tuple[tuple, str]:
     """`128x768`, `128x768:f16`, `scalar:i32` or `()` -> (shape, dtype name)."""
-    import jax.numpy as jnp
     dims, _, dtype = text.partition(":")
     dtype = DTYPES.get(dtype, dtype) or default_dtype
     try:
@@ -205,8 +212,6 @@ def load_function(target_spec: str):
     else:
         if os.getcwd() not in sys.path:      # as `python -m` does: modules beside the caller import
             sys.path.insert(0, os.getcwd())
-        if (REPO / module_name.split(".")[0]).is_dir() and str(REPO) not in sys.path:
-            sys.path.append(str(REPO))       # a top-level module of the checkout superopt runs from (bench)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -242,7 +247,6 @@ def _first_line(exc: BaseException) -> str:
 
 def _check_shapes(fn, name: str, shapes: list[str], example: tuple) -> None:
     """One line, before any work, when --shapes has the wrong count or does not fit `fn`."""
-    import jax
     arity = _arity(fn)
     if arity is not None:
         fewest, most, names = arity
@@ -265,7 +269,6 @@ def function_and_args(target_spec: str, shapes: list[str] | None, dtype: str = "
     if shapes:
         if not callable(obj):
             raise ValueError(f"superopt: {target_spec} is not a function")
-        from superopt.core.verify import random_args
         example = tuple(random_args([parse_shape(s, dtype) for s in shapes], seed))
         _check_shapes(obj, name, shapes, example)
         return obj, example, name
@@ -294,8 +297,6 @@ def check_writable(path: str, option: str, suffixes: tuple = ()) -> None:
 
 
 def _compile(args, backend: str | None = None, timed: bool = False):
-    import time
-    from superopt import superopt
     if getattr(args, "html", None):
         check_writable(args.html, "--html", (".html", ".htm"))
     fn, example, name = function_and_args(args.function, args.shapes, args.dtype)
@@ -313,7 +314,6 @@ def _timeline(spec, example, path: str) -> str | None:
     """Run the NPU program numerically on `example` with tracing and write its timeline; None off the NPU."""
     if spec.npu is None:
         return None
-    import jax
     run = spec.npu.run(*jax.tree_util.tree_leaves(example))
     spec.npu.write_timeline(run, path)
     return path
@@ -321,7 +321,6 @@ def _timeline(spec, example, path: str) -> str | None:
 
 def _html(args, spec, example, name: str, explanation: str = "", png: str | None = None) -> None:
     """The --html page; the NPU timeline is `png`, or drawn from a run on `example` when not given."""
-    from superopt import html
     with tempfile.TemporaryDirectory() as tmp:
         png = png or _timeline(spec, example, os.path.join(tmp, "timeline.png"))
         note = spec.report.backend if args.target.startswith("npu") else \
@@ -331,10 +330,9 @@ def _html(args, spec, example, name: str, explanation: str = "", png: str | None
     print(f"wrote {args.html}", file=sys.stderr)
 
 
-# ---- optimize, explain, emulate, bench ----
+# ---- optimize, explain, emulate ----
 
 def _optimize(args) -> int:
-    from superopt.core.ir import pretty
     _, spec, example, name = _compile(args)
     print(spec.report)
     if args.print_term:
@@ -346,7 +344,6 @@ def _optimize(args) -> int:
 
 
 def _explain(args) -> int:
-    from superopt.explain import alternatives, explain
     if args.alternatives < 0:
         raise ValueError(f"superopt: --alternatives must be 0 or more, got {args.alternatives}")
     fast, spec, example, name, seconds = _compile(args, timed=True)
@@ -362,8 +359,6 @@ def _explain(args) -> int:
 
 
 def _emulate(args) -> int:
-    from superopt.extract.target import load_target
-    from superopt.lowering.npu.lower import NpuExecutable
     if load_target(args.target).npu is None:
         raise ValueError(f"superopt: emulate runs NPU targets (npu-910, npu-910b), not {args.target!r}")
     timeline = args.timeline or f"{args.function.partition(':')[2].replace('.', '-')}-{args.target}.png"
@@ -383,20 +378,6 @@ def _emulate(args) -> int:
     if args.html:
         _html(args, spec, example, name, png=timeline if timeline.endswith(".png") else None)
     return 0
-
-
-def _bench_main():
-    """bench.run.main, from the source checkout superopt runs from (bench/ is not installed)."""
-    if not (REPO / "bench" / "run.py").is_file():
-        raise ValueError("superopt: `superopt bench` runs from a source checkout (bench/ is not installed)")
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from bench.run import main as bench_main
-    return bench_main
-
-
-def _bench(args) -> int:
-    return _bench_main()(args.bench_args, prog="superopt bench")
 
 
 def _add_program_options(p, target: str = "cpu", html: bool = True) -> None:
@@ -441,10 +422,6 @@ def parser() -> argparse.ArgumentParser:
                           "fp32 rate and the program multiplies float32, else fp16)")
     emu.set_defaults(run=_emulate)
 
-    bench = sub.add_parser("bench", add_help=False, help="run the benchmarks and regenerate BENCHMARKS.md "
-                                                         "(`superopt bench --help` for its options)")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
-    bench.set_defaults(run=_bench)
 
     rules = sub.add_parser("rules", help="inspect the registered rewrite rules")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
@@ -476,11 +453,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:   # bench has its own options (bench/run.py); pass them through untouched
-        args = argparse.Namespace(run=_bench, bench_args=argv[1:])
-    else:
-        args = parser().parse_args(argv)
-    from superopt.core import progress
+    args = parser().parse_args(argv)
     try:
         with progress.bars():
             return args.run(args)

@@ -7,10 +7,23 @@ e-graph held with their prices.
 """
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass, field
 
 from superopt.core.ir import Graph, body_str, type_str
+from superopt.egraph.capture import capture
+from superopt.egraph.encode import encode
+from superopt.egraph.frozen import freeze
+from superopt.egraph.runner import Limits, saturate
+from superopt.extract.candidates import candidates
+from superopt.extract.cost import op_breakdown, penalty_notes
+from superopt.extract.greedy import program_cost
+from superopt.extract.target import load_target
+from superopt.numerics import restrict
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
+from superopt.rewrites.schedule import Schedule
+from superopt.rulesets import DEFAULT, RULESETS
 
 _FREE = frozenset({"arg", "const", "lit", "reshape", "broadcast", "iota"})
 
@@ -39,8 +52,6 @@ class Alternative:
 
 def launches(graph: Graph, target) -> list[Launch]:
     """Every launch of `graph` (live, not a constant computed once, not a free view), costliest first."""
-    from superopt.extract.cost import op_breakdown, penalty_notes
-    from superopt.extract.greedy import program_cost
     _, costs = program_cost(graph, target)
     constant = graph.constant_nodes()
     out = []
@@ -65,7 +76,6 @@ def launches(graph: Graph, target) -> list[Launch]:
 
 def rules_by_phase(run) -> list[tuple[str, str, list[tuple[str, int, float, str]]]]:
     """(phase, how it stopped, [(rule, matches, seconds, source file:line)]) for each phase of a run."""
-    from superopt.rulesets import RULESETS
     source = {r.name: r.source for rs in RULESETS.values() for r in rs}
     out = []
     for ph in run.phases:
@@ -90,18 +100,7 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     cheapest first. This saturates again, with the rules the numerics mode runs; with a `budget` in
     seconds, saturation and the search for alternatives together take about that long at most (the
     greedy choice is always found)."""
-    import dataclasses
-    import time
     start = time.perf_counter()
-    from superopt.numerics import restrict
-    from superopt.egraph.capture import capture
-    from superopt.egraph.encode import encode
-    from superopt.egraph.frozen import freeze
-    from superopt.egraph.runner import Limits, saturate
-    from superopt.extract.candidates import candidates
-    from superopt.extract.target import load_target
-    from superopt.rewrites.schedule import Schedule
-    from superopt.rulesets import DEFAULT
     rulesets = DEFAULT if rulesets is None else rulesets
     schedule = restrict(rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets), numerics)
     limits = limits or Limits()
@@ -134,7 +133,6 @@ def _launch_lines(rows: list[Launch], width: int = 90) -> list[str]:
 
 def explain(spec, alts: list[Alternative] = ()) -> str:
     """The explanation of one specialization (`Optimized.compile(...)`'s result) as text."""
-    from superopt.extract.target import load_target
     report = spec.report
     target = load_target(report.target)
     before, after = launches(spec.original, target), launches(spec.term, target)

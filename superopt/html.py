@@ -12,10 +12,12 @@ import html
 import re
 import shutil
 import subprocess
+from html.parser import HTMLParser
 
-from superopt.core.ir import Graph, body_str, type_str
+from superopt.core.ir import Graph, body_str, pretty, type_str
 from superopt.core.ops import flagged
 from superopt.explain import launches, rules_by_phase
+from superopt.extract.target import load_target
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 
 _LEAVES = flagged("leaf")
@@ -180,8 +182,6 @@ def _short(text: str, width: int) -> str:
 def render(spec, title: str, timeline_png: str | None = None, note: str = "", use_dot: bool = True,
            explanation: str = "") -> str:
     """The page for one specialization (`Optimized.compile(...)`'s result) as an HTML string."""
-    from superopt.core.ir import pretty
-    from superopt.extract.target import load_target
     report = spec.report
     target = load_target(report.target)
     before, after = launches(spec.original, target), launches(spec.term, target)
@@ -248,7 +248,6 @@ def write(path: str, spec, title: str, **kw) -> None:
 def check(text: str) -> list[str]:
     """Problems with a page: links to anchors that do not exist, images that are not inline PNG or SVG,
     anything loaded from outside the file. Empty when the page is self-contained and consistent."""
-    from html.parser import HTMLParser
 
     class Collect(HTMLParser):
         def __init__(self):

@@ -34,6 +34,13 @@ from typing import Callable
 import numpy as np
 
 from superopt.core import verify as verification
+from superopt.core.reference import evaluate
+from superopt.extract.traffic import gradient_traffic
+from superopt.lowering.jax import lower
+from superopt.lowering.npu.codegen import CodegenError, check_precision as check
+from superopt.lowering.npu.emulator import EmulatorError, NumericOverflow
+from superopt.lowering.npu.isa import CUBE_FP32, Mmad
+from superopt.lowering.npu.lower import NpuExecutable, cube_reference
 
 CHECK_SEEDS = (0, 1)           # random inputs (verify.random_args) the emulator is checked on
 MATRIX_OPS = ("matmul", "fractal_matmul", "conv")
@@ -50,7 +57,6 @@ def check_precision(precision: str | None, target) -> str | None:
     when the user passes it, before anything is optimized."""
     if precision is None:
         return None
-    from superopt.lowering.npu.codegen import check_precision as check
     if target.npu is None:
         raise ValueError(f"superopt: precision applies to NPU targets (npu-910, npu-910b), not {target.name!r}")
     return check(precision, target)
@@ -73,14 +79,12 @@ def cube_operand_types(graph) -> set:
 def default_precision(graph, target) -> str:
     """fp32 where the chip's cube takes fp32 operands and the program multiplies float32 ones (fp16
     products would differ from the float32 program beyond its tolerance); fp16 otherwise."""
-    from superopt.lowering.npu.isa import CUBE_FP32
     wide = cube_operand_types(graph) & {"float32", "float64"}
     return "fp32" if wide and target.name in CUBE_FP32 else "fp16"
 
 
 def cube_types(executable) -> list[str]:
     """The operand types the executable's cube stages multiply (empty: no cube stage)."""
-    from superopt.lowering.npu.isa import Mmad
     seen = {str(ins.a.dtype) for stage in executable.stages if stage.program is not None
             for ins in stage.program.instrs if isinstance(ins, Mmad)}
     return sorted(SHORT.get(t, t) for t in seen)
@@ -103,7 +107,6 @@ class EmulatorRun:
         self.last_error: str | None = None
 
     def __call__(self, *flat_args) -> list:
-        from superopt.lowering.npu.emulator import NumericOverflow
         primed, self.primed = self.primed, None
         if primed is not None and len(primed[0]) == len(flat_args) and all(a is b for a, b in zip(primed[0], flat_args)):
             return list(primed[1])      # the very arguments the build ran and checked a moment ago
@@ -140,9 +143,6 @@ def on_emulator(spec, target, avals, check: bool, precision: str | None = None, 
     arguments of the call being specialized (module doc). `precision` is the cube's type for float32
     operands: "fp16", "fp32" (a ValueError where `target` has no fp32 rate), or None
     (`default_precision`)."""
-    from superopt.lowering.npu.codegen import CodegenError
-    from superopt.lowering.npu.emulator import EmulatorError
-    from superopt.lowering.npu.lower import NpuExecutable
     report = spec.report
     precision = check_precision(precision, target) or default_precision(spec.term, target)
     start = time.perf_counter()
@@ -192,7 +192,6 @@ class _OriginalProgram:
             if self.spec.term is self.spec.original:
                 self._program = self.spec.run
             else:
-                from superopt.lowering.jax import lower
                 self._program = lower(self.spec.original)
         return self._program
 
@@ -216,7 +215,6 @@ def _check(executable, reference: _OriginalProgram, spec, avals, precision: str,
     """(None, (example, its outputs)) if the NPU program's outputs agree with the original program's on
     CHECK_SEEDS' random inputs and on `example` (run last, so the executable's `last` run is the
     caller's), else (the reason the JAX program runs instead, None)."""
-    from superopt.lowering.npu.isa import CUBE_FP32
     operands = f"{', '.join(types)} cube operands" if types else "no cube stages"
     trials = [(f"random inputs (seed {seed})", verification.random_args(avals, seed)) for seed in CHECK_SEEDS]
     if example is not None:
@@ -234,7 +232,6 @@ def _check(executable, reference: _OriginalProgram, spec, avals, precision: str,
         problem = f"{problem}, on {where}"
         # Its own model (the term with the cube's rounding) tells a precision drift from a lowering error.
         try:
-            from superopt.lowering.npu.lower import cube_reference
             own = verification.compare_outputs(cube_reference(spec.term, args, precision), actual, as_dtype="float16")
         except Exception:    # noqa: BLE001
             own = None
@@ -256,7 +253,6 @@ def _differs(expected: list, actual: list, original, args) -> str | None:
     computed only when a direct comparison fails."""
     def truth():
         try:
-            from superopt.core.reference import evaluate
             return evaluate(original, args, precise=True)
         except Exception:    # noqa: BLE001 -- no float64 value to judge by: the direct comparison stands
             return None
@@ -265,7 +261,6 @@ def _differs(expected: list, actual: list, original, args) -> str | None:
 
 def _gradient_traffic(original, chosen, groups_before=(), groups_after=()) -> tuple:
     """(before, after) passes over gradient memory as the two NPU programs run (as api._gradient_traffic)."""
-    from superopt.extract.traffic import gradient_traffic
     before = gradient_traffic(original, groups_before)
     if not before.tensors:
         return ()

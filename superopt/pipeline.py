@@ -26,14 +26,17 @@ from superopt import numerics as numerics_mode
 from superopt.backends import BACKENDS
 from superopt.core import verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
-from superopt.egraph.capture import Captured, capture
+from superopt.core.ir import Graph, body_str, type_str
+from superopt.egraph.capture import Captured, capture, without_debug_effects
 from superopt.egraph.encode import encode
-from superopt.core.ir import Graph
 from superopt.egraph.isolate import saturate_isolated
 from superopt.egraph.runner import Limits, RunReport, StopReason
+from superopt.extract.cost import op_breakdown, penalty_notes
 from superopt.extract.greedy import Extraction, ExtractionError, extract, program_cost
+from superopt.extract.ilp import extract_ilp
 from superopt.extract.memory import peak_memory
 from superopt.extract.target import load_target
+from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.jax import lower
 from superopt.report import Outcome, Report
 from superopt.rewrites.schedule import Schedule
@@ -132,7 +135,6 @@ def choose(saturated: Saturated, target, extractor: str, memory_budget: int | No
 
     def pick(frozen, enc):
         if extractor == "ilp":
-            from superopt.extract.ilp import extract_ilp
             return extract_ilp(frozen, enc, target)
         return extract(frozen, enc, target, memory_budget=memory_budget)
     try:
@@ -195,7 +197,6 @@ def reference_program(captured: Captured) -> Callable:
     """The user's program as jax.jit runs it, from the jaxpr capture traced (fn is not traced again), with
     output-less effects (debug prints) left out: superopt runs it on its own inputs, which the user's
     callbacks must never see."""
-    from superopt.egraph.capture import without_debug_effects
     closed = without_debug_effects(captured.jaxpr)
     return jax.jit(lambda *flat: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat))
 
@@ -301,7 +302,6 @@ def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reas
 def gradient_traffic(original: Graph, chosen: Graph, groups_before=(), groups_after=()) -> tuple:
     """(before, after) passes over gradient memory, or () when the program has no gradient tensors;
     the groups are the sibling launches of the backend that runs each program (none: one op a launch)."""
-    from superopt.extract.traffic import gradient_traffic as traffic
     before = traffic(original, groups_before)
     if not before.tensors:
         return ()
@@ -310,8 +310,6 @@ def gradient_traffic(original: Graph, chosen: Graph, groups_before=(), groups_af
 
 def describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tuple[float, str]]:
     """The k costliest kernels with the cost model's breakdown of each."""
-    from superopt.core.ir import body_str, type_str
-    from superopt.extract.cost import op_breakdown
     live = graph.live()
     out = []
     for c, i in sorted(zip(costs, live), key=lambda cn: -cn[0])[:k]:
@@ -331,7 +329,6 @@ def _short(text: str, width: int = 72) -> str:
 
 
 def _factors(parts: dict) -> str:
-    from superopt.extract.cost import penalty_notes
     shown = [f"{parts['flops']:.3g} flop", f"{parts['bytes']:.3g} B"]
     if "occupancy" in parts:
         shown += [f"{parts['registers']} regs", f"occupancy {parts['occupancy']:.2f}"]

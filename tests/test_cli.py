@@ -4,6 +4,7 @@ import sys
 
 
 from superopt.cli import main
+from bench.run import main as bench_main
 
 
 def test_rules_list(capsys):
@@ -240,7 +241,7 @@ def test_the_page_checker_finds_broken_links_and_outside_images():
 
 def test_bench_regenerates_its_markdown_and_plots(tmp_path, capsys):
     out, figures = tmp_path / "B.md", tmp_path / "figs"
-    assert main(["bench", "--filter", "^gemm-chain-g10$", "--sections", "table,tiling", "--repeats", "1",
+    assert bench_main(["--filter", "^gemm-chain-g10$", "--sections", "table,tiling", "--repeats", "1",
                  "--rounds", "1", "--output", str(out), "--figures", str(figures)]) == 0
     text = out.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| gemm-chain-g10 | GEMM chain"))
@@ -258,7 +259,7 @@ def test_bench_regenerates_its_markdown_and_plots(tmp_path, capsys):
 
 def test_a_partial_bench_run_leaves_benchmarks_md_alone_and_says_what_it_does(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)                 # where BENCHMARKS.md and docs/figures would be
-    assert main(["bench", "--filter", "^gemm-chain-g10$", "--sections", "tiling", "--repeats", "1",
+    assert bench_main(["--filter", "^gemm-chain-g10$", "--sections", "tiling", "--repeats", "1",
                  "--rounds", "1"]) == 0
     err = capsys.readouterr().err               # not a terminal: one line per step on stderr
     assert "bench: 0 workload(s) in the main table, sections tiling; a partial run, writing " \
@@ -273,18 +274,10 @@ def test_a_partial_bench_run_leaves_benchmarks_md_alone_and_says_what_it_does(tm
 
 
 def test_bench_rejects_what_matches_nothing(capsys):
-    assert main(["bench", "--filter", "^no-such-workload$", "--output", "/dev/null"]) == 2
+    assert bench_main(["--filter", "^no-such-workload$", "--output", "/dev/null"]) == 2
     assert "nothing matches" in capsys.readouterr().err
-    assert main(["bench", "--sections", "table,nonsense"]) == 2
+    assert bench_main(["--sections", "table,nonsense"]) == 2
     assert "unknown section(s) nonsense" in capsys.readouterr().err
-
-
-def test_bench_help_lists_its_options(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["bench", "--help"])
-    assert exit_.value.code == 0
-    out = capsys.readouterr().out
-    assert "--filter" in out and "--target" in out and out.startswith("usage: superopt bench")
 
 
 def test_saturation_shows_progress_on_a_terminal_and_nothing_otherwise(program, capsys, monkeypatch):

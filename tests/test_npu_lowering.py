@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from superopt import superopt
 from superopt.extract.target import load_target
 from superopt.lowering.npu.lower import NpuExecutable, timeline_names
-from superopt.lowering.npu.vector import img2col
+from superopt.lowering.npu.isa import img2col
 
 NPUS = ["npu-910", "npu-910b"]
 FEW = settings(max_examples=4, deadline=None)

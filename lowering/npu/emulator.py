@@ -20,14 +20,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from superopt.core.formats import holds, pack_np, unpack_np
+from superopt.core.ops import ELEMENTWISE, TRANSCENDENTAL
+from superopt.core.reference import evaluate_node
 from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
-    ALIGNMENT, CUBE_K_PER_CYCLE, Barrier, Buf, CopyIn, CopyOut, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag,
-    VecOp, WaitFlag,
+    ALIGNMENT,
+    CUBE_K_PER_CYCLE,
+    Barrier,
+    Buf,
+    CopyIn,
+    CopyOut,
+    FixPipe,
+    Gm,
+    LoadL0,
+    Mmad,
+    Program,
+    ScalarOp,
+    SetFlag,
+    VecOp,
+    WaitFlag,
+    img2col,
 )
-from superopt.core.ops import ELEMENTWISE, TRANSCENDENTAL
-from superopt.core.formats import holds, pack_np, unpack_np
-from superopt.core.reference import evaluate_node
 
 FRACTAL = 16
 
@@ -295,7 +309,6 @@ class _Machine:
         srcs = [self._value(core, s) for s in ins.srcs]
         shape = tuple(ins.dst.shape)
         if ins.op == "img2col":
-            from superopt.lowering.npu.vector import img2col
             return img2col(srcs[0], *ins.attrs)
         if ins.op in ELEMENTWISE:
             srcs = [np.broadcast_to(s, shape) if s.shape != shape else s for s in srcs]

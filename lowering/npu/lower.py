@@ -35,6 +35,7 @@ is listed as such in `host_ops`; it costs no emulated cycles, which the report s
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import time
@@ -42,16 +43,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from superopt.core.ir import Graph, Node, body_str
-
-from superopt.core.ops import LAYOUT_OPS, REDUCTIONS, on_npu
+from superopt.core import reference
 from superopt.core.formats import CUBE_FORMATS, holds, packed_shape
+from superopt.core.ir import Graph, Node, body_str
+from superopt.core.ops import LAYOUT_OPS, REDUCTIONS, on_npu
 from superopt.egraph.siblings import internal, merged_body, run_before, sibling_groups
 from superopt.extract.cost import one_op_body
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, cone
+from superopt.lowering import jax as jax_lowering
 from superopt.lowering.npu.codegen import CodegenError, chain_program, check_precision, cube_dtype, gemm_program
-from superopt.lowering.npu.emulator import CapacityError, check_buffers, emulate
+from superopt.lowering.npu.emulator import CapacityError, Result, check_buffers, chrome_trace, emulate, write_gantt
 from superopt.lowering.npu.isa import Program
 from superopt.lowering.npu.layout import layout_program
 from superopt.lowering.npu.vector import VECTOR_OPS, img2col_program, vector_program
@@ -175,8 +177,7 @@ class NpuExecutable:
         hoisted = [i for i in g.live() if i in constant and g.nodes[i].op not in ("lit",)]
         values = {}
         if hoisted:
-            from superopt.lowering.jax import evaluate
-            values = evaluate(g, (), only=[i for i in g.live() if i in constant])
+            values = jax_lowering.evaluate(g, (), only=[i for i in g.live() if i in constant])
         for i in g.live():     # arguments and constants are in GM from the start
             node = g.nodes[i]
             if node.op == "arg":
@@ -342,13 +343,12 @@ class NpuExecutable:
         return run
 
     def _host(self, stage: Stage, gm: dict) -> np.ndarray:
-        from superopt.lowering.jax import evaluate
         node = stage.host
         args = [Node("arg", (), (k,), shape, dtype) for k, (_, shape, dtype) in enumerate(stage.host_inputs)]
         sub = Graph(nodes=args + [Node(node.op, tuple(range(len(args))), node.attrs, node.shape, node.dtype)],
                     outputs=[len(args)], consts=self.graph.consts, opaque=self.graph.opaque)
         ins = [gm[n].reshape(shape) for n, shape, _ in stage.host_inputs]
-        return np.asarray(evaluate(sub, ins)[len(args)])
+        return np.asarray(jax_lowering.evaluate(sub, ins)[len(args)])
 
     def write_timeline(self, run: Run, path: str):
         """The run's timeline (it must have been traced): Chrome-trace JSON when `path` ends in .json (opens
@@ -356,13 +356,10 @@ class NpuExecutable:
         and stages (`write_gantt`); for the PNG, the `GanttLabels` it wrote."""
         events = run.events()
         if path.endswith(".json"):
-            import json
-            from superopt.lowering.npu.emulator import Result, chrome_trace
             whole = Result({}, run.cycles, {}, {}, [e[:5] for e in events], self.target.npu.clock_hz)
             with open(path, "w") as f:
                 json.dump(chrome_trace(whole), f)
             return None
-        from superopt.lowering.npu.emulator import write_gantt
         spans, total = [], 0
         for label, r in run.results:
             if r is not None:
@@ -787,11 +784,10 @@ def cube_reference(graph: Graph, args, precision: str = "fp16") -> list:
     """The program's outputs computed in numpy with the NPU's rounding: matmul operands in fp16 (as they
     are under `precision` "fp32"), the rest in the program's own types. The emulator's results differ
     from these only by summation order."""
-    from superopt.core.reference import evaluate
     nodes, remap = _round_cube_operands(list(graph.nodes), precision)
     rounded = Graph(nodes=nodes, outputs=[remap[o] for o in graph.outputs], consts=graph.consts,
                     opaque=graph.opaque, n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
-    return evaluate(rounded, args)
+    return reference.evaluate(rounded, args)
 
 
 def gemm_candidates(batch: int, m: int, n: int, k: int, dtype: str, target: Target, keep: int = 4) -> list:

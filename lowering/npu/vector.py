@@ -372,16 +372,3 @@ def _img2col_boxes(lhs: tuple, patches: tuple, window: tuple, strides: tuple, pa
     program.instrs = insert_flags(instrs)
     program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
     return program
-
-
-def img2col(block: np.ndarray, kh: int, kw: int, sh: int, sw: int, top: int, left: int, rows: int,
-            cols: int) -> np.ndarray:
-    """The patches of `rows` x `cols` output positions, from an input block [1, r, q, C] whose first row
-    is `top` rows below the box's first (padded) input row and whose first column is `left` columns right
-    of its first (padded) input column; zeros elsewhere (the padding)."""
-    _, r, q, c = block.shape
-    padded = np.zeros(((rows - 1) * sh + kh, (cols - 1) * sw + kw, c), block.dtype)
-    padded[top:top + r, left:left + q] = block[0]
-    win = np.lib.stride_tricks.sliding_window_view(padded, (kh, kw), axis=(0, 1))   # [R', W', C, kh, kw]
-    win = win[::sh, ::sw][:rows, :cols]
-    return win.transpose(0, 1, 3, 4, 2).reshape(rows * cols, kh * kw * c)

@@ -154,7 +154,6 @@ MODES = ("strict", "fast")
 
 
 def _finfo(dtype):
-    import ml_dtypes
     return ml_dtypes.finfo(np.dtype(dtype))
 
 

@@ -192,11 +192,11 @@ class Optimized:
         spec = self._cache.get(key)
         if spec is None:
             with jax.core.eval_context():   # superopt's own arrays stay concrete under the caller's trace
-                spec = self._cache[key] = self._optimize(leaves, tree, dynamic, avals)
+                spec = self._cache[key] = self._build(leaves, tree, dynamic, avals)
         self._last = spec
         return spec
 
-    def _optimize(self, leaves, tree, dynamic, avals) -> Specialization:
+    def _build(self, leaves, tree, dynamic, avals) -> Specialization:
         template = [None if d else x for x, d in zip(leaves, dynamic)]   # static leaves only: no tracer kept
         positions = [k for k, d in enumerate(dynamic) if d]
         in_keys, abstract = {}, []

@@ -216,7 +216,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     be abstract (`jax.ShapeDtypeStruct` leaves); `example`, the call's concrete flat arguments where
     there are some, is one more input the NPU program is checked on."""
     tgt = load_target(target)
-    spec = _optimize(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics)
+    spec = _jax_specialization(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics)
     if backend != "jax" and (spec.original.hidden_outputs or spec.report.kind is Outcome.KEPT_WHOLE):
         # Effects run in the user's order only in the JAX program; the other backends check their program on
         # inputs of their own, which the user's callbacks must not see.
@@ -226,8 +226,9 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     return BACKENDS[backend].lower(spec, tgt, check_results, precision=precision, example=example)
 
 
-def _optimize(fn: Callable, args: tuple, tgt, rulesets, limits: Limits, check_results: bool, extractor: str,
-              memory_budget: int | None, numerics: str) -> Specialization:
+def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits, check_results: bool,
+                        extractor: str, memory_budget: int | None, numerics: str) -> Specialization:
+    """Capture, saturate, choose, lower to JAX and check: the specialization every backend starts from."""
     deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
     timer = Stages()
     captured = timer("capture", capture, fn, args)

@@ -25,7 +25,7 @@ from superopt.rewrites.pattern import exp, formats, pack, tensors, unpack, vecs
 from superopt.rewrites.rule import rule
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT, RULESETS
-from superopt.rulesets.layout import LAYOUT
+from superopt.rulesets.packing import LAYOUT
 
 NPUS = ["npu-910", "npu-910b"]
 FEW = settings(max_examples=8, deadline=None)

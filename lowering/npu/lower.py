@@ -17,7 +17,7 @@ stages, each an `isa.Program` that reads and writes GM tensors:
 - a convolution is an img2col stage (the patch matrix in GM) and a cube stage;
 - a `fractal_matmul` (superopt/core/formats.py) is a cube stage whose operands and result stay in the cube's own
   fractal formats in GM (ZZ, ZN -> NZ), and a pack or unpack of a computed tensor is a format conversion
-  on the vector unit (`layout.py`); a pack of a constant is computed when the executable is built.
+  on the vector unit (`transdata.py`); a pack of a constant is computed when the executable is built.
 
 Sibling kernels (`egraph/siblings.py`: kernels of one output shape that read the same tensor, such as an
 optimizer's parameter and moment updates, or the is-finite check and the squared norm of one gradient)
@@ -55,7 +55,7 @@ from superopt.lowering import jax as jax_lowering
 from superopt.lowering.npu.codegen import CodegenError, chain_program, check_precision, cube_dtype, gemm_program
 from superopt.lowering.npu.emulator import CapacityError, Result, check_buffers, chrome_trace, emulate, write_gantt
 from superopt.lowering.npu.isa import Program
-from superopt.lowering.npu.layout import layout_program
+from superopt.lowering.npu.transdata import layout_program
 from superopt.lowering.npu.vector import VECTOR_OPS, img2col_program, vector_program
 
 VIEWS = on_npu("view")   # views of their operand's GM tensor

@@ -25,17 +25,16 @@ import numpy as np
 
 from superopt import superopt
 from superopt.core import progress
-from superopt.egraph.capture import capture
-from superopt.egraph.encode import encode
-from superopt.egraph.frozen import freeze
-from superopt.core.ir import Graph, Node
+from superopt.core.deadline import Deadline
 from superopt.core.formats import fractal_matmul_shape, packed_shape
-from superopt.egraph.runner import saturate
-from superopt.extract.greedy import extract, program_cost
+from superopt.core.ir import Graph, Node
+from superopt.egraph.capture import capture
+from superopt.egraph.runner import Limits
+from superopt.extract.greedy import program_cost
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
 from superopt.lowering.npu.lower import NpuExecutable
-from superopt.rewrites.schedule import Schedule
+from superopt.pipeline import Stages, choose, saturate, schedule_of
 from superopt.rulesets import DEFAULT
 from superopt.timing import interleaved_medians
 
@@ -69,10 +68,12 @@ def linear(m: int, k: int, n: int, dtype: str, form: str) -> tuple[Graph, np.nda
 def chosen_ops(m: int, k: int, n: int, dtype: str, target: str) -> str:
     """What the extractor picks for x @ W (W constant) under the default rule sets."""
     w = jnp.asarray(np.random.default_rng(1).standard_normal((k, n)), dtype)
-    graph = capture(lambda x: x @ w, (jnp.zeros((m, k), dtype),)).graph
-    enc = encode(graph)
-    saturate(enc.egraph, Schedule.of(*DEFAULT))
-    ops = extract(freeze(enc.egraph), enc, load_target(target)).graph.op_counts()
+    captured = capture(lambda x: x @ w, (jnp.zeros((m, k), dtype),))
+    limits, timer = Limits(), Stages()
+    deadline = Deadline(limits.seconds)
+    schedule, _ = schedule_of(DEFAULT, "strict")
+    saturated = saturate(captured, schedule, limits, deadline, timer, isolated=False)
+    ops = choose(saturated, load_target(target), "greedy", None, deadline, limits, timer).graph.op_counts()
     return "packed" if "fractal_matmul" in ops else ("ND matmul" if "matmul" in ops or "kernel" in ops else str(ops))
 
 

@@ -11,18 +11,16 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+from superopt.core.deadline import Deadline
 from superopt.core.ir import Graph, body_str, type_str
 from superopt.egraph.capture import capture
-from superopt.egraph.encode import encode
-from superopt.egraph.frozen import freeze
-from superopt.egraph.runner import Limits, saturate
+from superopt.egraph.runner import Limits
 from superopt.extract.candidates import candidates
 from superopt.extract.cost import op_breakdown, penalty_notes
 from superopt.extract.greedy import program_cost
 from superopt.extract.target import load_target
-from superopt.numerics import restrict
+from superopt.pipeline import Stages, saturate, schedule_of
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
-from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT, RULESETS
 
 _FREE = frozenset({"arg", "const", "lit", "reshape", "broadcast", "iota"})
@@ -102,16 +100,17 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     greedy choice is always found)."""
     start = time.perf_counter()
     rulesets = DEFAULT if rulesets is None else rulesets
-    schedule = restrict(rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets), numerics)
+    schedule, _ = schedule_of(rulesets, numerics)
     limits = limits or Limits()
     if budget is not None:
         limits = dataclasses.replace(limits, seconds=max(min(limits.seconds, budget), 1e-3))
-    # In process, with the whole budget: the isolated saturation of `superopt()` gives saturation half the
-    # time left and spends some on its child process, which leaves this search too little to find alternatives.
-    enc = encode(capture(fn, args).graph)
-    saturate(enc.egraph, schedule, limits)
+    # The pipeline's stages, saturating in process with the whole budget (`limits` bound saturation; the
+    # encoding is not timed, so the greedy choice is always found): the isolated saturation of `superopt()`
+    # gives saturation half the time left and spends some on its child process, which leaves this search
+    # too little to find alternatives.
+    saturated = saturate(capture(fn, args), schedule, limits, Deadline.never(), Stages(), isolated=False)
     tgt = load_target(target)
-    found = candidates(freeze(enc.egraph), enc, tgt, limit=limit,
+    found = candidates(saturated.frozen, saturated.encoding, tgt, limit=limit,
                        deadline=None if budget is None else start + budget)
     out = []
     for c in found:

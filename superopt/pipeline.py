@@ -29,8 +29,9 @@ from superopt.core.deadline import Deadline, TimeLimit
 from superopt.core.ir import Graph, body_str, type_str
 from superopt.egraph.capture import Captured, capture, without_debug_effects
 from superopt.egraph.encode import encode
+from superopt.egraph.frozen import freeze
 from superopt.egraph.isolate import saturate_isolated
-from superopt.egraph.runner import Limits, RunReport, StopReason
+from superopt.egraph.runner import Limits, RunReport, StopReason, saturate as saturate_in_process
 from superopt.extract.cost import op_breakdown, penalty_notes
 from superopt.extract.greedy import Extraction, ExtractionError, extract, program_cost
 from superopt.extract.ilp import extract_ilp
@@ -111,13 +112,26 @@ class Saturated:
 
 # ---- the stages ----
 
+def schedule_of(rulesets, numerics: str) -> tuple[Schedule, list[str]]:
+    """The schedule of `rulesets` (names, RuleSets or a Schedule) with the rules the numerics mode runs, and
+    the names of those it leaves out."""
+    schedule = rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets)
+    return numerics_mode.restrict(schedule, numerics), numerics_mode.left_out(schedule, numerics)
+
+
 def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: Deadline,
-             timer: "Stages") -> Saturated:
+             timer: "Stages", isolated: bool = True) -> Saturated:
     """Encode the captured program and saturate it in a child process (hard time and memory limits; a crash
-    in egglog cannot take the caller down). It gets at most half the time left (runner.SATURATION_SHARE)."""
+    in egglog cannot take the caller down). It gets at most half the time left (runner.SATURATION_SHARE).
+    `isolated=False` saturates in this process with the whole of `limits` (explain's search for
+    alternatives, the benchmarks' probes: they need the time more than the isolation)."""
     try:
         enc = timer("encode", encode, captured.graph, deadline)
-        run, frozen = timer("saturate", saturate_isolated, enc.egraph, schedule, limits, deadline)
+        if isolated:
+            run, frozen = timer("saturate", saturate_isolated, enc.egraph, schedule, limits, deadline)
+        else:
+            run = timer("saturate", saturate_in_process, enc.egraph, schedule, limits)
+            frozen = freeze(enc.egraph)
     except TimeLimit as exc:
         raise Kept(Outcome.TIME_LIMIT, f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)") \
             from None
@@ -233,9 +247,7 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     timer = Stages()
     captured = timer("capture", capture, fn, args)
     original = captured.graph
-    schedule = rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets)
-    left_out = numerics_mode.left_out(schedule, numerics)
-    schedule = numerics_mode.restrict(schedule, numerics)
+    schedule, left_out = schedule_of(rulesets, numerics)
     cost_before, original_costs = program_cost(original, tgt)
     run, chosen, program = RunReport(StopReason.SATURATED), None, None
     reference = reference_program(captured)

@@ -13,6 +13,7 @@ from superopt.extract.target import load_target
 from superopt.lowering import jax as jax_lowering
 from superopt.lowering.npu import emulator, vector
 from superopt.lowering.pallas import program as pallas_program
+from superopt.rewrites import checker
 
 FAMILIES = {"unary", "binary", "reduce", "argreduce", "pool", "scan", "structural"}
 
@@ -88,3 +89,9 @@ def test_numpy_semantics_and_the_jax_lowering_agree(name):
     got = np.asarray(op.jax(Node(name, (), attrs, x.shape, out_dtype), *ins))
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2e-6, atol=1e-6,
                                equal_nan=True)
+
+
+def test_the_checkers_draws_are_table_ops_of_their_family():
+    assert set(checker.UNARY) <= ops.UNARY_OPS and set(checker.BINARY) <= ops.BINARY_OPS
+    assert set(checker.REDUCE) <= ops.REDUCTIONS and set(checker.WINDOWS) == ops.WINDOW_REDUCTIONS
+    assert set(checker.SCAN) == ops.SCANS

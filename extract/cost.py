@@ -12,7 +12,7 @@ import numpy as np
 
 from superopt.egraph.ir import ARG_REDUCTIONS, BINARY_OPS, REDUCTIONS, UNARY_OPS, Node
 from superopt.extract.target import Target
-from superopt.extract.tiling import Tiling, Untileable, nest_of, tilings
+from superopt.extract.tiling import Tiling, Untileable, nest_of, npu_tilings, tilings
 
 Type = tuple[tuple[int, ...], str]  # (shape, dtype)
 
@@ -224,6 +224,9 @@ def tiling_options(body: tuple, ins: list[Type], out: Type, target: Target) -> t
         return (), str(exc)
     if nest is None or not target.tile_bytes:
         return (), ""
+    if target.npu is not None:      # the NPU model's own choice: cycles of the busiest core (models/npu.py)
+        options = npu_tilings(nest, target)
+        return options, "" if options else f"no tiling of the {nest.kind} fits the buffers of {target.name}"
     options = tilings(nest, target.tile_bytes, target.tile_granule)
     return options, "" if options else f"no tiling of the {nest.kind} fits {target.tile_bytes} bytes on chip"
 
@@ -295,7 +298,8 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
             kernel = NpuKernel("cube", k.matrix_flops, moved, vector_flops=other, int8=k.int8_matrix,
                                ub_live_bytes=(ub if k.epilogue_ops else 0),
                                **{**matmul_tiles(*NPU_CUBE_TILE),
-                                  **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra)
+                                  **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra,
+                               estimate=tiling.estimate if tiling is not None else None)
         else:
             kernel = NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
                                transdata_bytes=k.strided_bytes)

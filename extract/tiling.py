@@ -333,7 +333,7 @@ def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
     second = gemms(m, n, l, (item(dt["C"]), item(dt["D"]), item(dt["E"])), cube2)
     if first and second:
         (e1, o1, t1), (e2, o2, t2) = first[0], second[0]
-        est = model.apart(e1, e2)
+        est = model.apart(e1, e2, nest.batch * m * l * item(dt["C"]), target)
         if not out or est.cycles < out[0].estimate.cycles:
             parts = ((tuple(o1), tuple((x, t1[x]) for x in "mnk")), (tuple(o2), tuple((x, t2[x]) for x in "mnk")))
             l1 = max(model.gemm_buffers(t1["m"], t1["n"], t1["k"], k, cube, target)["l1_bytes"],

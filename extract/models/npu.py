@@ -77,7 +77,9 @@ def breakdown(k: NpuKernel, target: Target) -> dict:
         compute = max(compute, k.estimate.cycles / npu.clock_hz)
     transdata = 2 * k.transdata_bytes / (target.mem_bandwidth * TRANSDATA_EFFICIENCY)
     exchange = 2 * k.gm_exchange_bytes / target.mem_bandwidth if npu.separated else 0.0
-    memory = k.bytes / target.mem_bandwidth + transdata + exchange
+    # the tiles' estimate counts their own transfers (at one core's share of the bandwidth, each with its
+    # start-up), so only what runs beside them is added
+    memory = (k.bytes / target.mem_bandwidth if k.estimate is None else 0.0) + transdata + exchange
     time = max(compute, memory) + target.launch_overhead * (1 + k.transdata_launches) if ok else math.inf
     return {"unit": k.unit, "flops": k.flops + k.vector_flops, "bytes": k.bytes, "ub_bytes": _aligned(k.ub_live_bytes)
             * (2 if k.double_buffer else 1), "fits": ok, "overflow": why, "transdata_seconds": transdata,
@@ -355,8 +357,12 @@ def chain_tiles(batch: int, m: int, n: int, k: int, l: int, items: tuple, cube_d
     return [r[1:] for r in ranked[:keep]]
 
 
-def apart(first: CubeEstimate, second: CubeEstimate) -> CubeEstimate:
-    """Two cube programs one after the other (a chain's GEMMs apart, the product through GM)."""
+def apart(first: CubeEstimate, second: CubeEstimate, product_bytes: float, target: Target) -> CubeEstimate:
+    """A chain's two GEMMs as cube programs one after the other, the product (`product_bytes`) through
+    GM; on a chip that converts no ND matrix on copy (the 910) it is also unpacked after the first and
+    packed before the second (two TransData passes)."""
+    convert = 0.0 if target.npu.nd_on_copy else \
+        2 * 2 * product_bytes / (target.mem_bandwidth * TRANSDATA_EFFICIENCY) * target.npu.clock_hz
     return CubeEstimate(first.bytes_moved + second.bytes_moved, first.cube_cycles + second.cube_cycles,
                         first.dma_cycles + second.dma_cycles, first.mte1_cycles + second.mte1_cycles,
-                        max(first.cores, second.cores), first.cycles + second.cycles)
+                        max(first.cores, second.cores), int(first.cycles + second.cycles + convert))

@@ -636,6 +636,10 @@ def _matrix(view: tuple) -> tuple:
     return tuple(view[1:]) if view[0] == 1 else tuple(view)
 
 
+EXTRACTORS = "the extractor's tiles"
+MODEL = "tiles of the NPU model"
+
+
 def _placed(tries: list, build, target: Target) -> tuple:
     """(whose, order, tiles, program) of the first of `tries` ((whose, order, tiles), in order) whose
     program can be placed; a CodegenError naming the first failure when none can."""
@@ -650,11 +654,7 @@ def _placed(tries: list, build, target: Target) -> tuple:
         if errors and errors[0][0] == EXTRACTORS:
             whose = f"{whose}: the extractor's could not be placed ({errors[0][1]})"
         return whose, order, tiles, program
-    raise CodegenError(errors[0][1] if errors else "no tiling to place")
-
-
-EXTRACTORS = "the extractor's tiles"
-MODEL = "tiles of the NPU model"
+    raise CodegenError(f"no tiling could be placed: {errors[0][1]}" if errors else "no tiling to place")
 
 
 def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first: tuple | None = None,

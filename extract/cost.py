@@ -299,7 +299,8 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
                                ub_live_bytes=(ub if k.epilogue_ops else 0),
                                **{**matmul_tiles(*NPU_CUBE_TILE),
                                   **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra,
-                               estimate=tiling.estimate if tiling is not None else None)
+                               estimate=tiling.estimate if tiling is not None else None,
+                               side_bytes=nest_of(body, tuple(ins), out).extra_bytes if tiling is not None else 0.0)
         else:
             kernel = NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
                                transdata_bytes=k.strided_bytes)

@@ -50,6 +50,7 @@ class NpuKernel:
     vector_flops: float = 0.0         # cube kernels: the epilogue's work on the vector unit
     int8: bool = False                # cube kernels: int8 operands, a 16x32x16 fractal per cycle (fp16: 16x16x16)
     estimate: object = None           # cube kernels: the tiles' CubeEstimate (cycles of the busiest core), if tiled
+    side_bytes: float = 0.0           # cube kernels: operands beside the matrix ones (bias, scale, residual), read once
 
 
 def _aligned(n: int) -> int:
@@ -73,13 +74,16 @@ def breakdown(k: NpuKernel, target: Target) -> dict:
     ok, why = fits(k, target)
     rate = npu.cube_flops * (2 if k.int8 else 1) if k.unit == "cube" else npu.vector_flops
     compute = max(k.flops / rate, k.vector_flops / npu.vector_flops)
-    if k.estimate is not None:    # the tiles on the busiest core: the cores it leaves idle, transfers, drains
-        compute = max(compute, k.estimate.cycles / npu.clock_hz)
     transdata = 2 * k.transdata_bytes / (target.mem_bandwidth * TRANSDATA_EFFICIENCY)
     exchange = 2 * k.gm_exchange_bytes / target.mem_bandwidth if npu.separated else 0.0
-    # the tiles' estimate counts their own transfers (at one core's share of the bandwidth, each with its
-    # start-up), so only what runs beside them is added
-    memory = (k.bytes / target.mem_bandwidth if k.estimate is None else 0.0) + transdata + exchange
+    memory = k.bytes / target.mem_bandwidth + transdata + exchange
+    if k.estimate is not None:
+        # The tiles on the busiest core (the cores they leave idle, each transfer's start-up, the drains)
+        # stand for the cube's compute and its own transfers; the epilogue's vector work, conversions and
+        # exchanges come after it, as the lowering runs them (stages in sequence).
+        cube = k.estimate.cycles / npu.clock_hz
+        compute = max(k.flops / rate, cube) + k.vector_flops / npu.vector_flops
+        memory = cube + k.side_bytes / target.mem_bandwidth + transdata + exchange
     time = max(compute, memory) + target.launch_overhead * (1 + k.transdata_launches) if ok else math.inf
     return {"unit": k.unit, "flops": k.flops + k.vector_flops, "bytes": k.bytes, "ub_bytes": _aligned(k.ub_live_bytes)
             * (2 if k.double_buffer else 1), "fits": ok, "overflow": why, "transdata_seconds": transdata,

@@ -15,7 +15,7 @@ from superopt.core.ir import Node
 from superopt.core.ops import FREE, LAYOUT_OPS, MATRIX_OPS, MOVEMENT, REDUCTIONS, lookup
 from superopt.extract.models import gpu as gpu_model, npu as npu_model
 from superopt.extract.target import Target
-from superopt.extract.tiling import Tiling, Untileable, nest_of, tilings
+from superopt.extract.tiling import Tiling, Untileable, nest_of, npu_tilings, tilings
 
 Type = tuple[tuple[int, ...], str]  # (shape, dtype)
 
@@ -206,6 +206,9 @@ def tiling_options(body: tuple, ins: list[Type], out: Type, target: Target) -> t
         return (), str(exc)
     if nest is None or not target.tile_bytes:
         return (), ""
+    if target.npu is not None:      # the NPU model's own choice: cycles of the busiest core (models/npu.py)
+        options = npu_tilings(nest, target)
+        return options, "" if options else f"no tiling of the {nest.kind} fits the buffers of {target.name}"
     options = tilings(nest, target.tile_bytes, target.tile_granule)
     return options, "" if options else f"no tiling of the {nest.kind} fits {target.tile_bytes} bytes on chip"
 
@@ -275,7 +278,10 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
             kernel = npu_model.NpuKernel("cube", k.matrix_flops, moved, vector_flops=other, int8=k.int8_matrix,
                                          ub_live_bytes=(ub if k.epilogue_ops else 0),
                                          **{**npu_model.matmul_tiles(*NPU_CUBE_TILE),
-                                  **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra)
+                                            **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra,
+                                         estimate=tiling.estimate if tiling is not None else None,
+                                         side_bytes=nest_of(body, tuple(ins), out).extra_bytes
+                                         if tiling is not None else 0.0)
         else:
             kernel = npu_model.NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
                                          transdata_bytes=k.strided_bytes)

@@ -9,6 +9,9 @@ intermediate never leaves the chip. So the traffic depends on the tile sizes and
 `tilings` offers alternatives generated from the analytic optimum (TM = TL = -a + sqrt(a^2 + MC),
 TK = TN = a, thesis ch. 3), the neighbouring powers of two that fit the capacity and equal splits of
 each extent, in every legal loop order; the extractor picks among them with the same data-movement model.
+On an NPU target the alternatives are the NPU model's instead (`npu_tilings`, `models/npu.py`): ranked by
+the cycles of the busiest cube core, with L0C and the core count counted, and carried out as given by
+the lowering.
 
 A row reduction behind a matmul needs whole rows of the loop it reduces (its tile is the extent),
 except the softmax between the two GEMMs of attention, which can run over tiles of its row with running
@@ -18,7 +21,7 @@ accumulator once per tile.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import permutations, product
 
@@ -27,6 +30,7 @@ import numpy as np
 from superopt.core.ir import Node
 
 from superopt.core.ops import MATRIX_OPS, REDUCTIONS
+from superopt.extract.models import npu as model
 from superopt.extract.models.chimera import data_movement, gemm, gemm_chain
 
 MATRIX = MATRIX_OPS
@@ -48,6 +52,10 @@ class Nest:
     extra_bytes: float            # operands outside the matrix operands (bias, residual, mask): read once
     whole: frozenset              # loops a row reduction needs whole
     online: str = ""              # a loop of `whole` that online softmax may split anyway
+    dtypes: tuple = ()            # ((tensor, dtype), ...) of the matrix operands and products (A, B, C; chain:
+                                  # A, B, C, D, E), as they are in global memory between NPU stages
+    direct: bool = True           # chain: the second GEMM reads the first's product as it is (through casts
+                                  # only), so the NPU can keep it on chip (else its GEMMs run apart there)
 
     def ops(self):
         ext = dict(self.extents)
@@ -70,8 +78,16 @@ class Tiling:
     moved_bytes: float            # global-memory traffic under these tiles
     tile_bytes: int               # MU: on-chip bytes of one step's tiles
     extra_flops: float = 0.0      # online softmax: rescaling the accumulator per tile
+    # NPU: a chain run as its two GEMMs apart (the product through global memory), where the NPU model
+    # finds that faster: ((order, tiles), (order, tiles)) of each, `order` and `tiles` then the first's.
+    parts: tuple = ()
+    # NPU: the model's estimate for these tiles (`models/npu.py`, a CubeEstimate); not part of the choice's identity
+    estimate: object = field(default=None, compare=False)
 
     def __str__(self) -> str:
+        if self.parts:
+            return "apart: " + "; ".join(f"order {''.join(o)}, " + " ".join(f"T{x.upper()}={v}" for x, v in t)
+                                         for o, t in self.parts)
         tiles = " ".join(f"T{loop.upper()}={t}" for loop, t in self.tiles)
         return f"order {''.join(self.order)}, {tiles}" + (", online softmax" if self.online else "")
 
@@ -131,12 +147,14 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         # the input is read once per output-channel tile, not its img2col expansion
         weights = {"A": _itemsize(lhs) * math.prod(lhs.shape) / (m * k), "B": _itemsize(rhs)}
         operands = {"A": first.inputs[0], "B": first.inputs[1]}
+        dtypes = {"A": lhs.dtype, "B": rhs.dtype, "C": first.dtype}
     elif len(mats) == 1:
         a, b = body[first.inputs[0]], body[first.inputs[1]]
         batch, m, n, k = _gemm_dims(a, b, first)
         kind, ext = "gemm", {"m": m, "n": n, "k": k}
         weights = {"A": _itemsize(a), "B": _itemsize(b)}
         operands = {"A": first.inputs[0], "B": first.inputs[1]}
+        dtypes = {"A": a.dtype, "B": b.dtype, "C": first.dtype}
     elif len(mats) == 2 and body[mats[1]].op == "matmul" and first.op == "matmul" \
             and mats[0] in (after[body[mats[1]].inputs[0]] | {body[mats[1]].inputs[0]}):
         second = body[mats[1]]
@@ -148,6 +166,8 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         kind, ext = "chain", {"m": m, "n": n, "k": k, "l": l}
         weights = {"A": _itemsize(a), "B": _itemsize(b), "C": _itemsize(first), "D": _itemsize(d)}
         operands = {"A": first.inputs[0], "B": first.inputs[1], "D": second.inputs[1]}
+        dtypes = {"A": a.dtype, "B": b.dtype, "C": first.dtype, "D": d.dtype, "E": second.dtype}
+        direct = _strip(body, second.inputs[0], ("convert",)) == mats[0]
     else:
         raise Untileable(f"{len(mats)} matrix ops that are not one chain of two matmuls")
     result = "E" if kind == "chain" else "C"
@@ -158,6 +178,7 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
                    if body[i].op == "arg"}
     extra = sum(_bytes(*t) for k_, t in enumerate(ins) if k_ not in tiled_loads and t[0])
     whole, online = set(), ""
+    direct = kind != "chain" or direct
     for i, node in enumerate(body):
         if node.op not in REDUCTIONS:
             continue
@@ -174,7 +195,7 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         else:
             whole.add("l" if kind == "chain" else "n")
     return Nest(kind, tuple(sorted(ext.items())), batch, tuple(sorted(weights.items())), float(extra),
-                frozenset(whole), online)
+                frozenset(whole), online, tuple(sorted(dtypes.items())), direct)
 
 
 def _strip(body: tuple, i: int, ops=("convert", "stop_gradient", "broadcast", "reshape")) -> int:
@@ -262,3 +283,63 @@ def _tilings(nest: Nest, capacity: int, granule: int) -> tuple[Tiling, ...]:
                                            online, nest.batch * dv + nest.extra_bytes, int(mu), extra_flops))
     ranked = sorted(best.values(), key=lambda kv: kv[0])
     return tuple(tiling for _, tiling in ranked[:KEEP])
+
+
+def npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
+    """The best `KEEP` tilings of `nest` on an NPU target by the NPU model's cycles (`models/npu.py`: the
+    busiest cube core's queues, with L1, L0A/L0B and L0C as the code generator fills them and the output
+    tiles dealt to the cores), fastest first; () if none fits. A row reduction behind the cube, or an
+    operand computed before it, runs as a vector stage on the NPU, so no loop need stay whole. A chain
+    is also offered as its two GEMMs apart where the model finds that faster; one whose second GEMM
+    does not read the first's product as it is is offered only apart."""
+    return _npu_tilings(nest, target)
+
+
+@lru_cache(maxsize=4096)
+def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
+    ext, weights, dt = dict(nest.extents), dict(nest.weights), dict(nest.dtypes)
+    item = model._item
+    cube = model.cube_type(dt["A"], target, dt["B"])
+
+    def tiling(order, tiles, est, l1):
+        # the bytes the generator's copies move (a ragged last tile moves only its own rows); a
+        # convolution's left operand is counted as the model for every target counts it (read once per
+        # output-channel tile), not as the patch matrix img2col writes and the cube reads
+        moved = est.bytes_moved
+        if nest.kind == "conv":
+            moved = nest.batch * data_movement(*nest.ops(), list(order), ext, tiles, weights)[0]
+        return Tiling(tuple(order), tuple((x, tiles[x]) for x in "mnkl" if x in tiles), False,
+                      moved + nest.extra_bytes, int(l1), 0.0, (), est)
+
+    def gemms(m, n, k, items, cube_dt):
+        return model.gemm_tiles(nest.batch, m, n, k, items, cube_dt, target, keep=KEEP)
+
+    out = []
+    if nest.kind in ("gemm", "conv"):
+        m, n, k = ext["m"], ext["n"], ext["k"]
+        # a convolution's left operand is the patch matrix img2col writes, in the cube's type
+        a_item = item(cube) if nest.kind == "conv" else item(dt["A"])
+        for est, order, tiles in gemms(m, n, k, (a_item, item(dt["B"]), item(dt["C"])), cube):
+            l1 = model.gemm_buffers(tiles["m"], tiles["n"], tiles["k"], k, cube, target)["l1_bytes"]
+            out.append(tiling(order, tiles, est, l1))
+        return tuple(out)
+    m, n, k, l = (ext[x] for x in "mnkl")
+    chain_cube = "float16" if cube == "int8" else cube      # the chain's intermediate is a float product
+    if nest.direct:
+        items = tuple(item(dt[x]) for x in "ABDE")
+        for est, order, tiles in model.chain_tiles(nest.batch, m, n, k, l, items, chain_cube, target, keep=KEEP):
+            l1 = model.chain_buffers(tiles["m"], tiles["l"], tiles["n"], k, chain_cube, target)["l1_bytes"]
+            out.append(tiling(order, tiles, est, l1))
+    first = gemms(m, l, k, (item(dt["A"]), item(dt["B"]), item(dt["C"])), cube)
+    cube2 = model.cube_type(dt["C"], target, dt["D"])
+    second = gemms(m, n, l, (item(dt["C"]), item(dt["D"]), item(dt["E"])), cube2)
+    if first and second:
+        (e1, o1, t1), (e2, o2, t2) = first[0], second[0]
+        est = model.apart(e1, e2, nest.batch * m * l * item(dt["C"]), target)
+        if not out or est.cycles < out[0].estimate.cycles:
+            parts = ((tuple(o1), tuple((x, t1[x]) for x in "mnk")), (tuple(o2), tuple((x, t2[x]) for x in "mnk")))
+            l1 = max(model.gemm_buffers(t1["m"], t1["n"], t1["k"], k, cube, target)["l1_bytes"],
+                     model.gemm_buffers(t2["m"], t2["n"], t2["k"], l, cube2, target)["l1_bytes"])
+            out.insert(0, Tiling(tuple(o1), parts[0][1], False, est.bytes_moved + nest.extra_bytes,
+                                 int(l1), 0.0, parts, est))
+    return tuple(out[:KEEP])

@@ -80,3 +80,34 @@ def test_seed_001_conv_plus_layernorm_is_not_fused_on_910b():
     parts = breakdown(fused, NPU_910B)
     assert parts["transdata_seconds"] > 0 and parts["gm_exchange_seconds"] > 0
     assert breakdown(fused, NPU_910)["gm_exchange_seconds"] == 0   # the 910 couples cube and vector on chip
+
+
+def test_cube_tiles_fit_l0c_and_spread_over_the_cores():
+    """The NPU model's GEMM tiles fit L0C as the generator allocates it, and its estimate is a typed
+    breakdown: bytes, the busiest core's cube and DMA cycles, and the bound that wins."""
+    from superopt.extract.models.npu import CubeEstimate, chain_estimate, chain_tiles, gemm_buffers, gemm_tiles
+    for target in (NPU_910, NPU_910B):
+        for est, order, tiles in gemm_tiles(1, 512, 768, 768, (2, 2, 2), "float16", target, keep=20):
+            assert isinstance(est, CubeEstimate) and order == ("m", "n", "k")
+            assert gemm_buffers(tiles["m"], tiles["n"], tiles["k"], 768, "float16", target)["l0c_bytes"] <= \
+                target.npu.l0c_bytes
+            assert est.cycles >= max(est.cube_cycles, est.dma_cycles, est.mte1_cycles) > 0
+            assert est.bound in ("cube", "dma", "mte1")
+        # 256 x 256 fp32 accumulators are 256 KB: twice the 910B's L0C, so never offered double-buffered
+        assert gemm_buffers(256, 256, 64, 64, "float16", NPU_910B)["l0c_bytes"] <= NPU_910B.npu.l0c_bytes
+        # a chain with a batch of one: tiles that move the least data (all of M in one tile) use one core;
+        # the model's choice spreads the m tiles over several and is estimated faster
+        whole = chain_estimate(1, 512, 64, 64, 256, {"m": 512, "l": 256, "k": 64, "n": 64}, (2,) * 4, "float16",
+                               NPU_910B)
+        (best, _, tiles), *_ = chain_tiles(1, 512, 64, 64, 256, (2,) * 4, "float16", target)
+        assert whole.cores == 1 and best.cores > 1 and tiles["m"] < 512
+        assert best.cycles < chain_estimate(1, 512, 64, 64, 256, {"m": 512, "l": 256, "k": 64, "n": 64}, (2,) * 4,
+                                            "float16", target).cycles
+
+
+def test_an_npu_matmul_kernel_is_priced_by_its_tiles_estimate():
+    from superopt.extract.cost import op_breakdown
+    ins = [((1, 128, 3072), "float16"), ((3072, 768), "float16")]
+    parts = op_breakdown("matmul", (), ins, ((1, 128, 768), "float16"), NPU_910B)
+    est = parts["cube_estimate"]
+    assert parts["time"] >= est.cycles / NPU_910B.npu.clock_hz + NPU_910B.launch_overhead

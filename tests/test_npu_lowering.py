@@ -89,22 +89,64 @@ def test_gemm_chains_keep_the_intermediate_on_chip(b, m, k, l, n, target):
         assert len(packing) == (0 if load_target(target).npu.nd_on_copy else 4)
 
 
+def _copied(program, tensor: str) -> tuple:
+    """The largest window of GM tensor `tensor` a cube program copies in: (rows, columns) of one tile."""
+    from superopt.lowering.npu.isa import CopyIn
+    sizes = [ins.src.size[-2:] for ins in program.instrs if isinstance(ins, CopyIn) and ins.src.tensor == tensor]
+    return max(sizes)
+
+
 @pytest.mark.parametrize("target", NPUS)
-def test_a_chain_of_one_batch_entry_runs_on_tiles_that_keep_the_cores_busy(target):
-    """The extractor's chain tiles move the least data (TM=256 for thesis G10 here), but the chain deals
-    its m tiles to the cube cores, so those tiles leave most cores idle. The lowering emulates them and
-    smaller ones and runs the fastest, with the same result."""
-    from superopt.lowering.npu.emulator import emulate
+def test_a_gemm_runs_exactly_the_extractors_tiles(target):
+    """The extractor's NPU model chooses a GEMM's tiles (cycles of the busiest core, L0C and the core
+    count included); the lowering runs those and no others, and says so."""
+    rng = np.random.default_rng(3)
+    args = (normal(rng, 256, 512), normal(rng, 512, 384, scale=512 ** -0.5), normal(rng, 384))
+    fast = check(lambda x, w, b: jax.nn.relu(x @ w + b), args, target, ["cube matmul"])
+    kernel = next(n for n in fast.npu.graph.nodes if n.op == "kernel" and any(b.op == "matmul" for b in n.attrs[0]))
+    tiling = kernel.attrs[1]
+    assert set(tiling.order) == {"m", "n", "k"} and tiling.estimate is not None
+    stage = next(s for s in fast.npu.stages if "cube matmul" in s.label)
+    tiles = " ".join(f"T{x.upper()}={v}" for x, v in tiling.tiles)
+    assert stage.label.endswith(f"order {''.join(tiling.order)} {tiles} (the extractor's tiles)"), stage.label
+    if load_target(target).npu.nd_on_copy:      # ND operands: the copies are the tiles themselves
+        want = dict(tiling.tiles)
+        assert _copied(stage.program, "arg0") == (want["m"], want["k"])
+        assert _copied(stage.program, "arg1") == (want["k"], want["n"])
+
+
+@pytest.mark.parametrize("target", NPUS)
+def test_a_gemm_chain_runs_exactly_the_extractors_tiles(target):
+    """Thesis G10 with a batch of one: the chain deals its m tiles to the cube cores, so the tiles that
+    move the least data (TM=512 here) would leave most cores idle. The extractor's model counts the busiest
+    core and picks smaller m tiles; the lowering runs exactly those, on as many cores as the model says."""
     rng = np.random.default_rng(10)
     args = (normal(rng, 1, 512, 64), normal(rng, 1, 64, 256, scale=0.125), normal(rng, 1, 256, 64, scale=1 / 16))
     fast = check(lambda a, b, d: (a @ b) @ d, args, target, ["GEMM chain"])
-    stage = next(s for s in fast.npu.stages if "GEMM chain" in s.label)
-    assert "tiles of the lowering; the extractor's took" in stage.label, stage.label
     kernel = next(n for n in fast.npu.graph.nodes if n.op == "kernel")
-    theirs = int(stage.label.split("the extractor's took ")[1].split()[0])
-    mine = emulate(stage.program, load_target(target), symbolic=True, trace=False)
-    assert mine.cycles < theirs
-    assert len(stage.program.cores) > 512 // dict(kernel.attrs[1].tiles)["m"]
+    tiling = kernel.attrs[1]
+    assert tiling.order[:2] == ("m", "l") and not tiling.parts
+    (stage,) = [s for s in fast.npu.stages if "GEMM chain" in s.label]
+    tiles = " ".join(f"T{x.upper()}={v}" for x, v in sorted(tiling.tiles, key=lambda kv: tiling.order.index(kv[0])))
+    assert stage.label.endswith(f"order {''.join(tiling.order)} {tiles} (the extractor's tiles)"), stage.label
+    tm = dict(tiling.tiles)["m"]
+    assert tm < 512 and len(stage.program.cores) == tiling.estimate.cores == -(-512 // tm)
+
+
+def test_tiles_the_extractor_gave_that_cannot_be_placed_fall_back_to_the_models_next_and_say_so():
+    """A tiling the generator cannot place (an A tile larger than L1) is replaced by the NPU model's
+    first that fits (`extract.models.npu.gemm_tiles`, the extractor's own ranking), not by a search."""
+    from superopt.extract.models.npu import gemm_tiles
+    from superopt.lowering.npu.lower import place_gemm
+    target = load_target("npu-910b")
+    views = ((1, 512, 4096), (4096, 256), (1, 512, 256))
+    a, b, c = ("A", views[0], "float16"), ("B", views[1], "float16"), ("C", views[2], "float16")
+    whose, order, tiles, _ = place_gemm(a, b, c, views, target, (("m", "n", "k"), {"m": 512, "n": 256, "k": 4096}))
+    assert whose.startswith("tiles of the NPU model: the extractor's could not be placed"), whose
+    (_, best_order, best), *_ = gemm_tiles(1, 512, 256, 4096, (2, 2, 2), "float16", target)
+    assert (order, tiles) == (best_order, best)
+    whose, order, tiles, _ = place_gemm(a, b, c, views, target, (best_order, best))
+    assert whose == "the extractor's tiles" and tiles == best
 
 
 @FEW

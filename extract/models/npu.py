@@ -12,6 +12,15 @@ TransData pass, which is slow (strided 16-element fractal rows). On the 910B the
 are separate and exchange data through global memory, so a cube->vector fusion saves no traffic there.
 The cube multiplies int8 operands at twice its fp16 rate (a 16x32x16 fractal per cycle, as the emulator
 runs it).
+
+The tiles of a cube kernel (a GEMM, a convolution's implicit GEMM, a GEMM chain) are this model's choice,
+made once: `gemm_tiles` and `chain_tiles` rank tilings by a `CubeEstimate` of the program the code
+generator (`lowering/npu/codegen.py`) writes for them: the busiest core's queues (copies into L1 with
+their start-up latency at one core's share of the bandwidth, L1 -> L0 loads, the cube's fractal products
+and the drains of L0C), run in the order the generator's flags allow, with the output tiles (a chain's
+m tiles) dealt to `npu.cores` in turn, and only tiles whose L1, L0A/L0B and L0C use fits. The extractor
+offers the best of them (`extract/tiling.py:npu_tilings`) and prices a kernel by its estimate; the
+lowering runs the tiles it is given.
 """
 from __future__ import annotations
 
@@ -40,6 +49,8 @@ class NpuKernel:
     gm_exchange_bytes: float = 0.0    # bytes passed from cube to vector cores through global memory (910B)
     vector_flops: float = 0.0         # cube kernels: the epilogue's work on the vector unit
     int8: bool = False                # cube kernels: int8 operands, a 16x32x16 fractal per cycle (fp16: 16x16x16)
+    estimate: object = None           # cube kernels: the tiles' CubeEstimate (cycles of the busiest core), if tiled
+    side_bytes: float = 0.0           # cube kernels: operands beside the matrix ones (bias, scale, residual), read once
 
 
 def _aligned(n: int) -> int:
@@ -66,10 +77,18 @@ def breakdown(k: NpuKernel, target: Target) -> dict:
     transdata = 2 * k.transdata_bytes / (target.mem_bandwidth * TRANSDATA_EFFICIENCY)
     exchange = 2 * k.gm_exchange_bytes / target.mem_bandwidth if npu.separated else 0.0
     memory = k.bytes / target.mem_bandwidth + transdata + exchange
+    if k.estimate is not None:
+        # The tiles on the busiest core (the cores they leave idle, each transfer's start-up, the drains)
+        # stand for the cube's compute and its own transfers; the epilogue's vector work, conversions and
+        # exchanges come after it, as the lowering runs them (stages in sequence).
+        cube = k.estimate.cycles / npu.clock_hz
+        compute = max(k.flops / rate, cube) + k.vector_flops / npu.vector_flops
+        memory = cube + k.side_bytes / target.mem_bandwidth + transdata + exchange
     time = max(compute, memory) + target.launch_overhead * (1 + k.transdata_launches) if ok else math.inf
     return {"unit": k.unit, "flops": k.flops + k.vector_flops, "bytes": k.bytes, "ub_bytes": _aligned(k.ub_live_bytes)
             * (2 if k.double_buffer else 1), "fits": ok, "overflow": why, "transdata_seconds": transdata,
-            "gm_exchange_seconds": exchange, "time": time}
+            "gm_exchange_seconds": exchange, "time": time,
+            **({"cube_estimate": k.estimate} if k.estimate is not None else {})}
 
 
 def kernel_time(k: NpuKernel, target: Target) -> float:
@@ -80,3 +99,274 @@ def matmul_tiles(tm: int, tn: int, tk: int, itemsize: int = 2) -> dict:
     """Buffer use of one cube matmul tile step: A in L0A, B in L0B, fp32 C in L0C, A and B staged in L1."""
     return {"l0a_bytes": tm * tk * itemsize, "l0b_bytes": tk * tn * itemsize, "l0c_bytes": tm * tn * 4,
             "l1_bytes": 2 * (tm * tk + tk * tn) * itemsize}
+
+
+# ---- cube programs: tiles, buffers and cycles of a tiled GEMM or GEMM chain ----
+# The cube's figures as `lowering/npu/codegen.py` and the emulator run them: 16x16 fractals, L0 blocks of
+# 128x128 (fp16; the K edge holds the same bytes in other types), fp32 (int32) accumulation in L0C, and
+# the operand types the cube multiplies.
+FRACTAL = 16
+L0_BLOCK = 128
+K_PER_CYCLE = {"float16": 16, "bfloat16": 16, "int8": 32, "float32": 8}
+CUBE_FP32 = frozenset({"npu-910b"})   # chips whose cube multiplies fp32 operands (as lowering/npu/isa.py)
+GEMM_EDGES = (16, 32, 64, 128, 256, 512)              # M and N tile edges a GEMM may take (and the extents)
+DEPTHS = (16, 32, 64, 128, 256, 512, 1024)            # K tile edges
+CHAIN_EDGES = (16, 32, 64, 128, 256, 512)             # M and L tile edges of a chain
+
+
+def _item(dtype: str) -> int:
+    return {"int8": 1, "bool": 1, "float32": 4, "int32": 4, "float64": 8, "int64": 8}.get(dtype, 2)
+
+
+def _up(n: float, m: int = FRACTAL) -> int:
+    return -(-int(n) // m) * m
+
+
+def _cdiv(a: float, b: float) -> int:
+    return -(-int(a) // int(b))
+
+
+def cube_type(dtype: str, target: Target, other: str | None = None) -> str:
+    """The type the cube multiplies a matmul of `dtype` (and `other`) operands in: int8 and bf16 as they
+    are, float32 as fp32 where the chip's cube takes it (the emulator's default precision there) and as
+    fp16 elsewhere."""
+    if dtype == "int8":
+        return "int8"
+    if {dtype, other or dtype} & {"float32", "float64"}:
+        return "float32" if target.name in CUBE_FP32 else "float16"
+    return "bfloat16" if dtype == "bfloat16" else "float16"
+
+
+def _depth_block(cube_dt: str) -> int:
+    return L0_BLOCK * 2 // max(2, _item(cube_dt))
+
+
+@dataclass(frozen=True)
+class CubeEstimate:
+    """The NPU model's estimate of one tiled cube program (`gemm_estimate`, `chain_estimate`): each core
+    runs its queues in parallel, so the busiest core's busiest queue bounds the program."""
+    bytes_moved: float        # GM bytes the tiles move (the Chimera model's DV for these tiles)
+    cube_cycles: int          # the busiest core's cube queue: fractal products and the drains of L0C
+    dma_cycles: int           # the busiest core's MTE2: each transfer's start-up plus its bytes at one core's
+                              # share of the chip's bandwidth
+    mte1_cycles: int          # the busiest core's L1 -> L0A/L0B loads
+    cores: int                # cores that get tiles (output tiles dealt to `npu.cores` in turn)
+    cycles: int               # the estimate: the bound below, plus what cannot overlap it
+
+    @property
+    def bound(self) -> str:
+        """The queue that bounds the program: "cube", "dma" or "mte1"."""
+        return max((self.cube_cycles, "cube"), (self.dma_cycles, "dma"), (self.mte1_cycles, "mte1"))[1]
+
+
+def gemm_buffers(tm: int, tn: int, tk: int, k: int, cube_dt: str, target: Target) -> dict | None:
+    """Bytes per on-chip space of a GEMM on tiles TM x TN x TK as the generator allocates them: two slots
+    of the A and B tiles in L1 and of the L0 blocks, the output tile in L0C (twice where it fits; an
+    output tile larger than L0C gathers its rows over the whole K in L1 and drains block by block).
+    None where they do not fit the target's buffers."""
+    npu, ci = target.npu, _item(cube_dt)
+    tm, tn, tk = _up(tm), _up(tn), _up(tk)
+    acc = tm * tn * 4
+    whole_k = acc > npu.l0c_bytes
+    kk = _up(k) if whole_k else tk
+    bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(kk, _depth_block(cube_dt))
+    use = {"l1_bytes": (1 if whole_k else 2) * (tm * kk + kk * tn) * ci,
+           "l0a_bytes": 2 * bm * bk * ci, "l0b_bytes": 2 * bk * bn * ci,
+           "l0c_bytes": 2 * bm * bn * 4 if whole_k else (2 if 2 * acc <= npu.l0c_bytes else 1) * acc}
+    return use if all(v <= getattr(npu, name) for name, v in use.items()) else None
+
+
+def gemm_estimate(batch: int, m: int, n: int, k: int, tiles: dict, items: tuple, cube_dt: str,
+                  target: Target) -> CubeEstimate:
+    """C = A @ B (batch x M x N x K) on tiles {m, n, k} with the reduction innermost: each output tile's
+    K steps copy an A and a B tile in (two transfers), multiply them block by block and drain the tile
+    from L0C to GM; output tiles are dealt to the cube cores in turn. `items`: bytes per element of A, B
+    and C in GM; `cube_dt`: the type the cube multiplies in."""
+    npu, ci = target.npu, _item(cube_dt)
+    ia, ib, ic = items
+    t = {x: max(1, min(int(tiles[x]), e)) for x, e in (("m", m), ("n", n), ("k", k))}
+    steps = {x: _cdiv(e, t[x]) for x, e in (("m", m), ("n", n), ("k", k))}
+    tm, tn, tk = _up(t["m"]), _up(t["n"]), _up(t["k"])
+    whole_k = tm * tn * 4 > npu.l0c_bytes
+    depth = _up(k) if whole_k else tk
+    bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(depth, _depth_block(cube_dt))
+    bpc = target.mem_bandwidth / npu.cores / npu.clock_hz
+    tiles_out = batch * steps["m"] * steps["n"]
+    per_core = _cdiv(tiles_out, npu.cores)
+    # one output tile (the average one: edge tiles are smaller)
+    rows, cols = m / steps["m"], n / steps["n"]
+    moved_tile = rows * k * ia + k * cols * ib
+    dma = 2 * steps["k"] * npu.dma_latency_cycles + moved_tile / bpc
+    blocks = _cdiv(tm, bm) * _cdiv(tn, bn)
+    passes = steps["k"] * _cdiv(tk, bk) if not whole_k else _cdiv(depth, bk)
+    load = _cdiv(bm * bk * ci, npu.mte1_bytes_per_cycle) + _cdiv(bk * bn * ci, npu.mte1_bytes_per_cycle)
+    product = (bm // FRACTAL) * (bn // FRACTAL) * _cdiv(bk, K_PER_CYCLE.get(cube_dt, FRACTAL))
+    mte1, mmad = blocks * passes * load, blocks * passes * product
+    out_block = min(bm, rows) * min(bn, cols) * ic
+    drain = blocks * max(_cdiv(bm * bn * 4, npu.fixpipe_bytes_per_cycle), npu.dma_latency_cycles + out_block / bpc)
+    cube = mmad + drain
+    moved = batch * (m * k * ia * steps["n"] + k * n * ib * steps["m"] + m * n * ic)
+    # The busiest core's tiles step by step, as the generator's flags order them: a queue that waits for
+    # another waits for everything that queue was given before, and a flag already raised covers the
+    # next slot too (`codegen.insert_flags`). So a K step's copies wait for the loads before them every
+    # other step (their L1 slot's last reader is two steps back), the loads wait for the copies, and
+    # for the cube (the L0 slots' last reader) every other block, and a tile's drain holds the cube.
+    # Four tiles are run and the rest extrapolated from the last two (every tile is alike).
+    copy = 2 * npu.dma_latency_cycles + (rows * t["k"] * ia + t["k"] * cols * ib) / bpc
+    step_mte1, step_mmad = mte1 / steps["k"], mmad / steps["k"]
+    per_step = blocks * (passes // steps["k"] if not whole_k else passes)     # L0 slot uses per K step
+    q2 = q1 = qc = 0.0
+    ends, n_step, n_pass = [], 0, 0
+    for _ in range(min(per_core, 4)):
+        if whole_k:      # the K steps gather in L1; the tile is multiplied and drained block by block after
+            q2 = (q2 if n_step < 1 else max(q2, q1)) + steps["k"] * copy
+            start = max(q2, qc)
+            q1 = start + mte1
+            qc = start + max(load + mmad + drain, mte1 + product + drain / blocks)
+            n_step += 1
+            ends.append(qc)
+            continue
+        for _ in range(steps["k"]):
+            q2 = (max(q2, q1) if n_step >= 2 and n_step % 2 == 0 else q2) + copy
+            start = max(q2, qc) if per_step >= 2 or n_pass % 2 == 0 else q2
+            q1 = start + step_mte1
+            qc = max(qc, start + load) + step_mmad
+            qc = max(qc, start + step_mte1 + product)
+            n_step += 1
+            n_pass += per_step
+        qc += drain
+        ends.append(qc)
+    period = (ends[-1] - ends[-3]) / 2 if len(ends) > 3 else 0.0
+    cycles = ends[-1] + (per_core - len(ends)) * period
+    return CubeEstimate(moved, int(per_core * cube), int(per_core * dma), int(per_core * mte1),
+                        min(npu.cores, tiles_out), int(cycles))
+
+
+def chain_buffers(tm: int, tl: int, tn: int, k: int, cube_dt: str, target: Target) -> dict | None:
+    """Bytes per on-chip space of a GEMM chain on tiles TM x TL (TN of the second GEMM's N) as the
+    generator allocates them: the A rows and B columns over the whole K, the C tile and two D tiles in
+    L1, two L0 blocks and two accumulator blocks. None where they do not fit."""
+    npu, ci = target.npu, _item(cube_dt)
+    tm, tl, tn, kk = _up(tm), _up(tl), _up(tn), _up(k)
+    db = _depth_block(cube_dt)
+    use = {"l1_bytes": (tm * kk + kk * tl + tm * tl + 2 * tl * tn) * ci, "l0a_bytes": 2 * L0_BLOCK * db * ci,
+           "l0b_bytes": 2 * db * L0_BLOCK * ci, "l0c_bytes": 2 * L0_BLOCK * L0_BLOCK * 4}
+    return use if all(v <= getattr(npu, name) for name, v in use.items()) else None
+
+
+def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, items: tuple, cube_dt: str,
+                   target: Target) -> CubeEstimate:
+    """E = (A @ B) @ D (batch x M x N x K x L) on tiles {m, l, k, n}: per (m, l) tile the chip copies the A
+    rows and B columns in K tiles, computes the C tile block by block into L1, then streams D tiles over
+    n and adds each E tile into GM. The batch entries' m tiles are dealt to the cube cores, each taking
+    every l tile of its m tile. `items`: bytes per element of A, B, D and E in GM."""
+    npu, ci = target.npu, _item(cube_dt)
+    ia, ib, id_, ie = items
+    ext = {"m": m, "n": n, "k": k, "l": l}
+    t = {x: max(1, min(int(tiles[x]), e)) for x, e in ext.items()}
+    steps = {x: _cdiv(e, t[x]) for x, e in ext.items()}
+    tm, tl, tn, kk = _up(t["m"]), _up(t["l"]), _up(t["n"]), _up(k)
+    blk, dblk = L0_BLOCK, _depth_block(cube_dt)
+    kstep = K_PER_CYCLE.get(cube_dt, FRACTAL)
+    bpc = target.mem_bandwidth / npu.cores / npu.clock_hz
+    mtiles = batch * steps["m"]
+    per_core = _cdiv(mtiles, npu.cores) * steps["l"]
+    rows, cols = m / steps["m"], l / steps["l"]
+    lat, w1 = npu.dma_latency_cycles, npu.mte1_bytes_per_cycle
+    copy_ab = 2 * steps["k"] * lat + (rows * k * ia + k * cols * ib) / bpc
+    copy_d = steps["n"] * lat + cols * n * id_ / bpc
+    # C = A @ B: one L0C block at a time over the whole K, drained into L1
+    cblocks = _cdiv(tm, blk) * _cdiv(tl, blk)
+    bm, bl = min(tm, blk), min(tl, blk)
+    cdepth = _cdiv(kk, dblk)
+    c_mte1 = cblocks * cdepth * (_cdiv(bm * min(dblk, kk) * ci, w1) + _cdiv(min(dblk, kk) * bl * ci, w1))
+    c_cube = cblocks * (cdepth * (bm // FRACTAL) * (bl // FRACTAL) * _cdiv(min(dblk, kk), kstep)
+                        + _cdiv(bm * bl * 4, npu.fixpipe_bytes_per_cycle))
+    # E += C @ D over n tiles: E blocks over the whole L depth, each added into GM
+    eblocks = steps["n"] * _cdiv(tm, blk) * _cdiv(tn, blk)
+    bn = min(tn, blk)
+    edepth = _cdiv(tl, dblk)
+    e_mte1 = eblocks * edepth * (_cdiv(bm * min(dblk, tl) * ci, w1) + _cdiv(min(dblk, tl) * bn * ci, w1))
+    e_out = min(bm, rows) * min(bn, n / steps["n"]) * ie
+    e_cube = eblocks * (edepth * (bm // FRACTAL) * (bn // FRACTAL) * _cdiv(min(dblk, tl), kstep)
+                        + max(_cdiv(bm * bn * 4, npu.fixpipe_bytes_per_cycle), lat + e_out / bpc))
+    # The busiest core's tiles in turn, phase by phase, as the generator's flags order them: a queue
+    # that waits for another waits for everything that queue was given before (`codegen.insert_flags`).
+    # A, B and C have one L1 slot each, so a tile's A and B copies wait for the previous tile's loads,
+    # and each D copy but the second of a tile waits for the loads before it (its slot's last reader).
+    c_lead = _cdiv((bm + bl) * min(dblk, kk) * ci, w1)
+    e_tile_mte1, e_tile_cube = e_mte1 / steps["n"], e_cube / steps["n"]
+    e_lead = _cdiv((bm + bn) * min(dblk, tl) * ci, w1)
+    d_one = copy_d / steps["n"]
+    mte2 = mte1 = cube = 0.0
+    for i in range(per_core):
+        mte2 = max(mte2, mte1) + copy_ab
+        start = max(mte2, cube)
+        mte1 = start + c_mte1
+        cube = max(mte1, start + c_lead + c_cube)
+        for j in range(steps["n"]):
+            mte2 = (mte2 if j == 1 or (i == 0 and j < 2) else max(mte2, mte1)) + d_one
+            start = max(mte2, cube)
+            mte1 = start + e_lead + e_tile_mte1
+            cube = max(mte1, start + e_lead + e_tile_cube)
+    moved = batch * (m * k * ia * steps["l"] + k * l * ib * steps["m"] + l * n * id_ * steps["m"]
+                     + m * n * ie * steps["l"])
+    cycles = cube
+    return CubeEstimate(moved, int(per_core * (c_cube + e_cube)), int(per_core * (copy_ab + copy_d)),
+                        int(per_core * (c_mte1 + e_mte1)), min(npu.cores, mtiles), int(cycles))
+
+
+def _edges(extent: int, edges: tuple) -> list:
+    """Tile edges for a loop: the listed ones (multiples of the fractal) below the extent, the extent
+    rounded up to the fractal, and the extent split into 2..4 equal fractal-rounded parts."""
+    whole = _up(extent)
+    splits = {_up(_cdiv(extent, c)) for c in range(2, 5)}
+    return sorted({min(whole, e) for e in edges} | {s for s in splits if s < whole} | {whole})
+
+
+def gemm_tiles(batch: int, m: int, n: int, k: int, items: tuple, cube_dt: str, target: Target,
+               keep: int = 4) -> list:
+    """The best tilings of a GEMM on the NPU by `gemm_estimate`, fastest first, as (estimate, order, tiles):
+    loop order m, n, k; tiles whose buffers fit (`gemm_buffers`, L0C included). Ties go to the fewer
+    bytes moved, then the larger output tile."""
+    ranked = []
+    for tm in _edges(m, GEMM_EDGES):
+        for tn in _edges(n, GEMM_EDGES):
+            for tk in sorted({min(_up(k), d) for d in DEPTHS}):
+                if gemm_buffers(tm, tn, tk, k, cube_dt, target) is None:
+                    continue
+                tiles = {"m": min(tm, m), "n": min(tn, n), "k": min(tk, k)}
+                est = gemm_estimate(batch, m, n, k, tiles, items, cube_dt, target)
+                ranked.append(((est.cycles, est.bytes_moved, -tm * tn, -tk), est, ("m", "n", "k"), tiles))
+    ranked.sort(key=lambda r: r[0])
+    return [r[1:] for r in ranked[:keep]]
+
+
+def chain_tiles(batch: int, m: int, n: int, k: int, l: int, items: tuple, cube_dt: str, target: Target,
+                keep: int = 4) -> list:
+    """The best tilings of a GEMM chain on the NPU by `chain_estimate`, fastest first, as (estimate, order,
+    tiles): loop order m, l, k, n with K whole (the generator copies the A rows and B columns over the
+    whole K anyway) and N whole where it fits; tiles whose buffers fit (`chain_buffers`)."""
+    ranked = []
+    for tm in _edges(m, CHAIN_EDGES):
+        for tl in _edges(l, CHAIN_EDGES):
+            for tn in sorted({_up(n)} | {e for e in (16, 32, 64, 128) if e < n}, reverse=True):
+                if chain_buffers(tm, tl, tn, k, cube_dt, target) is None:
+                    continue
+                tiles = {"m": min(tm, m), "l": min(tl, l), "k": k, "n": min(tn, n)}
+                est = chain_estimate(batch, m, n, k, l, tiles, items, cube_dt, target)
+                ranked.append(((est.cycles, est.bytes_moved, -tm * tl), est, ("m", "l", "k", "n"), tiles))
+                break      # the widest N that fits: narrower ones only add transfers
+    ranked.sort(key=lambda r: r[0])
+    return [r[1:] for r in ranked[:keep]]
+
+
+def apart(first: CubeEstimate, second: CubeEstimate, product_bytes: float, target: Target) -> CubeEstimate:
+    """A chain's two GEMMs as cube programs one after the other, the product (`product_bytes`) through
+    GM; on a chip that converts no ND matrix on copy (the 910) it is also unpacked after the first and
+    packed before the second (two TransData passes)."""
+    convert = 0.0 if target.npu.nd_on_copy else \
+        2 * 2 * product_bytes / (target.mem_bandwidth * TRANSDATA_EFFICIENCY) * target.npu.clock_hz
+    return CubeEstimate(first.bytes_moved + second.bytes_moved, first.cube_cycles + second.cube_cycles,
+                        first.dma_cycles + second.dma_cycles, first.mte1_cycles + second.mte1_cycles,
+                        max(first.cores, second.cores), int(first.cycles + second.cycles + convert))

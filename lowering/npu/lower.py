@@ -6,9 +6,12 @@ stages, each an `isa.Program` that reads and writes GM tensors:
 - a body without a matrix op is one vector stage (`vector.py`);
 - each matmul is a cube stage (`codegen.gemm_program`); a GEMM chain whose intermediate goes straight
   from the first product into the second is one cube stage (`codegen.chain_program`: the intermediate
-  never leaves the chip). Either runs the fastest on the emulator of the extractor's tiles (the least
-  data moved) and a few the lowering ranks by a roofline of the cores they keep busy (`place_gemm`,
-  `place_chain`), and its label says whose tiles run;
+  never leaves the chip), or its two GEMMs apart where the extractor's tiling says so (`Tiling.parts`).
+  Either runs exactly the tiles the extractor chose with the NPU model (`extract/models/npu.py`: the
+  busiest cube core's queues, L0C and the core count included). Where the kernel carries none for a
+  product (a lone op, a fractal_matmul, the GEMMs of a chain whose product is computed on) or they
+  cannot be placed, the tiles are that model's first that can be (`place_gemm`, `place_chain`: the
+  function the extractor ranks tilings with, not a search on the emulator); the label says whose run;
 - a matmul operand computed in the body (a normalisation before a projection, a softmax before the
   second GEMM of attention, a transposed load) and the ops after the last matmul (bias, activation,
   residual, layer norm) are vector stages that exchange data with the cube stage through GM workspace.
@@ -34,7 +37,6 @@ is listed as such in `host_ops`; it costs no emulated cycles, which the report s
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -49,6 +51,7 @@ from superopt.core.ir import Graph, Node, body_str
 from superopt.core.ops import LAYOUT_OPS, REDUCTIONS, on_npu
 from superopt.egraph.siblings import internal, merged_body, run_before, sibling_groups
 from superopt.extract.cost import one_op_body
+from superopt.extract.models import npu as npu_model
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, cone
 from superopt.lowering import jax as jax_lowering
@@ -139,7 +142,7 @@ def timeline_names(label: str) -> tuple[str, str]:
     else:
         kernel, stage = label[:cut], label[cut + 2:]
     kernel = re.sub(r"^(\S+) kernel\{(.*)\}$", r"\1 \2", kernel)
-    stage = re.sub(r" \((?:the extractor's tiles|tiles of the lowering[^)]*)\)$", "", stage)
+    stage = re.sub(r" \((?:the extractor's tiles|tiles of the NPU model).*$", "", stage)
     stage = re.sub(r",? order [a-z]+(?: T[A-Z]+=\d+)*", "", stage).replace(" (ZZ x ZN -> NZ)", "")
     stage = re.sub(r"\((\d+(?:, \d+)+)\)", lambda m: "(" + m.group(1).replace(" ", "") + ")", stage)
     return kernel, stage
@@ -423,10 +426,10 @@ class KernelLowering:
             if m in done:
                 continue
             if chain and m == chain[0]:
-                self._chain_or_apart(*chain)
+                self._chain_stage(*chain, final=self._final(chain[1]))
                 done.update(chain)
             else:
-                self._matrix_stage(m, final=self._final(m))
+                self._matrix_stage(m, final=self._final(m), tiles=self._extractor_tiles(m, mats))
                 done.add(m)
         left = [(r, out) for r, out in zip(self.roots, self.outs) if r not in self.gm or self.gm[r][0] != out[0]]
         if left:
@@ -478,30 +481,6 @@ class KernelLowering:
         for r, out in zip(roots, outs):
             self.gm[r] = out
 
-    def _chain_or_apart(self, first: int, second: int) -> None:
-        """A GEMM chain as one stage, or its two GEMMs apart (the product through GM) where that takes
-        fewer cycles: the chain keeps the intermediate on chip but deals only its m tiles to the cores, so
-        a chain whose last product is narrow ((A @ B) @ v) can run far slower than the two GEMMs, each
-        dealing its own tiles. The label of the chosen stages says which ran and what the other took."""
-        start, gm = len(self.result), dict(self.gm)
-        self._chain_stage(first, second, final=self._final(second))
-        if self.body[second].inputs[0] != first:      # a cast between the products: the chain only
-            return
-        together, together_gm = self.result[start:], self.gm
-        del self.result[start:]
-        self.gm = gm
-        self._matrix_stage(first, final=self._final(first))
-        self._matrix_stage(second, final=self._final(second))
-        apart = self.result[start:]
-        cycles = [sum(emulate(st.program, self.target, symbolic=True, trace=False).cycles
-                      for st in stages if st.program is not None) for stages in (together, apart)]
-        if cycles[0] <= cycles[1]:
-            self.result[start:], self.gm = together, together_gm
-            note = f" (apart, the two GEMMs took {cycles[1]} cycles)"
-        else:
-            note = f" (run apart: as one GEMM chain it took {cycles[0]} cycles)"
-        self.result[start] = dataclasses.replace(self.result[start], label=self.result[start].label + note)
-
     def _chain(self, mats: list) -> tuple | None:
         """(first, second) when the second matmul's left operand is the first's product itself."""
         if len(mats) != 2 or any(self.body[m].op != "matmul" for m in mats):
@@ -511,8 +490,8 @@ class KernelLowering:
         while self.body[left].op == "convert" and left != first:
             left = self.body[left].inputs[0]
         t = self.tiling
-        if left != first or t is None or set(t.order[:2]) != {"m", "l"}:
-            return None
+        if left != first or t is None or t.parts or set(t.order[:2]) != {"m", "l"}:
+            return None      # the extractor's tiles run the chain's GEMMs apart (`_extractor_tiles`)
         return first, second
 
     @staticmethod
@@ -523,11 +502,18 @@ class KernelLowering:
         batch = math.prod(c.shape[:-2])
         return (batch,) + tuple(a.shape[-2:]), (batch,) + tuple(b.shape[-2:]), (batch,) + tuple(c.shape[-2:])
 
-    def _extractor_tiles(self) -> tuple | None:
-        """(order, tiles) of the extractor's tiling when it is a lone GEMM's (m, n, k)."""
+    def _extractor_tiles(self, m: int, mats: list) -> tuple | None:
+        """(order, tiles) the extractor chose for matrix op `m`: its tiling when it is a lone GEMM's (m, n,
+        k), or this GEMM's part when the tiling runs a chain's two GEMMs apart; None when the kernel
+        carries none for it."""
         t = self.tiling
-        if t is not None and not t.online and set(t.order) == {"m", "n", "k"}:
-            return t.order, dict(t.tiles)
+        if t is None or t.online:
+            return None
+        if t.parts and len(mats) == len(t.parts):
+            order, tiles = t.parts[mats.index(m)]
+            return tuple(order), dict(tiles)
+        if set(t.order) == {"m", "n", "k"}:
+            return tuple(t.order), dict(t.tiles)
         return None
 
     def _final(self, i: int) -> tuple | None:
@@ -537,7 +523,8 @@ class KernelLowering:
             return self.outs[self.roots.index(i)]
         return None
 
-    def _matrix_stage(self, m: int, final: tuple | None) -> None:
+    def _matrix_stage(self, m: int, final: tuple | None, tiles: tuple | None = None) -> None:
+        """Matrix op `m` as a cube stage on `tiles` (the extractor's (order, tiles); `place_gemm`)."""
         node = self.body[m]
         a = self._in_gm(node.inputs[0], "lhs")
         b = self._in_gm(node.inputs[1], "rhs")
@@ -546,24 +533,18 @@ class KernelLowering:
             a, av, bv, cv = self._img2col(m, a)
         else:
             av, bv, cv = self._gemm_views(self.body[node.inputs[0]], self.body[node.inputs[1]], node)
-        extractors = self._extractor_tiles()
         layouts = ("ND", "ND", "ND")
         nd_c, ncv = c, cv
         if not self.target.npu.nd_on_copy:
             (a, av), (b, bv) = self._pack(a, av, "ZZ", m, "lhs"), self._pack(b, bv, "ZN", m, "rhs")
             c, cv = self._packed_result(m, av, bv, c[2])
             layouts = CUBE_FORMATS
-        placed = place_gemm(a, b, c, (av, bv, cv), self.target, extractors, layouts=layouts, precision=self.precision)
-        # The fastest placed tiling runs. The extractor's tiles minimise the bytes moved (the Chimera
-        # model); on many cores a tiling with more output tiles can be faster, and the label says so.
-        cycles, rank, order, tiles, program = min(placed)
+        whose, order, tiles, program = place_gemm(a, b, c, (av, bv, cv), self.target, tiles, layouts=layouts,
+                                                  precision=self.precision)
         tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
-        whose = "the extractor's tiles" if extractors and rank == 0 and (order, tiles) == extractors else \
-            ("tiles of the lowering; the extractor's " + (f"took {placed[0][0]} cycles" if extractors and
-             (placed[0][2], placed[0][3]) == extractors else "could not be placed") if extractors else "")
         on = " on fractals (ZZ x ZN -> NZ)" if layouts == CUBE_FORMATS else ""
         self.result.append(Stage(f"{self.label}: cube matmul {av}x{bv}{on} order {''.join(order)} {tiles_str}"
-                                 + (f" ({whose})" if whose else ""), self.node, program))
+                                 f" ({whose})", self.node, program))
         if layouts == CUBE_FORMATS:
             self._unpack(c, nd_c, ncv)
         self.gm[m] = nd_c
@@ -620,6 +601,7 @@ class KernelLowering:
         return patches, (1, n * ho * wo, kh * kw * c), (kh * kw * c, o), (1, n * ho * wo, o)
 
     def _chain_stage(self, first: int, second: int, final: tuple | None) -> None:
+        """A GEMM chain as one cube stage on the extractor's tiles (`place_chain`)."""
         f, s = self.body[first], self.body[second]
         a = self._in_gm(f.inputs[0], "lhs")
         b = self._in_gm(f.inputs[1], "rhs")
@@ -634,17 +616,11 @@ class KernelLowering:
             d, dv = self._pack(d, dv, "ZN", second, "rhs")
             e, ev = self._packed_result(second, av, dv, e[2])
             layouts = ("ZZ", "ZN", "ZN", "NZ")
-        placed = place_chain((a[0], av, a[2]), (b[0], bv, b[2]), (d[0], dv, d[2]), (e[0], ev, e[2]),
-                             self.target, (t.order, dict(t.tiles)), layouts, self.precision)
-        # As for a lone GEMM, the fastest placed tiling runs. The extractor's tiles move the least data,
-        # but the chain deals its m tiles to the cores, so a chain with few of them (a batch of one) can
-        # run faster on smaller ones, and the label says so.
-        cycles, rank, order, tiles, program = min(placed)
+        whose, order, tiles, program = place_chain(
+            (a[0], av, a[2]), (b[0], bv, b[2]), (d[0], dv, d[2]), (e[0], ev, e[2]), self.target,
+            (t.order, dict(t.tiles)), layouts, self.precision)
         on = " on fractals" if layouts[0] != "ND" else ""
         tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
-        whose = "the extractor's tiles" if placed[0][1] == 0 and rank == 0 else \
-            "tiles of the lowering; the extractor's " + \
-            (f"took {placed[0][0]} cycles" if placed[0][1] == 0 else "could not be placed")
         self.result.append(Stage(f"{self.label}: cube GEMM chain{on}, order {''.join(order)} {tiles_str} "
                                  f"({whose})", self.node, program))
         if layouts[0] != "ND":
@@ -657,100 +633,89 @@ def _matrix(view: tuple) -> tuple:
     return tuple(view[1:]) if view[0] == 1 else tuple(view)
 
 
-def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first: tuple | None = None,
-               layouts: tuple = ("ND", "ND", "ND"), precision: str = "fp16") -> list:
-    """Every tiling of C = A @ B that can be placed, as (cycles, rank, order, tiles, program): `first`
-    (the extractor's order and tiles) when given, then `gemm_candidates`. `a`, `b`, `c` are GM tensors
-    (name, shape, dtype), `views` their [batch, rows, columns] shapes, `layouts` their formats, `precision`
-    the cube's type for float32 operands (`codegen.cube_dtype`)."""
-    (av, bv, cv), errors, placed = views, [], []
-    batch, m, k = av
-    operands = cube_dtype(a[2], precision, b[2])
-    for order, tiles in ([first] if first else []) + gemm_candidates(batch, m, bv[-1], k, operands, target):
+EXTRACTORS = "the extractor's tiles"
+MODEL = "tiles of the NPU model"
+
+
+def _placed(tries: list, build, target: Target) -> tuple:
+    """(whose, order, tiles, program) of the first of `tries` ((whose, order, tiles), in order) whose
+    program can be placed; a CodegenError naming the first failure when none can."""
+    errors = []
+    for whose, order, tiles in tries:
         try:
-            program = gemm_program((a[0], av, a[2]), (b[0], bv, b[2]), (c[0], cv, c[2]), order, tiles, target,
-                                   layouts=layouts, precision=precision)
+            program = build(order, tiles)
             check_buffers(program, target)
         except (CodegenError, CapacityError) as exc:
-            errors.append(str(exc))
+            errors.append((whose, str(exc)))
             continue
-        cycles = emulate(program, target, symbolic=True, trace=False).cycles
-        placed.append((cycles, len(placed), order, tiles, program))
-    if not placed:
-        raise CodegenError(f"no GEMM tiling could be placed: {errors[0]}")
-    return placed
+        if errors and errors[0][0] == EXTRACTORS:
+            whose = f"{whose}: the extractor's could not be placed ({errors[0][1]})"
+        return whose, order, tiles, program
+    raise CodegenError(f"no tiling could be placed: {errors[0][1]}" if errors else "no tiling to place")
+
+
+def place_gemm(a: tuple, b: tuple, c: tuple, views: tuple, target: Target, first: tuple | None = None,
+               layouts: tuple = ("ND", "ND", "ND"), precision: str = "fp16") -> tuple:
+    """C = A @ B on `first` (the extractor's (order, tiles)), as (whose, order, tiles, program). Where the
+    kernel carries no tiles for this product (a lone op, a fractal_matmul) or they cannot be placed,
+    the tiles are the NPU model's (`extract.models.npu.gemm_tiles`, the function the extractor ranks a
+    GEMM's tilings with), its first that can be placed; `whose` says which ran. `a`, `b`, `c` are GM
+    tensors (name, shape, dtype), `views` their [batch, rows, columns] shapes, `layouts` their formats,
+    `precision` the cube's type for float32 operands (`codegen.cube_dtype`)."""
+    (av, bv, cv), tries = views, []
+    batch, m, k = av
+    if 0 in (batch, m, bv[-1], k):
+        raise CodegenError(f"an empty matmul ({batch}x{m}x{bv[-1]}x{k}): no tiles for the cube")
+    if first:
+        tries.append((EXTRACTORS, tuple(first[0]), dict(first[1])))
+    items = tuple(npu_model._item(x[2]) for x in (a, b, c))
+    for _, order, tiles in npu_model.gemm_tiles(batch, m, bv[-1], k, items, cube_dtype(a[2], precision, b[2]),
+                                                target, keep=8):
+        if not first or (order, tiles) != (tries[0][1], tries[0][2]):
+            tries.append((MODEL, order, tiles))
+
+    def build(order, tiles):
+        return gemm_program((a[0], av, a[2]), (b[0], bv, b[2]), (c[0], cv, c[2]), order, tiles, target,
+                            layouts=layouts, precision=precision)
+    return _placed(tries, build, target)
 
 
 def place_chain(a: tuple, b: tuple, d: tuple, e: tuple, target: Target, first: tuple,
-                layouts: tuple = ("ND",) * 4, precision: str = "fp16") -> list:
-    """Every tiling of E = (A @ B) @ D that can be placed, as (cycles, rank, order, tiles, program): `first`
-    (the extractor's order and tiles; rank 0) and then `chain_candidates`. `a`, `b`, `d`, `e` are GM
-    tensors (name, [batch, rows, columns] view, dtype) in `layouts`; packed operands take tiles of whole
-    fractals."""
+                layouts: tuple = ("ND",) * 4, precision: str = "fp16") -> tuple:
+    """E = (A @ B) @ D on `first` (the extractor's order and tiles), as (whose, order, tiles, program);
+    where they cannot be placed, the NPU model's (`extract.models.npu.chain_tiles`), its first that can.
+    `a`, `b`, `d`, `e` are GM tensors (name, [batch, rows, columns] view, dtype) in `layouts`; packed
+    operands take tiles of whole fractals."""
     batch, m, k = a[1]
     l, n = b[1][-1], d[1][-1]
     fractal = layouts[0] != "ND"
-    tried, errors, placed = [], [], []
-    for order, tiles in [first] + chain_candidates(batch, m, n, k, l, cube_dtype(a[2], precision, b[2]), target):
-        if fractal:
-            tiles = {x: -(-v // 16) * 16 for x, v in tiles.items()}   # windows of whole fractals
-        if (order, tiles) in tried:
-            continue
-        tried.append((order, tiles))
-        try:
-            program = chain_program(a, b, d, e, order, tiles, target, layouts=layouts, precision=precision)
-            check_buffers(program, target)
-        except (CodegenError, CapacityError) as exc:
-            errors.append(str(exc))
-            continue
-        cycles = emulate(program, target, symbolic=True, trace=False).cycles
-        placed.append((cycles, len(tried) - 1, order, tiles, program))
-    if not placed:
-        raise CodegenError(f"no GEMM chain tiling could be placed: {errors[0]}")
-    return placed
+    cube = cube_dtype(a[2], precision, b[2])
+    items = tuple(npu_model._item(x[2]) for x in (a, b, d, e))
+    tries = [(EXTRACTORS, tuple(first[0]), dict(first[1]))]
+    tries += [(MODEL, order, tiles) for _, order, tiles in npu_model.chain_tiles(
+        batch, m, n, k, l, items, "float16" if cube == "int8" else cube, target, keep=8)]
+    if fractal:      # windows of whole fractals
+        tries = [(w, o, {x: -(-v // 16) * 16 for x, v in t.items()}) for w, o, t in tries]
 
-
-def chain_candidates(batch: int, m: int, n: int, k: int, l: int, dtype: str, target: Target,
-                     keep: int = 4) -> list:
-    """Loop order m, l, k, n with m and l tiles the chain can hold (the A rows and B columns over the
-    whole K, the C tile and two D tiles of the whole N fit L1; K and N are copied whole, in the fewest
-    transfers), fastest first by a roofline of the tiles: the bytes the
-    Chimera model counts at the chip's bandwidth against the cube cycles of the busiest core (the chain
-    deals its batch entries and m tiles to the cores, `codegen.chain_program`)."""
-    npu = target.npu
-    item = {"int8": 1, "float32": 4}.get(dtype, 2)     # the cube's operand type (`codegen.cube_dtype`)
-    up = lambda x: -(-x // 16) * 16                                            # noqa: E731
-    sizes = lambda ext: sorted({min(up(ext), t) for t in (16, 32, 64, 128, 256, 512)})   # noqa: E731
-    kk, nn = up(k), up(n)
-    ranked = []
-    for tm in sizes(m):
-        for tl in sizes(l):
-            if (tm * kk + kk * tl + tm * tl + 2 * tl * nn) * item > npu.l1_bytes:
-                continue
-            steps_m, steps_l = -(-m // tm), -(-l // tl)
-            moved = batch * (m * k * steps_l + k * l * steps_m + l * n * steps_m) * item + batch * m * n * 4 * steps_l
-            per_core = -(-(batch * steps_m) // npu.cores) * steps_l
-            cube = per_core * (tm // 16) * (tl // 16) * (kk // 16 + nn // 16)
-            dma = per_core * 3 * npu.dma_latency_cycles
-            cycles = max(moved / (target.mem_bandwidth / npu.clock_hz), cube, dma)
-            ranked.append((cycles, -tm * tl, (("m", "l", "k", "n"), {"m": tm, "l": tl, "k": kk, "n": nn})))
-    ranked.sort(key=lambda r: r[:2])
-    return [r[2] for r in ranked[:keep]]
+    def build(order, tiles):
+        return chain_program(a, b, d, e, order, tiles, target, layouts=layouts, precision=precision)
+    return _placed(tries, build, target)
 
 
 def fractal_stage(ins: list, out: tuple, target: Target, node: int, precision: str = "fp16") -> Stage:
     """A fractal_matmul as one cube stage: A (ZZ), B (ZN) and C (NZ) stay packed in GM, each tile moves
     as whole fractals; the fastest placeable tiling runs. The matrices are the padded ones the operands
-    hold (their padding is zero where they were packed), with the batch of A's leading axes."""
+    hold (their padding is zero where they were packed), with the batch of A's leading axes; the tiles
+    are the NPU model's (`place_gemm`)."""
     (a, ashape, adt), (b, bshape, bdt) = ins
     batch = math.prod(ashape[:-4])
     (mp, kp), (_, np_) = holds("ZZ", ashape[-4:]), holds("ZN", bshape[-4:])
     views = ((batch, mp, kp), (math.prod(bshape[:-4]), kp, np_), (batch, mp, np_))
-    cycles, _, order, tiles, program = min(place_gemm(ins[0], ins[1], out, views, target, layouts=CUBE_FORMATS,
-                                                      precision=precision))
+    whose, order, tiles, program = place_gemm(ins[0], ins[1], out, views, target, layouts=CUBE_FORMATS,
+                                              precision=precision)
     tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
     return Stage(f"%{node} fractal_matmul: cube {views[0]}x{views[1]} on fractals (ZZ x ZN -> NZ) order "
-                 f"{''.join(order)} {tiles_str}", node, program)
+                 f"{''.join(order)} {tiles_str} ({whose})", node, program)
 
 
 def _round_cube_operands(nodes: list, precision: str = "fp16") -> tuple[list, dict]:
@@ -788,32 +753,3 @@ def cube_reference(graph: Graph, args, precision: str = "fp16") -> list:
     rounded = Graph(nodes=nodes, outputs=[remap[o] for o in graph.outputs], consts=graph.consts,
                     opaque=graph.opaque, n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
     return reference.evaluate(rounded, args)
-
-
-def gemm_candidates(batch: int, m: int, n: int, k: int, dtype: str, target: Target, keep: int = 4) -> list:
-    """Loop order m, n, k with tiles the cube can run (two output tiles fit L0C, two slots of the A and B
-    tiles fit L1), fastest first by a roofline of the tiles: the bytes the Chimera model counts at the
-    chip's bandwidth against the cube cycles of the busiest core (output tiles dealt to the cores)."""
-    if 0 in (batch, m, n, k):
-        raise CodegenError(f"an empty matmul ({batch}x{m}x{n}x{k}): no tiles for the cube")
-    npu = target.npu
-    item = {"int8": 1, "float32": 4}.get(dtype, 2)     # the cube's operand type (`codegen.cube_dtype`)
-    up = lambda x: -(-x // 16) * 16                                            # noqa: E731
-    sizes = lambda ext: sorted({min(up(ext), t) for t in (16, 32, 64, 128, 256)})   # noqa: E731
-    ranked = []
-    for tm in sizes(m):
-        for tn in sizes(n):
-            if 2 * tm * tn * 4 > npu.l0c_bytes:
-                continue
-            for tk in sorted({min(up(k), t) for t in (32, 64, 128, 256, 512, 1024)}):
-                if 2 * (tm * tk + tk * tn) * item > npu.l1_bytes:
-                    continue
-                tiles_m, tiles_n, steps_k = -(-m // tm), -(-n // tn), -(-k // tk)
-                moved = batch * (m * k * item * tiles_n + k * n * item * tiles_m + m * n * 4)
-                per_core = -(-(batch * tiles_m * tiles_n) // npu.cores)
-                cube = per_core * (tm // 16) * (tn // 16) * (-(-up(k) // 16))
-                dma = per_core * steps_k * 2 * npu.dma_latency_cycles
-                cycles = max(moved / (target.mem_bandwidth / npu.clock_hz), cube, dma)
-                ranked.append((cycles, -tm * tn, (("m", "n", "k"), {"m": tm, "n": tn, "k": tk})))
-    ranked.sort(key=lambda r: r[:2])
-    return [r[2] for r in ranked[:keep]]

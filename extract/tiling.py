@@ -30,7 +30,7 @@ import numpy as np
 from superopt.core.ir import Node
 
 from superopt.core.ops import MATRIX_OPS, REDUCTIONS
-from superopt.extract.models import npu as model
+from superopt.extract.models import npu as npu_model
 from superopt.extract.models.chimera import data_movement, gemm, gemm_chain
 
 MATRIX = MATRIX_OPS
@@ -298,8 +298,8 @@ def npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
 @lru_cache(maxsize=4096)
 def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
     ext, weights, dt = dict(nest.extents), dict(nest.weights), dict(nest.dtypes)
-    item = model._item
-    cube = model.cube_type(dt["A"], target, dt["B"])
+    item = npu_model._item
+    cube = npu_model.cube_type(dt["A"], target, dt["B"])
 
     def tiling(order, tiles, est, l1):
         # the bytes the generator's copies move (a ragged last tile moves only its own rows); a
@@ -312,7 +312,7 @@ def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
                       moved + nest.extra_bytes, int(l1), 0.0, (), est)
 
     def gemms(m, n, k, items, cube_dt):
-        return model.gemm_tiles(nest.batch, m, n, k, items, cube_dt, target, keep=KEEP)
+        return npu_model.gemm_tiles(nest.batch, m, n, k, items, cube_dt, target, keep=KEEP)
 
     out = []
     if nest.kind in ("gemm", "conv"):
@@ -320,26 +320,26 @@ def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
         # a convolution's left operand is the patch matrix img2col writes, in the cube's type
         a_item = item(cube) if nest.kind == "conv" else item(dt["A"])
         for est, order, tiles in gemms(m, n, k, (a_item, item(dt["B"]), item(dt["C"])), cube):
-            l1 = model.gemm_buffers(tiles["m"], tiles["n"], tiles["k"], k, cube, target)["l1_bytes"]
+            l1 = npu_model.gemm_buffers(tiles["m"], tiles["n"], tiles["k"], k, cube, target)["l1_bytes"]
             out.append(tiling(order, tiles, est, l1))
         return tuple(out)
     m, n, k, l = (ext[x] for x in "mnkl")
     chain_cube = "float16" if cube == "int8" else cube      # the chain's intermediate is a float product
     if nest.direct:
         items = tuple(item(dt[x]) for x in "ABDE")
-        for est, order, tiles in model.chain_tiles(nest.batch, m, n, k, l, items, chain_cube, target, keep=KEEP):
-            l1 = model.chain_buffers(tiles["m"], tiles["l"], tiles["n"], k, chain_cube, target)["l1_bytes"]
+        for est, order, tiles in npu_model.chain_tiles(nest.batch, m, n, k, l, items, chain_cube, target, keep=KEEP):
+            l1 = npu_model.chain_buffers(tiles["m"], tiles["l"], tiles["n"], k, chain_cube, target)["l1_bytes"]
             out.append(tiling(order, tiles, est, l1))
     first = gemms(m, l, k, (item(dt["A"]), item(dt["B"]), item(dt["C"])), cube)
-    cube2 = model.cube_type(dt["C"], target, dt["D"])
+    cube2 = npu_model.cube_type(dt["C"], target, dt["D"])
     second = gemms(m, n, l, (item(dt["C"]), item(dt["D"]), item(dt["E"])), cube2)
     if first and second:
         (e1, o1, t1), (e2, o2, t2) = first[0], second[0]
-        est = model.apart(e1, e2, nest.batch * m * l * item(dt["C"]), target)
+        est = npu_model.apart(e1, e2, nest.batch * m * l * item(dt["C"]), target)
         if not out or est.cycles < out[0].estimate.cycles:
             parts = ((tuple(o1), tuple((x, t1[x]) for x in "mnk")), (tuple(o2), tuple((x, t2[x]) for x in "mnk")))
-            l1 = max(model.gemm_buffers(t1["m"], t1["n"], t1["k"], k, cube, target)["l1_bytes"],
-                     model.gemm_buffers(t2["m"], t2["n"], t2["k"], l, cube2, target)["l1_bytes"])
+            l1 = max(npu_model.gemm_buffers(t1["m"], t1["n"], t1["k"], k, cube, target)["l1_bytes"],
+                     npu_model.gemm_buffers(t2["m"], t2["n"], t2["k"], l, cube2, target)["l1_bytes"])
             out.insert(0, Tiling(tuple(o1), parts[0][1], False, est.bytes_moved + nest.extra_bytes,
                                  int(l1), 0.0, parts, est))
     return tuple(out[:KEEP])

@@ -13,7 +13,8 @@ import numpy as np
 from superopt.core.formats import as_matmul
 from superopt.core.ir import Node
 from superopt.core.ops import FREE, LAYOUT_OPS, MATRIX_OPS, MOVEMENT, REDUCTIONS, lookup
-from superopt.extract.models import gpu as gpu_model, npu as npu_model
+from superopt.extract.models import cpu as cpu_model, gpu as gpu_model, npu as npu_model
+from superopt.extract.models.breakdown import FREE as NOTHING_RUNS, Breakdown
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, Untileable, nest_of, npu_tilings, tilings
 
@@ -178,24 +179,6 @@ def _loaded(body: tuple, j: int) -> bool:
     return body[j].op == "arg"
 
 
-def penalty_notes(parts: dict) -> list[str]:
-    """The factors of a breakdown that made a kernel slower than its roofline, or impossible."""
-    notes = []
-    if parts.get("occupancy_penalty", 1) > 1:
-        notes.append(f"occupancy penalty x{parts['occupancy_penalty']:.2f}")
-    if parts.get("spilled_registers"):
-        notes.append(f"{parts['spilled_registers']} regs spilled")
-    if parts.get("uncoalesced_extra_bytes"):
-        notes.append(f"uncoalesced access +{parts['uncoalesced_extra_bytes']:.3g} B")
-    if parts.get("overflow"):
-        notes.append(f"does not fit: {parts['overflow']}")
-    if parts.get("transdata_seconds"):
-        notes.append(f"TransData {parts['transdata_seconds'] * 1e6:.1f} us")
-    if parts.get("gm_exchange_seconds"):
-        notes.append(f"cube->vector via GM {parts['gm_exchange_seconds'] * 1e6:.1f} us")
-    return notes
-
-
 def tiling_options(body: tuple, ins: list[Type], out: Type, target: Target) -> tuple[tuple, str]:
     """(the tilings offered for a body with matrix ops, fewest bytes moved first; why there are none).
     No matrix op, or a target that declares no tile memory: ((), "") and the kernel is priced untiled;
@@ -214,13 +197,13 @@ def tiling_options(body: tuple, ins: list[Type], out: Type, target: Target) -> t
 
 
 def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, tiling: Tiling | None = None,
-                     packed: bool = False) -> dict:
+                     packed: bool = False) -> Breakdown:
     """One kernel on `target`: FLOPs, bytes and time, plus the target model's own factors (GPU:
     registers, occupancy, penalties; NPU: unit, UB bytes, whether the tiles fit, TransData). A kernel
     with matrix ops moves what its `tiling` moves (the best one when not given; `extract/tiling.py`).
     `packed`: the matrix operands and result are in the cube's own formats already (a fractal_matmul)."""
     if all(n.op in FREE for n in body):
-        return {"flops": 0.0, "bytes": 0, "time": 0.0}
+        return NOTHING_RUNS
     k = describe(body, ins, out, target)
     moved = k.bytes_in + k.bytes_out
     l2_moved = 0.0
@@ -228,7 +211,7 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
         if tiling is None:
             options, why = tiling_options(body, ins, out, target)
             if why:
-                return {"flops": k.flops, "bytes": moved, "time": math.inf, "overflow": why}
+                return Breakdown(math.inf, k.flops, moved, why)
             tiling = options[0] if options else None
     if tiling is not None:
         k.flops += tiling.extra_flops
@@ -248,12 +231,12 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
         # A tiled transpose stages through shared memory and stays coalesced; inside a kernel that also
         # computes, the permuted side is accessed with a stride.
         strided = 0.0 if k.pure_movement or (k.matrix_flops and not k.epilogue_ops) else k.strided_bytes
-        parts = gpu_model.breakdown(gpu_model.GpuKernel(k.flops, moved, live_values=regs_values, value_bytes=k.value_bytes,
-                                    uncoalesced_bytes=min(strided, moved),
-                                    tensor_cores=bool(k.matrix_flops) and matrix_rate == target.matrix_flops,
-                                    smem_per_block=8192 if k.pure_movement and k.strided_bytes else 0,
-                                    l2_bytes=l2_moved), target)
-        return parts
+        kernel = gpu_model.GpuKernel(k.flops, moved, live_values=regs_values, value_bytes=k.value_bytes,
+                                     uncoalesced_bytes=min(strided, moved),
+                                     tensor_cores=bool(k.matrix_flops) and matrix_rate == target.matrix_flops,
+                                     smem_per_block=8192 if k.pure_movement and k.strided_bytes else 0,
+                                     l2_bytes=l2_moved)
+        return gpu_model.breakdown(kernel, target)
     if target.kind == "npu":
         row_bytes = (out[0][-1] if out[0] else 1) * k.value_bytes
         if k.row_reduction:
@@ -286,33 +269,21 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
             kernel = npu_model.NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
                                          transdata_bytes=k.strided_bytes)
         return npu_model.breakdown(kernel, target)
-    # On a CPU the program runs through XLA, which fuses elementwise ops with each other but not into a
-    # dot: what a kernel computes before its matmul (a prologue) and the matmul's result that an epilogue
-    # computes on are written out and read back. A dot takes and gives either orientation for free, but
-    # an elementwise loop that reads a transposed operand walks it across cache lines (charged as that
-    # many bytes again, `STRIDED_CPU_FACTOR` times).
+    # On a CPU (`models/cpu.py`): a prologue and an epilogue of a dot are written out and read back, and
+    # an elementwise loop reading a transposed operand re-reads it `STRIDED_CPU_FACTOR` times.
     unfused = 2 * (k.prologue_bytes + (k.matmul_bytes if k.epilogue_compute else 0.0)) if k.matrix_flops else 0.0
     strided = 0.0 if k.pure_movement else k.loop_strided_bytes * STRIDED_CPU_FACTOR
-    moved += unfused + strided
-    compute = k.matrix_flops / matrix_rate + other / target.peak_flops
-    cached = target.cache_bandwidth and moved <= target.cache_resident_bytes
-    bandwidth = target.cache_bandwidth if cached else target.mem_bandwidth
-    parts = {"flops": k.flops, "bytes": moved, "time": max(compute, moved / bandwidth) + target.launch_overhead}
-    if unfused:
-        parts["unfused_bytes"] = unfused
-    if strided:
-        parts["strided_bytes"] = strided
-    return parts
+    return cpu_model.breakdown(k.flops, k.matrix_flops, moved, unfused, strided, matrix_rate, target)
 
 
-def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> dict:
+def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> Breakdown:
     """The op as one kernel on `target` (a `kernel` node carries its own body)."""
     if op in FREE:
-        return {"flops": 0.0, "bytes": 0, "time": 0.0}
+        return NOTHING_RUNS
     if op == "kernel":
         return kernel_breakdown(attrs[0], ins, out, target, attrs[1] if len(attrs) > 1 else None)
     if op in LAYOUT_OPS and attrs[0] == "ND":
-        return {"flops": 0.0, "bytes": 0, "time": 0.0}   # the identity: a view
+        return NOTHING_RUNS   # the identity: a view
     if op == "fractal_matmul":
         # The cube does the matmul of the padded ND matrices, and moves the same bytes: charge it as that.
         a, b, c = as_matmul(ins[0][0], ins[1][0], out[0])
@@ -324,4 +295,4 @@ def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Targ
 
 def op_cost(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:
     """Seconds for one op run as one kernel on `target` (see `op_breakdown`)."""
-    return op_breakdown(op, attrs, ins, out, target)["time"]
+    return op_breakdown(op, attrs, ins, out, target).time

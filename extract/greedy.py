@@ -20,7 +20,7 @@ from superopt.core.deadline import Deadline, current
 from superopt.core.ir import CycleError, Graph, Node, body_str, hoistable, postorder, type_str
 from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
-from superopt.extract.cost import MATRIX_OPS, op_breakdown, op_cost, penalty_notes
+from superopt.extract.cost import MATRIX_OPS, op_breakdown, op_cost
 from superopt.extract.kernels import expand
 from superopt.extract.errors import ExtractionError
 from superopt.extract.memory import fit_budget
@@ -341,8 +341,8 @@ def declined_fusions(fz: FrozenEGraph, choice: dict, own: dict, target: Target, 
         ins = [(fz.shapes[c], fz.dtypes[c]) for c in fused.children]
         parts = op_breakdown("kernel", fused.args, ins, (fz.shapes[cls], fz.dtypes[cls]), target)
         replaced = sum(own.get(choice[c], 0.0) for c in covered)
-        penalties = "".join(f", {note}" for note in penalty_notes(parts))  # none when it overflows
-        why = parts.get("overflow") or (f"{_seconds(parts['time'])} fused vs {_seconds(replaced)} for the "
+        penalties = "".join(f", {note}" for note in parts.notes())  # none when it overflows
+        why = parts.overflow or (f"{_seconds(parts.time)} fused vs {_seconds(replaced)} for the "
                                         f"{len(covered)} kernel(s) chosen{penalties}")
         shape = type_str(Node("kernel", (), (), fz.shapes[cls], fz.dtypes[cls]))
         found.append((_ops(fused), f"kernel{{{body_str(fused.args[0])}}} -> {shape}: {why}"))

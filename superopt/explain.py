@@ -16,7 +16,7 @@ from superopt.core.ir import Graph, body_str, type_str
 from superopt.egraph.capture import capture
 from superopt.egraph.runner import Limits
 from superopt.extract.candidates import candidates
-from superopt.extract.cost import op_breakdown, penalty_notes
+from superopt.extract.cost import op_breakdown
 from superopt.extract.greedy import program_cost
 from superopt.extract.target import load_target
 from superopt.pipeline import Stages, saturate, schedule_of
@@ -59,15 +59,9 @@ def launches(graph: Graph, target) -> list[Launch]:
             continue
         ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
         parts = op_breakdown(node.op, node.attrs, ins, (node.shape, node.dtype), target)
-        factors = []
-        if "occupancy" in parts:
-            factors += [f"{parts['registers']} regs", f"occupancy {parts['occupancy']:.2f}"]
-        if "unit" in parts:
-            factors += [str(parts["unit"]), f"UB {parts['ub_bytes']} B"]
         kernel = node.op == "kernel"
         out.append(Launch(f"%{k}", f"kernel{{{body_str(node.attrs[0])}}}" if kernel else node.op, type_str(node),
-                          cost, float(parts.get("flops", 0.0)), float(parts.get("bytes", 0.0)),
-                          factors + penalty_notes(parts),
+                          cost, float(parts.flops), float(parts.bytes), parts.factors() + parts.notes(),
                           str(node.attrs[1]) if kernel and len(node.attrs) > 1 else ""))
     return sorted(out, key=lambda launch: -launch.seconds)
 

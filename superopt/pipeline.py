@@ -32,7 +32,8 @@ from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
 from superopt.egraph.isolate import saturate_isolated
 from superopt.egraph.runner import Limits, RunReport, StopReason, saturate as saturate_in_process
-from superopt.extract.cost import op_breakdown, penalty_notes
+from superopt.extract.cost import op_breakdown
+from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.greedy import Extraction, ExtractionError, extract, program_cost
 from superopt.extract.ilp import extract_ilp
 from superopt.extract.memory import peak_memory
@@ -341,10 +342,5 @@ def _short(text: str, width: int = 72) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def _factors(parts: dict) -> str:
-    shown = [f"{parts['flops']:.3g} flop", f"{parts['bytes']:.3g} B"]
-    if "occupancy" in parts:
-        shown += [f"{parts['registers']} regs", f"occupancy {parts['occupancy']:.2f}"]
-    if "unit" in parts:
-        shown += [parts["unit"], f"UB {parts['ub_bytes']} B"]
-    return ", ".join(shown + penalty_notes(parts))
+def _factors(parts: Breakdown) -> str:
+    return ", ".join([f"{parts.flops:.3g} flop", f"{parts.bytes:.3g} B"] + parts.factors() + parts.notes())

@@ -217,9 +217,9 @@ def test_a_pack_of_an_input_is_a_format_conversion_on_an_npu():
     npu, cpu = load_target("npu-910b"), load_target("cpu")
     t = (((256, 256), "float16"), ((16, 16, 16, 16), "float16"))
     parts = op_breakdown("pack", ("ZZ",), [t[0]], t[1], npu)
-    assert parts["transdata_seconds"] > 0 and parts["unit"] == "vector"
-    assert op_breakdown("pack", ("ZZ",), [t[0]], t[1], cpu)["time"] > 0
-    assert op_breakdown("pack", ("ND",), [t[0]], t[0], npu)["time"] == 0
+    assert parts.transdata_seconds > 0 and parts.unit == "vector"
+    assert op_breakdown("pack", ("ZZ",), [t[0]], t[1], cpu).time > 0
+    assert op_breakdown("pack", ("ND",), [t[0]], t[0], npu).time == 0
 
 
 @pytest.mark.parametrize("target", ["cpu", "npu-910b"])

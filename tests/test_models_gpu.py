@@ -23,8 +23,8 @@ def test_time_grows_as_occupancy_falls_and_jumps_past_255_registers():
     assert times == sorted(times) and times[-1] > times[0]
     below = breakdown(GpuKernel(**base, live_values=239), H100)   # 255 registers
     above = breakdown(GpuKernel(**base, live_values=240), H100)   # 256: one spilled
-    assert below["spilled_registers"] == 0 and above["spilled_registers"] == 1
-    assert above["time"] > 1.5 * below["time"]                     # a cliff, not a slope
+    assert below.spilled_registers == 0 and above.spilled_registers == 1
+    assert above.time > 1.5 * below.time                     # a cliff, not a slope
 
 
 def test_uncoalesced_access_costs_sectors():

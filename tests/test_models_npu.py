@@ -19,8 +19,8 @@ def test_the_cube_runs_int8_at_twice_the_fp16_rate():
     # a 16x32x16 int8 fractal per cycle against 16x16x16 fp16 (reference facts); compute-bound shapes
     flops = 2 * 4096 ** 3
     for target in (NPU_910, NPU_910B):
-        fp16 = breakdown(NpuKernel("cube", flops, 6e6, **matmul_tiles(128, 128, 64)), target)["time"]
-        int8 = breakdown(NpuKernel("cube", flops, 6e6, int8=True, **matmul_tiles(128, 128, 64)), target)["time"]
+        fp16 = breakdown(NpuKernel("cube", flops, 6e6, **matmul_tiles(128, 128, 64)), target).time
+        int8 = breakdown(NpuKernel("cube", flops, 6e6, int8=True, **matmul_tiles(128, 128, 64)), target).time
         assert math.isclose(fp16 - target.launch_overhead, 2 * (int8 - target.launch_overhead), rel_tol=1e-9)
 
 
@@ -32,8 +32,8 @@ def test_an_int8_matmul_kernel_is_costed_at_the_int8_rate():
         return (Node("arg", (), (0,), (2048, 2048), dtype), Node("arg", (), (1,), (2048, 2048), dtype),
                 Node("matmul", (0, 1), (), (2048, 2048), acc))
     ins8, ins16 = [((2048, 2048), "int8")] * 2, [((2048, 2048), "float16")] * 2
-    t8 = kernel_breakdown(body("int8", "int32"), ins8, ((2048, 2048), "int32"), NPU_910B)["time"]
-    t16 = kernel_breakdown(body("float16", "float32"), ins16, ((2048, 2048), "float32"), NPU_910B)["time"]
+    t8 = kernel_breakdown(body("int8", "int32"), ins8, ((2048, 2048), "int32"), NPU_910B).time
+    t16 = kernel_breakdown(body("float16", "float32"), ins16, ((2048, 2048), "float32"), NPU_910B).time
     assert t8 < 0.75 * t16
 
 
@@ -78,8 +78,8 @@ def test_seed_001_conv_plus_layernorm_is_not_fused_on_910b():
     split = kernel_time(conv, NPU_910B) + kernel_time(layernorm, NPU_910B)
     assert kernel_time(fused, NPU_910B) > split
     parts = breakdown(fused, NPU_910B)
-    assert parts["transdata_seconds"] > 0 and parts["gm_exchange_seconds"] > 0
-    assert breakdown(fused, NPU_910)["gm_exchange_seconds"] == 0   # the 910 couples cube and vector on chip
+    assert parts.transdata_seconds > 0 and parts.gm_exchange_seconds > 0
+    assert breakdown(fused, NPU_910).gm_exchange_seconds == 0   # the 910 couples cube and vector on chip
 
 
 def test_cube_tiles_fit_l0c_and_spread_over_the_cores():
@@ -109,5 +109,5 @@ def test_an_npu_matmul_kernel_is_priced_by_its_tiles_estimate():
     from superopt.extract.cost import op_breakdown
     ins = [((1, 128, 3072), "float16"), ((3072, 768), "float16")]
     parts = op_breakdown("matmul", (), ins, ((1, 128, 768), "float16"), NPU_910B)
-    est = parts["cube_estimate"]
-    assert parts["time"] >= est.cycles / NPU_910B.npu.clock_hz + NPU_910B.launch_overhead
+    est = parts.cube_estimate
+    assert parts.time >= est.cycles / NPU_910B.npu.clock_hz + NPU_910B.launch_overhead

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import GpuSpec, Target
 
 BASE_REGISTERS = 16        # thread/block indices, addresses, loop counters: an estimate for simple kernels
@@ -58,7 +59,31 @@ def occupancy_penalty(occ: float) -> float:
     return max(1.0, HIDING_OCCUPANCY / occ)
 
 
-def breakdown(k: GpuKernel, target: Target) -> dict:
+@dataclass(frozen=True)
+class GpuBreakdown(Breakdown):
+    registers: int = 0
+    blocks_per_sm: int = 0
+    occupancy: float = 1.0
+    occupancy_penalty: float = 1.0
+    spilled_registers: int = 0
+    spill_bytes: float = 0.0
+    uncoalesced_extra_bytes: float = 0.0
+
+    def factors(self) -> list[str]:
+        return [f"{self.registers} regs", f"occupancy {self.occupancy:.2f}"]
+
+    def notes(self) -> list[str]:
+        notes = []
+        if self.occupancy_penalty > 1:
+            notes.append(f"occupancy penalty x{self.occupancy_penalty:.2f}")
+        if self.spilled_registers:
+            notes.append(f"{self.spilled_registers} regs spilled")
+        if self.uncoalesced_extra_bytes:
+            notes.append(f"uncoalesced access +{self.uncoalesced_extra_bytes:.3g} B")
+        return notes + super().notes()
+
+
+def breakdown(k: GpuKernel, target: Target) -> GpuBreakdown:
     """Every factor of the kernel's time, for reports; `time` is in seconds."""
     gpu = target.gpu
     regs = registers_per_thread(k.live_values, k.value_bytes)
@@ -71,11 +96,10 @@ def breakdown(k: GpuKernel, target: Target) -> dict:
     peak = target.matrix_flops if k.tensor_cores and target.matrix_flops else target.peak_flops
     compute, memory = k.flops / peak, max(moved / target.mem_bandwidth, k.l2_bytes / gpu.l2_bandwidth)
     penalty = occupancy_penalty(occ)
-    return {"flops": k.flops, "bytes": moved, "registers": regs, "blocks_per_sm": blocks, "occupancy": occ,
-            "occupancy_penalty": penalty, "spilled_registers": spilled, "spill_bytes": spill_bytes,
-            "uncoalesced_extra_bytes": wasted,
-            "time": max(compute, memory * penalty) + target.launch_overhead}
+    return GpuBreakdown(max(compute, memory * penalty) + target.launch_overhead, k.flops, moved, registers=regs,
+                        blocks_per_sm=blocks, occupancy=occ, occupancy_penalty=penalty, spilled_registers=spilled,
+                        spill_bytes=spill_bytes, uncoalesced_extra_bytes=wasted)
 
 
 def kernel_time(k: GpuKernel, target: Target) -> float:
-    return breakdown(k, target)["time"]
+    return breakdown(k, target).time

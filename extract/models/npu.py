@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import Target
 
 TRANSDATA_EFFICIENCY = 0.25   # fraction of bandwidth a fractal<->ND conversion reaches (strided 32 B rows; estimate)
@@ -69,7 +70,28 @@ def fits(k: NpuKernel, target: Target) -> tuple[bool, str]:
     return True, ""
 
 
-def breakdown(k: NpuKernel, target: Target) -> dict:
+@dataclass(frozen=True)
+class NpuBreakdown(Breakdown):
+    unit: str = "vector"                   # the cube or the vector unit
+    ub_bytes: int = 0                      # Unified Buffer bytes the kernel's tiles hold
+    fits: bool = True
+    transdata_seconds: float = 0.0         # format conversions on the vector unit
+    gm_exchange_seconds: float = 0.0       # cube -> vector through global memory (a separated chip)
+    cube_estimate: object = None           # the tiles' CubeEstimate, for a tiled cube kernel
+
+    def factors(self) -> list[str]:
+        return [self.unit, f"UB {self.ub_bytes} B"]
+
+    def notes(self) -> list[str]:
+        notes = super().notes()
+        if self.transdata_seconds:
+            notes.append(f"TransData {self.transdata_seconds * 1e6:.1f} us")
+        if self.gm_exchange_seconds:
+            notes.append(f"cube->vector via GM {self.gm_exchange_seconds * 1e6:.1f} us")
+        return notes
+
+
+def breakdown(k: NpuKernel, target: Target) -> NpuBreakdown:
     npu = target.npu
     ok, why = fits(k, target)
     rate = npu.cube_flops * (2 if k.int8 else 1) if k.unit == "cube" else npu.vector_flops
@@ -85,14 +107,13 @@ def breakdown(k: NpuKernel, target: Target) -> dict:
         compute = max(k.flops / rate, cube) + k.vector_flops / npu.vector_flops
         memory = cube + k.side_bytes / target.mem_bandwidth + transdata + exchange
     time = max(compute, memory) + target.launch_overhead * (1 + k.transdata_launches) if ok else math.inf
-    return {"unit": k.unit, "flops": k.flops + k.vector_flops, "bytes": k.bytes, "ub_bytes": _aligned(k.ub_live_bytes)
-            * (2 if k.double_buffer else 1), "fits": ok, "overflow": why, "transdata_seconds": transdata,
-            "gm_exchange_seconds": exchange, "time": time,
-            **({"cube_estimate": k.estimate} if k.estimate is not None else {})}
+    return NpuBreakdown(time, k.flops + k.vector_flops, k.bytes, why, unit=k.unit,
+                        ub_bytes=_aligned(k.ub_live_bytes) * (2 if k.double_buffer else 1), fits=ok,
+                        transdata_seconds=transdata, gm_exchange_seconds=exchange, cube_estimate=k.estimate)
 
 
 def kernel_time(k: NpuKernel, target: Target) -> float:
-    return breakdown(k, target)["time"]
+    return breakdown(k, target).time
 
 
 def matmul_tiles(tm: int, tn: int, tk: int, itemsize: int = 2) -> dict:

@@ -1,0 +1,32 @@
+"""The CPU model: a roofline of the kernel XLA runs, with the bytes its fusion does not save.
+
+On a CPU the program runs through XLA, which fuses elementwise ops with each other but not into a dot:
+what a kernel computes before its matmul (a prologue) and the matmul's result that an epilogue computes on
+are written out and read back (`unfused_bytes`). A dot takes and gives either orientation for free, but an
+elementwise loop that reads a transposed operand walks it across cache lines (`strided_bytes`, charged by
+the caller as that many bytes again). Bytes that fit the cache move at the cache's bandwidth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from superopt.extract.models.breakdown import Breakdown
+from superopt.extract.target import Target
+
+
+@dataclass(frozen=True)
+class CpuBreakdown(Breakdown):
+    unfused_bytes: float = 0.0      # written out and read back around a dot (included in `bytes`)
+    strided_bytes: float = 0.0      # re-read by a loop walking a transposed operand (included in `bytes`)
+    cached: bool = False            # the bytes fit the cache
+
+
+def breakdown(flops: float, matrix_flops: float, moved: float, unfused: float, strided: float,
+              matrix_rate: float, target: Target) -> CpuBreakdown:
+    """`moved`: the bytes the kernel's operands and result take, before `unfused` and `strided` are added."""
+    moved += unfused + strided
+    compute = matrix_flops / matrix_rate + (flops - matrix_flops) / target.peak_flops
+    cached = bool(target.cache_bandwidth) and moved <= target.cache_resident_bytes
+    bandwidth = target.cache_bandwidth if cached else target.mem_bandwidth
+    return CpuBreakdown(max(compute, moved / bandwidth) + target.launch_overhead, flops, moved,
+                        unfused_bytes=unfused, strided_bytes=strided, cached=cached)

@@ -46,6 +46,7 @@ class NpuSpec:
     vector_cores_per_cube: int = 1        # separated cores: AIVs per AIC
     nd_on_copy: bool = True               # the copy into L1 converts an ND matrix to the cube's fractals
                                           # (and FixPipe the product back to ND); else operands go packed
+    cube_fp32: bool = False               # the cube multiplies fp32 operands (accumulating in fp32)
 
 
 @dataclass(frozen=True)

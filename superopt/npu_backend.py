@@ -14,7 +14,7 @@ its arguments: a call that differs warns once and returns the original's outputs
 
 The cube multiplies float32 operands either rounded to fp16 (`precision="fp16"`, its full rate) or as
 they are (`"fp32"`, at its fp32 rate, half of that, where the chip has one: `lowering/npu/isa.py`,
-`CUBE_FP32`). Left to itself (`precision=None`) it takes fp32 where the chip has it and the program
+`NpuSpec.cube_fp32`). Left to itself (`precision=None`) it takes fp32 where the chip has it and the program
 multiplies float32 operands, since fp16 products of a float32 program are not within float32's
 tolerance of it, and fp16 otherwise; fp16, bf16 and int8 operands are multiplied as they are under
 either. `report.backend` names the operand types the cube ran.
@@ -39,7 +39,7 @@ from superopt.extract.traffic import gradient_traffic
 from superopt.lowering.jax import lower
 from superopt.lowering.npu.codegen import CodegenError, check_precision as check
 from superopt.lowering.npu.emulator import EmulatorError, NumericOverflow
-from superopt.lowering.npu.isa import CUBE_FP32, Mmad
+from superopt.lowering.npu.isa import Mmad
 from superopt.lowering.npu.lower import NpuExecutable, cube_reference
 
 CHECK_SEEDS = (0, 1)           # random inputs (verify.random_args) the emulator is checked on
@@ -80,7 +80,7 @@ def default_precision(graph, target) -> str:
     """fp32 where the chip's cube takes fp32 operands and the program multiplies float32 ones (fp16
     products would differ from the float32 program beyond its tolerance); fp16 otherwise."""
     wide = cube_operand_types(graph) & {"float32", "float64"}
-    return "fp32" if wide and target.name in CUBE_FP32 else "fp16"
+    return "fp32" if wide and target.npu.cube_fp32 else "fp16"
 
 
 def cube_types(executable) -> list[str]:
@@ -240,7 +240,7 @@ def _check(executable, reference: _OriginalProgram, spec, avals, precision: str,
                    f"model of the cube's rounding: {own}", None
         hint = ""
         if precision == "fp16" and "fp16" in types and cube_operand_types(spec.term) & {"float32", "float64"}:
-            hint = "; precision='fp32' multiplies float32 operands as they are" if target.name in CUBE_FP32 else \
+            hint = "; precision='fp32' multiplies float32 operands as they are" if target.npu.cube_fp32 else \
                 f"; the {target.name} cube takes no fp32 operands"
         return f"the NPU program ({operands}) differs from the original program beyond the output's dtype " \
                f"tolerance: {problem}{hint}", None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from superopt.core.formats import CUBE_K_PER_CYCLE, CUBE_L0_BLOCK, FRACTAL
 from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import Target
 
@@ -126,10 +127,6 @@ def matmul_tiles(tm: int, tn: int, tk: int, itemsize: int = 2) -> dict:
 # The cube's figures as `lowering/npu/codegen.py` and the emulator run them: 16x16 fractals, L0 blocks of
 # 128x128 (fp16; the K edge holds the same bytes in other types), fp32 (int32) accumulation in L0C, and
 # the operand types the cube multiplies.
-FRACTAL = 16
-L0_BLOCK = 128
-K_PER_CYCLE = {"float16": 16, "bfloat16": 16, "int8": 32, "float32": 8}
-CUBE_FP32 = frozenset({"npu-910b"})   # chips whose cube multiplies fp32 operands (as lowering/npu/isa.py)
 GEMM_EDGES = (16, 32, 64, 128, 256, 512)              # M and N tile edges a GEMM may take (and the extents)
 DEPTHS = (16, 32, 64, 128, 256, 512, 1024)            # K tile edges
 CHAIN_EDGES = (16, 32, 64, 128, 256, 512)             # M and L tile edges of a chain
@@ -154,12 +151,12 @@ def cube_type(dtype: str, target: Target, other: str | None = None) -> str:
     if dtype == "int8":
         return "int8"
     if {dtype, other or dtype} & {"float32", "float64"}:
-        return "float32" if target.name in CUBE_FP32 else "float16"
+        return "float32" if target.npu.cube_fp32 else "float16"
     return "bfloat16" if dtype == "bfloat16" else "float16"
 
 
 def _depth_block(cube_dt: str) -> int:
-    return L0_BLOCK * 2 // max(2, _item(cube_dt))
+    return CUBE_L0_BLOCK * 2 // max(2, _item(cube_dt))
 
 
 @dataclass(frozen=True)
@@ -190,7 +187,7 @@ def gemm_buffers(tm: int, tn: int, tk: int, k: int, cube_dt: str, target: Target
     acc = tm * tn * 4
     whole_k = acc > npu.l0c_bytes
     kk = _up(k) if whole_k else tk
-    bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(kk, _depth_block(cube_dt))
+    bm, bn, bk = min(tm, CUBE_L0_BLOCK), min(tn, CUBE_L0_BLOCK), min(kk, _depth_block(cube_dt))
     use = {"l1_bytes": (1 if whole_k else 2) * (tm * kk + kk * tn) * ci,
            "l0a_bytes": 2 * bm * bk * ci, "l0b_bytes": 2 * bk * bn * ci,
            "l0c_bytes": 2 * bm * bn * 4 if whole_k else (2 if 2 * acc <= npu.l0c_bytes else 1) * acc}
@@ -210,7 +207,7 @@ def gemm_estimate(batch: int, m: int, n: int, k: int, tiles: dict, items: tuple,
     tm, tn, tk = _up(t["m"]), _up(t["n"]), _up(t["k"])
     whole_k = tm * tn * 4 > npu.l0c_bytes
     depth = _up(k) if whole_k else tk
-    bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(depth, _depth_block(cube_dt))
+    bm, bn, bk = min(tm, CUBE_L0_BLOCK), min(tn, CUBE_L0_BLOCK), min(depth, _depth_block(cube_dt))
     bpc = target.mem_bandwidth / npu.cores / npu.clock_hz
     tiles_out = batch * steps["m"] * steps["n"]
     per_core = _cdiv(tiles_out, npu.cores)
@@ -221,7 +218,7 @@ def gemm_estimate(batch: int, m: int, n: int, k: int, tiles: dict, items: tuple,
     blocks = _cdiv(tm, bm) * _cdiv(tn, bn)
     passes = steps["k"] * _cdiv(tk, bk) if not whole_k else _cdiv(depth, bk)
     load = _cdiv(bm * bk * ci, npu.mte1_bytes_per_cycle) + _cdiv(bk * bn * ci, npu.mte1_bytes_per_cycle)
-    product = (bm // FRACTAL) * (bn // FRACTAL) * _cdiv(bk, K_PER_CYCLE.get(cube_dt, FRACTAL))
+    product = (bm // FRACTAL) * (bn // FRACTAL) * _cdiv(bk, CUBE_K_PER_CYCLE.get(cube_dt, FRACTAL))
     mte1, mmad = blocks * passes * load, blocks * passes * product
     out_block = min(bm, rows) * min(bn, cols) * ic
     drain = blocks * max(_cdiv(bm * bn * 4, npu.fixpipe_bytes_per_cycle), npu.dma_latency_cycles + out_block / bpc)
@@ -270,8 +267,8 @@ def chain_buffers(tm: int, tl: int, tn: int, k: int, cube_dt: str, target: Targe
     npu, ci = target.npu, _item(cube_dt)
     tm, tl, tn, kk = _up(tm), _up(tl), _up(tn), _up(k)
     db = _depth_block(cube_dt)
-    use = {"l1_bytes": (tm * kk + kk * tl + tm * tl + 2 * tl * tn) * ci, "l0a_bytes": 2 * L0_BLOCK * db * ci,
-           "l0b_bytes": 2 * db * L0_BLOCK * ci, "l0c_bytes": 2 * L0_BLOCK * L0_BLOCK * 4}
+    use = {"l1_bytes": (tm * kk + kk * tl + tm * tl + 2 * tl * tn) * ci, "l0a_bytes": 2 * CUBE_L0_BLOCK * db * ci,
+           "l0b_bytes": 2 * db * CUBE_L0_BLOCK * ci, "l0c_bytes": 2 * CUBE_L0_BLOCK * CUBE_L0_BLOCK * 4}
     return use if all(v <= getattr(npu, name) for name, v in use.items()) else None
 
 
@@ -287,8 +284,8 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     t = {x: max(1, min(int(tiles[x]), e)) for x, e in ext.items()}
     steps = {x: _cdiv(e, t[x]) for x, e in ext.items()}
     tm, tl, tn, kk = _up(t["m"]), _up(t["l"]), _up(t["n"]), _up(k)
-    blk, dblk = L0_BLOCK, _depth_block(cube_dt)
-    kstep = K_PER_CYCLE.get(cube_dt, FRACTAL)
+    blk, dblk = CUBE_L0_BLOCK, _depth_block(cube_dt)
+    kstep = CUBE_K_PER_CYCLE.get(cube_dt, FRACTAL)
     bpc = target.mem_bandwidth / npu.cores / npu.clock_hz
     mtiles = batch * steps["m"]
     per_core = _cdiv(mtiles, npu.cores) * steps["l"]

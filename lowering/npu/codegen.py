@@ -22,14 +22,12 @@ from collections import defaultdict
 
 import numpy as np
 
-from superopt.core.formats import FORMATS, packed_shape
+from superopt.core.formats import CUBE_L0_BLOCK, FORMATS, FRACTAL, packed_shape
 from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
-    ALIGNMENT, CUBE_FP32, PRECISIONS, Buf, CopyIn, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, WaitFlag,
+    ALIGNMENT, PRECISIONS, Buf, CopyIn, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, WaitFlag,
 )
 
-FRACTAL = 16
-L0_BLOCK = 128          # edge of the L0 blocks a tile is multiplied in (128x128 fp16 = 32 KB: two fit L0A)
 EVENTS = 8              # event ids per pair of queues
 
 
@@ -40,10 +38,10 @@ class CodegenError(ValueError):
 def check_precision(precision: str, target: Target) -> str:
     """`precision` if `target`'s cube takes it, else a one-line ValueError naming the target: "fp16" (the
     cube multiplies float32 operands rounded to fp16, at its full rate) everywhere, "fp32" (float32
-    operands as they are, at half that rate) where the chip's cube takes fp32 (`isa.CUBE_FP32`)."""
+    operands as they are, at half that rate) where the chip's cube takes fp32 (`NpuSpec.cube_fp32`)."""
     if precision not in PRECISIONS:
         raise ValueError(f"superopt: unknown NPU precision {precision!r}; valid: {', '.join(PRECISIONS)}")
-    if precision == "fp32" and target.name not in CUBE_FP32:
+    if precision == "fp32" and not target.npu.cube_fp32:
         raise ValueError(f"superopt: precision 'fp32' is not available on {target.name}: its cube declares no "
                          f"fp32 rate (fp16 and int8 operands only); valid: fp16")
     return precision
@@ -61,7 +59,7 @@ def cube_dtype(dtype: str, precision: str = "fp16", other: str | None = None) ->
 
 def _depth_block(dtype: str) -> int:
     """The K edge of an L0 block: 128 fp16 (128x128 fp16 = 32 KB, two slots fit L0A), 64 fp32 (the same bytes)."""
-    return L0_BLOCK * 2 // max(2, np.dtype(dtype).itemsize)
+    return CUBE_L0_BLOCK * 2 // max(2, np.dtype(dtype).itemsize)
 
 
 def _up(n: int, m: int = FRACTAL) -> int:
@@ -208,7 +206,7 @@ def gemm_program(a: tuple, b: tuple, c: tuple, order: tuple, tiles: dict, target
     cube_dt = cube_dtype(adt, check_precision(precision, target), bdt)
     acc_dt = "int32" if cube_dt == "int8" else "float32"
     depth_block = _depth_block(cube_dt)
-    bm, bn, bk = min(tm, L0_BLOCK), min(tn, L0_BLOCK), min(tk, depth_block)
+    bm, bn, bk = min(tm, CUBE_L0_BLOCK), min(tn, CUBE_L0_BLOCK), min(tk, depth_block)
     acc_bytes = tm * tn * np.dtype(acc_dt).itemsize
     # An output tile larger than L0C cannot accumulate across k steps. With k innermost it need not: the
     # k tiles of one (m, n) step gather in L1 (the same bytes, each copied in once) and the tile is then
@@ -369,7 +367,7 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     cube_dt = cube_dtype(adt, check_precision(precision, target), bdt)
     if cube_dt == "int8":
         cube_dt = "float16"         # the chain's intermediate is a float product
-    blk, dblk = L0_BLOCK, _depth_block(cube_dt)
+    blk, dblk = CUBE_L0_BLOCK, _depth_block(cube_dt)
     a_l1 = alloc("A", "L1", (tm, kk), cube_dt)
     b_l1 = alloc("B", "L1", (kk, tl), cube_dt)
     c_l1 = {(i, j): alloc(f"C_{i}_{j}", "L1", (min(blk, tm - i), min(blk, tl - j)), cube_dt)

@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from superopt.core.formats import holds, pack_np, unpack_np
+from superopt.core.formats import CUBE_K_PER_CYCLE, FRACTAL, holds, pack_np, unpack_np
 from superopt.core.ops import ELEMENTWISE, TRANSCENDENTAL
 from superopt.core.reference import evaluate_node
 from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
     ALIGNMENT,
-    CUBE_K_PER_CYCLE,
     Barrier,
     Buf,
     CopyIn,
@@ -43,7 +42,6 @@ from superopt.lowering.npu.isa import (
     img2col,
 )
 
-FRACTAL = 16
 
 
 class EmulatorError(RuntimeError):

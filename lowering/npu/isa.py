@@ -28,15 +28,6 @@ SPACES = ("L1", "L0A", "L0B", "L0C", "UB")
 QUEUES = ("scalar", "vector", "cube", "MTE1", "MTE2", "MTE3")
 ALIGNMENT = {"UB": 32, "L1": 32, "L0A": 512, "L0B": 512, "L0C": 512}   # bytes (reference facts: UB 32, L0A/B 512)
 
-# The cube's operand types and the depth K of the 16 x K x 16 fractal it multiplies per cycle: 32 bytes of
-# K for every type (the C0 of the fractal formats), so 16 fp16 or bf16, 32 int8, 8 fp32. fp32 operands
-# halve the fp16 rate; which chips take them is `CUBE_FP32`.
-CUBE_K_PER_CYCLE = {"float16": 16, "bfloat16": 16, "int8": 32, "float32": 8}
-# Chips whose cube multiplies fp32 operands (accumulating in fp32), at CUBE_K_PER_CYCLE's rate: Ascend C's
-# Mmad lists float A and B for the Atlas A2 series (the 910B); the 910's cube takes fp16 and int8 only.
-# The rate is the C0 rule above, not a published figure. (Belongs in the target file's [npu] table once
-# NpuSpec has a field for it: `extract/targets/*.toml`.)
-CUBE_FP32 = frozenset({"npu-910b"})
 # `precision` of an NPU program: the type the cube multiplies float32 operands in.
 PRECISIONS = ("fp16", "fp32")
 

@@ -155,7 +155,7 @@ class NpuExecutable:
         """`siblings`: run sibling kernels as one launch where the emulator finds it faster (`_group`).
         `precision`: the type the cube multiplies float32 operands in: "fp16" (rounded, the cube's full
         rate; every NPU) or "fp32" (as they are, at the cube's fp32 rate; a ValueError naming the target
-        where the chip has none, `isa.CUBE_FP32`). fp16, bf16 and int8 operands are multiplied as they are."""
+        where the chip has none, `NpuSpec.cube_fp32`). fp16, bf16 and int8 operands are multiplied as they are."""
         if target.npu is None:
             raise CodegenError(f"target {target.name!r} is not an NPU; the emulator runs npu-910 and npu-910b")
         self.precision = check_precision(precision, target)

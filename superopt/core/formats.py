@@ -35,6 +35,11 @@ from typing import Callable
 import numpy as np
 
 FRACTAL = 16
+# The cube multiplies 16 x K x 16 fractals per cycle with 32 bytes of K for every operand type (the C0 of the
+# fractal formats): 16 fp16 or bf16, 32 int8, 8 fp32 (fp32 halves the fp16 rate; which chips take fp32 at
+# all is `NpuSpec.cube_fp32`). Tiles are multiplied in L0 blocks of 128 x 128 fp16 (32 KB: two fit L0A).
+CUBE_K_PER_CYCLE = {"float16": 16, "bfloat16": 16, "int8": 32, "float32": 8}
+CUBE_L0_BLOCK = 128
 
 
 class LayoutError(ValueError):

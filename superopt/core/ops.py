@@ -74,6 +74,16 @@ _erfc = _special.erfc if _special else _by_element(math.erfc)
 _erf_inv = _special.erfinv if _special else _by_element(_erf_inv_scalar)
 
 
+def _lgamma_scalar(x: float) -> float:
+    try:
+        return math.lgamma(x)
+    except ValueError:          # a pole (0, -1, -2, ...): lax gives inf
+        return math.inf
+
+
+_lgamma = _special.gammaln if _special else _by_element(_lgamma_scalar)
+
+
 def _int_div(x, y, rem: bool):
     x, y = np.broadcast_arrays(x, y)
     zero = y == 0
@@ -476,7 +486,7 @@ _ENTRIES = [
     _unary("logistic", _logistic, flags=_TRANSCENDENTAL), _unary("sqrt", np.sqrt, flags=_TRANSCENDENTAL),
     _unary("rsqrt", lambda x: 1 / np.sqrt(x), flags=_TRANSCENDENTAL), _unary("cbrt", np.cbrt, flags=_TRANSCENDENTAL),
     _unary("erf", _erf, flags=_TRANSCENDENTAL), _unary("erfc", _erfc, flags=_TRANSCENDENTAL),
-    _unary("erf_inv", _erf_inv, flags=_TRANSCENDENTAL),
+    _unary("erf_inv", _erf_inv, flags=_TRANSCENDENTAL), _unary("lgamma", _lgamma, flags=_TRANSCENDENTAL),
     _unary("sin", np.sin, flags=_TRANSCENDENTAL), _unary("cos", np.cos, flags=_TRANSCENDENTAL),
     _unary("tan", np.tan, flags=_TRANSCENDENTAL), _unary("asin", np.arcsin, flags=_TRANSCENDENTAL),
     _unary("acos", np.arccos, flags=_TRANSCENDENTAL), _unary("atan", np.arctan, flags=_TRANSCENDENTAL),

@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 
 from superopt.core.deadline import Deadline, current
 from superopt.core.ir import CycleError, Graph, Node, body_str, hoistable, postorder, type_str
+from superopt.core.ops import on_npu
 from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
 from superopt.extract.cost import MATRIX_OPS, op_breakdown, op_cost
-from superopt.extract.kernels import expand
 from superopt.extract.errors import ExtractionError
+from superopt.extract.kernels import expand
 from superopt.extract.memory import fit_budget
 from superopt.extract.target import Target
 
+CUBE_OPS = on_npu("cube")   # the matrix ops and the cube's own fractal_matmul
 _LISTS = frozenset({"tcons", "tnil"})
 _EPS = 1e-15
 OPTIONAL_SHARE = 0.5   # of the time left when extraction starts, what kernel growth and sharing trials may take
@@ -283,7 +285,7 @@ def share_producers(fz: FrozenEGraph, choose, cost, stop_at: float = math.inf) -
 def _computes_matrix(n: ENode) -> bool:
     if n.fn == "kernel":
         return any(b.op in MATRIX_OPS for b in n.args[0])
-    return n.fn in MATRIX_OPS or n.fn == "fractal_matmul"
+    return n.fn in CUBE_OPS
 
 
 def _hoisted(choice: dict) -> set:

@@ -224,19 +224,16 @@ class _Generator:
             self.env[v] = self.draw(st.sampled_from(choices))
         return self.env[v]
 
-    def int(self, v, make):
+    def bound(self, v, make):
+        """A constant's value, or the value drawn (by `make`, once) for a variable."""
         if isinstance(v, Const):
             return v.value
         if v not in self.env:
-            self.env[v] = int(make())
+            self.env[v] = make()
         return self.env[v]
 
     def vec(self, v, make):
-        if isinstance(v, Const):
-            return v.value
-        if v not in self.env:
-            self.env[v] = tuple(make())
-        return self.env[v]
+        return self.bound(v, lambda: tuple(make()))
 
     def scalarish(self, p) -> bool:
         if isinstance(p, App) and p.fn == "lit":
@@ -340,8 +337,8 @@ class _Generator:
             shape = shape if shape is not None else self.shape(lo=1)
             if not shape:
                 raise Reject("a scan needs an axis")
-            self.int(a[2], lambda: self.draw(st.integers(0, len(shape) - 1)))
-            self.int(a[3], lambda: self.draw(st.integers(0, 1)))
+            self.bound(a[2], lambda: self.draw(st.integers(0, len(shape) - 1)))
+            self.bound(a[3], lambda: self.draw(st.integers(0, 1)))
             self.gen(a[1], (shape, self.dtype))
             return shape, self.dtype
         if p.fn == "reduce":

@@ -1,11 +1,11 @@
 """Rule sets, one table per concern. `RULESETS` names every registered set; the default schedule runs
 `DEFAULT`."""
+from superopt.rewrites.schedule import register
 from superopt.rulesets.algebra import ALGEBRA
 from superopt.rulesets.casts import CASTS
 from superopt.rulesets.fusion import FUSION
 from superopt.rulesets.packing import LAYOUT
 from superopt.rulesets.quant import QUANT
-from superopt.rewrites.schedule import register, resolve  # noqa: F401  (resolve: rule sets by name)
 
 RULESETS = {rs.name: rs for rs in (ALGEBRA, CASTS, QUANT, FUSION, LAYOUT)}
 register(*RULESETS.values())

@@ -40,7 +40,8 @@ from superopt.extract.calibrate import SHOWN
 from superopt.extract.target import load_target
 from superopt.lowering.npu.lower import NpuExecutable
 from superopt.rewrites.checker import check_rule
-from superopt.rulesets import RULESETS, resolve
+from superopt.rewrites.schedule import resolve
+from superopt.rulesets import RULESETS
 
 DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
           "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}

@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from superopt.core import verify as verification
+from superopt.core.ops import on_npu
 from superopt.core.reference import evaluate
 from superopt.extract.traffic import gradient_traffic
 from superopt.lowering.jax import lower
@@ -43,7 +44,7 @@ from superopt.lowering.npu.isa import Mmad
 from superopt.lowering.npu.lower import NpuExecutable, cube_reference
 
 CHECK_SEEDS = (0, 1)           # random inputs (verify.random_args) the emulator is checked on
-MATRIX_OPS = ("matmul", "fractal_matmul", "conv")
+CUBE_OPS = on_npu("cube")     # matmul, conv, fractal_matmul
 SHORT = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16", "int8": "int8"}
 
 
@@ -68,7 +69,7 @@ def cube_operand_types(graph) -> set:
 
     def walk(nodes):
         for n in nodes:
-            if n.op in MATRIX_OPS:
+            if n.op in CUBE_OPS:
                 out.update(nodes[j].dtype for j in n.inputs)
             elif n.op == "kernel":
                 walk(list(n.attrs[0]))

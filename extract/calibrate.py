@@ -32,10 +32,16 @@ SHOWN = (("peak_flops", "peak f32 matmul", 1e9, "GFLOP/s"),
          ("cache_bandwidth", "cache bandwidth", 1e9, "GB/s"))
 
 
-def cache_path() -> Path:
+def cache_dir() -> Path:
+    """superopt's cache directory: $SUPEROPT_CACHE_DIR, else $XDG_CACHE_HOME/superopt, else ~/.cache/superopt.
+    The one rule for it: the calibration lives here, and so does the term store (`superopt/cache.py`)."""
     root = os.environ.get(CACHE_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "superopt")
-    return Path(root) / "cpu-calibration.toml"
+    return Path(root)
+
+
+def cache_path() -> Path:
+    return cache_dir() / "cpu-calibration.toml"
 
 
 def machine_key() -> str:

@@ -5,6 +5,7 @@
     superopt emulate  MODULE:FN --target npu-910b [--shapes ...] [--timeline FILE.png|.json] [--html FILE]
     superopt rules list [--ruleset NAME] | superopt rules check [NAME ...] [--thorough] [--jobs N]
     superopt calibrate [--quick] [--force] [--reset] | superopt demo
+    superopt cache stats [--dir DIR] | superopt cache clear [--dir DIR]
 
 MODULE is a module name (importable from the current directory) or a path to a .py file; FN is a function
 in it. Without --shapes, FN may be a workload: a `superopt.workloads.Workload`, or a function of no arguments
@@ -19,6 +20,7 @@ import importlib.util
 import inspect
 import multiprocessing
 import os
+import sqlite3
 import sys
 import tempfile
 import time
@@ -29,6 +31,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from superopt import cache as store_cache
 from superopt import html, superopt
 from superopt.core import progress
 from superopt.core.ir import pretty
@@ -174,6 +177,57 @@ def _calibrate(args) -> int:
     stored = cal.store(m)
     print(f"stored in {stored}; every report for target cpu uses these figures from now on "
           f"(`superopt calibrate --reset` goes back to the shipped defaults)")
+    return 0
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _cache_directory(args) -> Path:
+    return Path(args.dir).expanduser() if args.dir else store_cache.default_directory()
+
+
+def _cache_stats(args) -> int:
+    directory = _cache_directory(args)
+    print(f"cache directory: {directory}")
+    if not (directory / store_cache.DATABASE).exists():
+        print(f"  no term store ({store_cache.DATABASE}) there yet")
+    else:
+        stats = store_cache.Store(directory).stats()
+        print(f"  {store_cache.DATABASE}: {_size(stats.file_bytes)}, {stats.total} entries")
+        if stats.entries:
+            width = max(len("kind"), *(len(k) for k in stats.entries))
+            print(f"    {'kind':<{width}}  {'entries':>8}")
+            for kind, count in stats.entries.items():
+                print(f"    {kind:<{width}}  {count:>8}")
+    jax_dir, ours, files = store_cache.jax_cache_files(directory)
+    if jax_dir.is_dir():
+        print(f"  JAX compilation cache {jax_dir}: {len(files)} files, {_size(sum(p.stat().st_size for p in files))}"
+              f"{'' if ours else ' (not made by superopt: `cache clear` leaves it)'}")
+    return 0
+
+
+def _cache_clear(args) -> int:
+    directory = _cache_directory(args)
+    database = directory / store_cache.DATABASE
+    if not database.exists():
+        print(f"no term store at {database}: nothing to remove")
+    else:
+        try:
+            removed = store_cache.Store(directory).clear()
+        except sqlite3.Error as exc:
+            raise ValueError(f"superopt: cannot clear the cache {database}: {exc}") from None
+        print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} from {database}")
+    jax_dir, ours, files = store_cache.jax_cache_files(directory)
+    if jax_dir.is_dir():
+        if ours:
+            print(f"removed {store_cache.clear_jax_cache(directory)} JAX compilation cache files from {jax_dir}")
+        else:
+            print(f"left {jax_dir} alone: superopt did not create it ({len(files)} files)")
     return 0
 
 
@@ -447,6 +501,17 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--reset", action="store_true", help="delete the stored figures: the cpu target goes back "
                                                           "to the shipped defaults")
     cal.set_defaults(run=_calibrate)
+    cache = sub.add_parser("cache", help="inspect or empty the cache of optimized programs",
+                           description="superopt keeps optimized programs in terms.sqlite3 in $SUPEROPT_CACHE_DIR, "
+                                       "else $XDG_CACHE_HOME/superopt, else ~/.cache/superopt (and JAX's compiled "
+                                       "programs in its jax/ folder)")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True)
+    for name, run, text in (("stats", _cache_stats, "the directory, the database's size, entries per kind"),
+                            ("clear", _cache_clear, "remove every entry (and JAX's compiled programs when "
+                                                    "superopt made their folder)")):
+        c = cache_sub.add_parser(name, help=text)
+        c.add_argument("--dir", metavar="DIR", help="this cache directory instead of the default")
+        c.set_defaults(run=run)
     demo = sub.add_parser("demo", help="optimize the embedded transformer block and time it")
     demo.set_defaults(run=_demo)
     return ap

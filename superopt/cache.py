@@ -117,14 +117,24 @@ class Store:
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(_CREATE)
-        except sqlite3.Error:
-            conn.close()
-            raise
-        return conn
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute(_CREATE)
+                return conn
+            except sqlite3.OperationalError as exc:
+                # processes that create the file together race to switch it to WAL; SQLite answers "locked"
+                # at once there, without waiting on the busy timeout, so the switch is tried again here
+                if getattr(exc, "sqlite_errorname", "").startswith("SQLITE_BUSY") and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                conn.close()
+                raise
+            except sqlite3.Error:
+                conn.close()
+                raise
 
     def _move_aside(self) -> None:
         """The file is not a SQLite database: keep it for inspection under another name, start afresh."""

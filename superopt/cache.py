@@ -139,7 +139,10 @@ class Store:
     def _move_aside(self) -> None:
         """The file is not a SQLite database: keep it for inspection under another name, start afresh."""
         aside = self.path.with_name(f"{DATABASE}.corrupt-{os.getpid()}")
-        os.replace(self.path, aside)
+        try:
+            os.replace(self.path, aside)
+        except FileNotFoundError:           # another process moved it aside first
+            return
         for suffix in ("-wal", "-shm"):     # the old file's journal means nothing to a fresh database
             Path(f"{self.path}{suffix}").unlink(missing_ok=True)
         warnings.warn(f"superopt: the cache database {self.path} is not a SQLite database (damaged?); moved it to "

@@ -198,7 +198,8 @@ def _cache_stats(args) -> int:
         print(f"  no term store ({store_cache.DATABASE}) there yet")
     else:
         stats = store_cache.Store(directory).stats()
-        print(f"  {store_cache.DATABASE}: {_size(stats.file_bytes)}, {stats.total} entries")
+        print(f"  {store_cache.DATABASE}: {_size(stats.file_bytes)}, {stats.total} "
+              f"entr{'y' if stats.total == 1 else 'ies'}")
         if stats.entries:
             width = max(len("kind"), *(len(k) for k in stats.entries))
             print(f"    {'kind':<{width}}  {'entries':>8}")

@@ -30,6 +30,7 @@ import numpy as np
 from superopt.core.ir import Node
 
 from superopt.core.ops import MATRIX_OPS, REDUCTIONS
+from superopt.core.serial import register
 from superopt.extract.models import npu as npu_model
 from superopt.extract.models.chimera import data_movement, gemm, gemm_chain
 
@@ -69,6 +70,7 @@ class Nest:
         return ("m", "l") if self.kind == "chain" else ("m", "n")
 
 
+@register   # a kernel's attribute: chosen programs with tiles are cached (superopt/core/serial.py)
 @dataclass(frozen=True)
 class Tiling:
     """One tile-size and loop-order choice for a matrix kernel (an attribute of its e-node)."""

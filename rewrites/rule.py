@@ -82,6 +82,10 @@ class Rule:
         """The egglog rules this rule compiles to (compiled once, on first use)."""
         return tuple(compile_rule(self))
 
+    def __getstate__(self) -> dict:
+        """A rule sent to a worker process goes without its compiled egglog rules (the worker compiles its own)."""
+        return {k: v for k, v in self.__dict__.items() if k != "egg"}
+
     def key(self) -> tuple:
         """Everything that defines the rule except where it was declared."""
         return (self.name, self.pairs, self.when, self.two_way, self.numerics, self.doc, self.category, self.ruleset)

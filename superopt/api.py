@@ -4,12 +4,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
 from superopt import numerics as numerics_mode
+from superopt.cache import enable_jax_cache, open_store
 from superopt.core.ir import pretty
 from superopt.egraph.runner import Limits
 from superopt.extract.memory import parse_bytes
@@ -20,12 +22,15 @@ from superopt.report import Report
 from superopt.rewrites.rule import RuleSet
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT, RULESETS
+from superopt.workers import executor_name
 
 BACKENDS = ("jax",)          # plus "emulator" on an NPU target (its default there), "pallas" on a GPU target
 
 
 def _array_like(x) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, bool, complex))
+    """An argument superopt specializes on by type: an array, a Python scalar, or (for `.compile`) an
+    abstract `jax.ShapeDtypeStruct`."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, bool, complex, jax.ShapeDtypeStruct))
 
 
 def _static_leaf(x, where: str):
@@ -74,7 +79,7 @@ class Optimized:
     def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool, extractor: str = "greedy",
                  backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
                  precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
-                 npu_under_trace: str = "jax", filter: bool = False):
+                 npu_under_trace: str = "jax", filter: bool = False, cache=None, executor: str | None = None):
         # Every misuse is one line naming the bad value and the valid ones, raised here, before any work.
         if not callable(fn):
             raise TypeError(f"superopt: fn must be callable, got {type(fn).__name__}")
@@ -99,6 +104,8 @@ class Optimized:
         if self.memory_budget is not None and extractor != "greedy":
             raise ValueError(f"superopt: memory_budget works with the greedy extractor, not {extractor!r}")
         self.fn, self.target, self.verify = fn, target, verify
+        self.cache, self.executor = _cache_option(cache), executor
+        executor_name(executor)   # an unknown executor fails here, listing the valid ones
         self.rulesets, self.limits = _schedule(rulesets), _limits(limits)
         self._cache: dict[tuple, Specialization] = {}
         self._last: Specialization | None = None
@@ -161,7 +168,8 @@ class Optimized:
 
     def compile(self, *args, **kwargs) -> Specialization:
         """Optimize for these arguments' types and static values (once; later calls hit the cache) and
-        return the specialization: its report, chosen term and program."""
+        return the specialization: its report, chosen term and program. Array arguments may be
+        `jax.ShapeDtypeStruct`s: a model is optimized from its shapes, its weights never materialized."""
         return self._concrete(args, kwargs)[0]
 
     # ---- specializations ----
@@ -222,11 +230,14 @@ class Optimized:
                                                            for j, o in enumerate(out_leaves)])
 
         example = None
-        if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+        if not any(isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)) for x in leaves):
             example = [jax.random.key_data(leaves[k]) if n in in_keys else leaves[k] for n, k in enumerate(positions)]
+        store = open_store(self.cache)
+        if store is not None:
+            enable_jax_cache(store.directory)
         spec = optimize(program, tuple(abstract), self.target, self.rulesets, self.limits, self.verify,
                         self.extractor, self.backend, self.memory_budget, self.numerics, self.precision,
-                        example=example)
+                        example=example, store=store, executor=self.executor)
         return dataclasses.replace(spec, out_keys=dict(out_keys))
 
     # ---- results ----
@@ -300,6 +311,12 @@ def _schedule(rulesets) -> Schedule:
     return Schedule.of(*rulesets)
 
 
+def _cache_option(cache):
+    if cache is None or isinstance(cache, (bool, str, os.PathLike)):
+        return cache
+    raise TypeError(f"superopt: cache= must be None, True, False or a directory, got {type(cache).__name__}")
+
+
 def _limits(limits) -> Limits:
     if isinstance(limits, dict):                      # limits={"seconds": 1}
         valid = [f.name for f in dataclasses.fields(Limits)]
@@ -316,7 +333,7 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
              limits: Limits | None = None, verify: bool = True, extractor: str = "greedy",
              backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
              precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
-             npu_under_trace: str = "jax", filter: bool = False):
+             npu_under_trace: str = "jax", filter: bool = False, cache=None, executor: str | None = None):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
 
     The result is a JAX transformation of `fn` (`Optimized`): call it eagerly, or inside `jax.jit`,
@@ -341,11 +358,18 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
     them) or "fast" (also rewrites that are equal over the reals but may overflow where the original does
     not, such as re-associating a matrix product; the report lists each one that fired). `precision`, on
     an NPU target, is the type the cube multiplies float32 operands in: "fp16" (its full rate) or "fp32"
-    (where the chip has an fp32 rate); None chooses per program (`npu_backend.default_precision`)."""
+    (where the chip has an fp32 rate); None chooses per program (`npu_backend.default_precision`).
+
+    `cache` is where results persist between processes (superopt/cache.py): None or True, the default
+    directory ($SUPEROPT_CACHE_DIR, else $XDG_CACHE_HOME/superopt, else ~/.cache/superopt; none when
+    $SUPEROPT_CACHE is "off"), a directory, or False (no cache). A large program is optimized in segments
+    (superopt/segments.py), each distinct one once; `executor` is where distinct segments are optimized in
+    parallel: "local" (worker processes on this machine) or "ray" (a Ray cluster: $RAY_ADDRESS, else a local
+    Ray instance); None reads $SUPEROPT_EXECUTOR, else "local"."""
     options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
                    memory_budget=memory_budget, numerics=numerics, precision=precision, static_argnums=static_argnums,
                    static_argnames=static_argnames, donate_argnums=donate_argnums, npu_under_trace=npu_under_trace,
-                   filter=filter)
+                   filter=filter, cache=cache, executor=executor)
     if fn is None:   # the decorator form: check the options now, not at the first call
         Optimized(lambda *args: None, target, **{**options, "limits": Limits() if limits is None else limits})
         return lambda f: superopt(f, target, **options)

@@ -14,6 +14,7 @@ with its whole budget, to list alternatives).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -27,21 +28,25 @@ from superopt.backends import BACKENDS
 from superopt.core import verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
 from superopt.core.ir import Graph, body_str, type_str
+from superopt.core.serial import NotSerializable, digest, to_data
 from superopt.egraph.capture import Captured, capture, without_debug_effects
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
 from superopt.egraph.isolate import saturate_isolated
 from superopt.egraph.runner import Limits, RunReport, StopReason, saturate as saturate_in_process
 from superopt.extract.cost import op_breakdown
-from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.greedy import Extraction, ExtractionError, extract, program_cost
 from superopt.extract.ilp import extract_ilp
 from superopt.extract.memory import peak_memory
+from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import load_target
 from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.jax import lower
 from superopt.report import Outcome, Report
+from superopt.reuse import combined_run, fingerprint, program_key, run_from_data, run_to_data, term_from_entry
 from superopt.rewrites.schedule import Schedule
+from superopt.segments import split, stitch
+from superopt.workers import executor_name, run_all
 
 # The cost model does not resolve differences of a few percent; a program that is predicted to be
 # less than this much faster is not worth swapping in for the original.
@@ -226,12 +231,15 @@ def user_program(captured: Captured) -> Callable:
 
 def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check_results: bool,
              extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None,
-             numerics: str = "strict", precision: str | None = None, example=None) -> Specialization:
+             numerics: str = "strict", precision: str | None = None, example=None, store=None,
+             executor: str | None = None) -> Specialization:
     """The pipeline for one specialization; never returns a program that disagrees with `fn`. `args` may
     be abstract (`jax.ShapeDtypeStruct` leaves); `example`, the call's concrete flat arguments where
-    there are some, is one more input the NPU program is checked on."""
+    there are some, is one more input the NPU program is checked on. `store` is the persistent cache
+    (superopt/cache.py; None: none), `executor` where distinct segments are optimized (superopt/workers.py)."""
     tgt = load_target(target)
-    spec = _jax_specialization(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics)
+    spec = _jax_specialization(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics,
+                               store, executor)
     if backend != "jax" and (spec.original.hidden_outputs or spec.report.kind is Outcome.KEPT_WHOLE):
         # Effects run in the user's order only in the JAX program; the other backends check their program on
         # inputs of their own, which the user's callbacks must not see.
@@ -242,47 +250,252 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
 
 
 def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits, check_results: bool,
-                        extractor: str, memory_budget: int | None, numerics: str) -> Specialization:
-    """Capture, saturate, choose, lower to JAX and check: the specialization every backend starts from."""
-    deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
+                        extractor: str, memory_budget: int | None, numerics: str, store=None,
+                        executor: str | None = None) -> Specialization:
+    """Capture, then the specialization every backend starts from: optimized whole, from the cache, or in
+    segments (superopt/segments.py), each distinct one once."""
     timer = Stages()
+    call = Deadline(limits.seconds)   # the whole call's, where it is in segments (each whole run keeps its own)
     captured = timer("capture", capture, fn, args)
-    original = captured.graph
     schedule, left_out = schedule_of(rulesets, numerics)
-    cost_before, original_costs = program_cost(original, tgt)
-    run, chosen, program = RunReport(StopReason.SATURATED), None, None
+    search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics)
+    segments = key = None
+    if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
+        try:
+            if memory_budget is None:   # a budget is for the whole program's peak, not a segment's
+                segments = timer("segment", split, captured.graph)
+            if store is not None and not segments:
+                key = program_key(captured.graph, search.fingerprint())
+        except NotSerializable:
+            segments = key = None
+    if segments:
+        return _segmented(captured, segments, search, store, executor, timer, call)
+    if key is not None:
+        found = timer("cache", _cached, store, key, "program", captured.graph, captured.graph.consts)
+        if found is not None:
+            spec = _specialization(captured, search, timer, *found)
+            spec.report.cache = "hit (the result of an earlier optimization of this program)"
+            return spec
+    spec, entry = _whole(captured, search, timer)
+    if key is not None:
+        spec.report.cache = "miss; result stored" if entry is not None else "miss; a time limit is not stored"
+        if entry is not None:
+            store.put(key, "program", entry)
+    return spec
+
+
+@dataclass(frozen=True)
+class Search:
+    """The options of one optimization that decide its result besides the program."""
+    target: Any
+    schedule: Schedule
+    left_out: list
+    limits: Limits
+    check_results: bool
+    extractor: str
+    memory_budget: int | None
+    numerics: str
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.target, self.schedule, limits=self.limits, check=self.check_results,
+                           extractor=self.extractor, memory_budget=self.memory_budget, numerics=self.numerics)
+
+
+def _whole(captured: Captured, search: Search, timer: Stages) -> tuple[Specialization, dict | None]:
+    """The captured program optimized whole: the specialization, and the cache entry of its result."""
     reference = reference_program(captured)
+    run, outcome, reason, chosen, program = _optimize_program(captured, reference, search, timer)
+    spec = _specialization(captured, search, timer, run, outcome, reason, chosen, program, reference)
+    return spec, _entry(run, outcome, reason, chosen, len(captured.graph.consts))
+
+
+def _optimize_program(captured: Captured, reference: Callable, search: Search, timer: Stages) -> tuple:
+    """Saturate, choose, lower to JAX and check against `reference`: (run report, outcome, reason, the
+    extraction (None where none was made or the program is kept whole), the lowered program or None)."""
+    tgt, limits, numerics = search.target, search.limits, search.numerics
+    deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
+    original = captured.graph
+    cost_before, _ = program_cost(original, tgt)
+    run, chosen, program = RunReport(StopReason.SATURATED), None, None
     try:
         if captured.kept_whole:
             raise Kept(Outcome.KEPT_WHOLE, captured.kept_whole)
         deadline.check("capture")
-        saturated = saturate(captured, schedule, limits, deadline, timer)
+        saturated = saturate(captured, search.schedule, limits, deadline, timer)
         run = saturated.run
-        chosen = choose(saturated, tgt, extractor, memory_budget, deadline, limits, timer)
-        worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), memory_budget)
+        chosen = choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer)
+        worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), search.memory_budget)
         # A changed program is returned only if it was verified before the deadline; else the original runs.
         for stage_name, step in (("extract", None), ("lower", lambda: lower(chosen.graph))):
             if deadline.expired():
                 raise Kept(Outcome.TIME_LIMIT, f"time limit ({stage_name}: the call's {limits.seconds:g} s ran out)")
             if step is not None:
                 program = timer(stage_name, step)
-        if check_results:   # on superopt's own inputs: the program's debug prints stay silent
+        if search.check_results:   # on superopt's own inputs: the program's debug prints stay silent
             silent = lower(chosen.graph, effects=False) if chosen.graph.hidden_outputs else program
             timer("verify", check, reference, silent, captured, numerics, run.fired)
             if deadline.expired():
                 raise Kept(Outcome.TIME_LIMIT, f"time limit (verify: the call's {limits.seconds:g} s ran out)")
-        outcome, reason = Outcome.OPTIMIZED, ""
+        return run, Outcome.OPTIMIZED, "", chosen, program
     except Kept as kept:
         outcome, reason = kept.outcome, kept.reason
     except TimeLimit as exc:   # the original is always correct; no unverified program is returned
         outcome, reason = Outcome.TIME_LIMIT, f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)"
-    report = build_report(tgt, captured, run, outcome, reason, chosen, cost_before, original_costs, numerics,
-                          left_out, schedule, timer.seconds)
+    return run, outcome, reason, None if outcome is Outcome.KEPT_WHOLE else chosen, None
+
+
+def _specialization(captured: Captured, search: Search, timer: Stages, run: RunReport, outcome: Outcome,
+                    reason: str, chosen: Extraction | None, program: Callable | None = None,
+                    reference: Callable | None = None) -> Specialization:
+    """The specialization and its report, from what optimizing (or the cache) gave."""
+    original = captured.graph
+    cost_before, original_costs = program_cost(original, search.target)
+    report = build_report(search.target, captured, run, outcome, reason, chosen, cost_before, original_costs,
+                          search.numerics, search.left_out, search.schedule, timer.seconds)
+    reference = reference or reference_program(captured)
     if outcome is Outcome.OPTIMIZED:
+        program = program or timer("lower", lower, chosen.graph)
         return Specialization(program, report, chosen.graph, original, captured.out_tree, captured.in_avals,
                               reference=reference)
     return Specialization(user_program(captured), report, original, original, captured.out_tree,
                           captured.in_avals, reference=reference)
+
+
+# ---- results kept between processes (superopt/cache.py, superopt/reuse.py) ----
+
+def _entry(run: RunReport, outcome: Outcome, reason: str, chosen: Extraction | None, shared_consts: int = 0):
+    """The cache entry of a result: the chosen program where it runs, and what its report is built from.
+    None for a result that depends on the machine's load (a time limit) or has no data form. The first
+    `shared_consts` constants of the chosen program are the original's: the key holds their hashes."""
+    if outcome is Outcome.TIME_LIMIT:
+        return None
+    try:
+        term = None
+        if outcome is Outcome.OPTIMIZED:
+            term = to_data(dataclasses.replace(chosen.graph, consts=chosen.graph.consts[shared_consts:]))
+    except NotSerializable:
+        return None
+    found = {} if chosen is None else dict(cost=chosen.cost, node_costs=chosen.node_costs, method=chosen.method,
+                                            declined=list(chosen.declined), memory=chosen.memory)
+    return dict(term=term, run=run_to_data(run), outcome=outcome.name, reason=reason, chosen=found)
+
+
+def _cached(store, key: str, kind: str, original: Graph, consts=()):
+    """(run, outcome, reason, chosen) from the cache entry under `key`, or None: a miss, or an entry that is
+    not a result for `original` (superopt/reuse.py: never trusted)."""
+    entry = store.get(key, kind)
+    return None if entry is None else _from_entry(entry, original, consts)
+
+
+def _from_entry(entry: dict, original: Graph, consts=()):
+    """(run, outcome, reason, chosen) of a cache entry for `original`, or None where it is not one."""
+    try:
+        term = term_from_entry(entry, original, consts)
+        outcome = Outcome[entry["outcome"]]
+        if (term is None) != (outcome is not Outcome.OPTIMIZED):
+            raise NotSerializable("the entry's outcome and program disagree")
+        found = entry["chosen"]
+        chosen = None if not found else Extraction(term if term is not None else original, float(found["cost"]),
+                                                  [float(c) for c in found["node_costs"]], str(found["method"]),
+                                                  list(found["declined"]), str(found["memory"]))
+        if term is not None:
+            lower(term)   # a term that does not lower is no result
+        return run_from_data(entry["run"]), outcome, str(entry["reason"]), chosen
+    except Exception:   # noqa: BLE001  - whatever is wrong with it, the entry is recomputed
+        return None
+
+
+# ---- segments (superopt/segments.py) ----
+
+def _kept_for_time(captured: Captured, search: Search, timer: Stages, stage: str) -> Specialization:
+    reason = f"time limit ({stage}: the call's {search.limits.seconds:g} s ran out)"
+    return _specialization(captured, search, timer, RunReport(StopReason.TIME_LIMIT), Outcome.TIME_LIMIT, reason,
+                           None)
+
+
+@dataclass
+class SegmentJob:
+    """One distinct segment to optimize: what a worker process gets (superopt/workers.py)."""
+    graph: Graph
+    search: Search
+
+
+def optimize_segment(job: SegmentJob) -> dict:
+    """Optimize one segment as a program of its own: the checker draws its canonical arguments and compares
+    it with the segment as captured. Its cache entry (None where it has none), and its run, outcome, reason
+    and stage seconds."""
+    graph = job.graph
+    args = sorted((n for n in graph.nodes if n.op == "arg"), key=lambda n: n.attrs[0])
+    captured = Captured(graph, None, None, tuple((n.shape, n.dtype) for n in args))
+    timer = Stages()
+    run, outcome, reason, chosen, _ = _optimize_program(captured, lower(graph), job.search, timer)
+    return dict(entry=_entry(run, outcome, reason, chosen), run=run_to_data(run), outcome=outcome.name,
+                reason=reason, seconds=timer.seconds)
+
+
+def _segmented(captured: Captured, segments: list, search: Search, store, executor: str | None,
+               timer: Stages, call: Deadline) -> Specialization:
+    """Optimize each distinct segment once (from the cache, or in worker processes), stitch the chosen
+    segments into one program, and build its report."""
+    fp = search.fingerprint()
+    distinct = {s.key: s for s in segments}
+    results: dict = {}
+
+    def look_up():
+        for key, seg in distinct.items():
+            found = _cached(store, digest(fp, key), "segment", seg.graph)
+            if found is not None:
+                results[key] = found
+    if call.expired():
+        return _kept_for_time(captured, search, timer, "segment")
+    if store is not None:
+        timer("cache", look_up)
+    misses = [seg for key, seg in distinct.items() if key not in results]
+    # Limits.seconds bounds the whole call: the segments share what capture and splitting left of it, and
+    # one that runs out of it runs as captured, beside the others' results (the best found in the time).
+    if misses and call.expired():
+        return _kept_for_time(captured, search, timer, "cache" if store is not None else "segment")
+    each = dataclasses.replace(search, limits=dataclasses.replace(search.limits, seconds=max(call.left(), 1e-3)))
+    done = timer("segments", run_all, optimize_segment, [SegmentJob(seg.graph, each) for seg in misses], executor)
+    for seg, out in zip(misses, done):
+        for stage, seconds in out["seconds"].items():
+            timer.seconds[f"{stage} (segments)"] = timer.seconds.get(f"{stage} (segments)", 0.0) + seconds
+        found = None
+        if out["entry"] is not None:
+            if store is not None:
+                store.put(digest(fp, seg.key), "segment", out["entry"])
+            found = _from_entry(out["entry"], seg.graph)
+        results[seg.key] = found or (run_from_data(out["run"]), Outcome[out["outcome"]], out["reason"], None)
+
+    def program_of(seg):
+        run, outcome, reason, chosen = results[seg.key]
+        return chosen.graph if outcome is Outcome.OPTIMIZED else seg.graph
+    stitched = timer("stitch", stitch, captured.graph, segments, {key: program_of(seg) for key, seg in distinct.items()})
+    run = combined_run([results[key][0] for key in distinct])
+    outcomes = [results[key][1] for key in distinct]
+    tgt = search.target
+    cost_before, _ = program_cost(captured.graph, tgt)
+    chosen = None
+    if Outcome.OPTIMIZED in outcomes:
+        cost, node_costs = program_cost(stitched, tgt)
+        declined = [d for key in distinct if results[key][3] is not None for d in results[key][3].declined]
+        chosen = Extraction(stitched, cost, node_costs, f"{search.extractor}, per segment", declined)
+        try:
+            worth_it(chosen, cost_before, (), None)
+            outcome, reason = Outcome.OPTIMIZED, ""
+        except Kept as kept:
+            outcome, reason = kept.outcome, kept.reason
+    else:
+        first = next(results[key] for key in distinct)
+        outcome, reason = first[1], f"in all {len(distinct)} distinct segments; the first: {first[2]}"
+    spec = _specialization(captured, search, timer, run, outcome, reason, chosen)
+    hits = len(distinct) - len(misses)
+    timed_out = sum(results[seg.key][1] is Outcome.TIME_LIMIT for seg in misses)
+    spec.report.segments = (f"{len(segments)} ({len(distinct)} distinct: {len(misses)} optimized"
+                            f"{' on ' + executor_name(executor) + ' workers' if len(misses) > 1 else ''}, "
+                            f"{hits} from the cache"
+                            + (f"; {timed_out} ran out of time and run as captured" if timed_out else "") + ")")
+    return spec
 
 
 def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reason: str, chosen: Extraction | None,

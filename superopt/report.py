@@ -101,6 +101,8 @@ class Report:
     numerics: str = "strict"       # the numerics mode (superopt.numerics)
     left_out: list = field(default_factory=list)            # rules the mode did not run
     overflow_rewrites: dict = field(default_factory=dict)   # "reals" rules that fired (fast mode): name -> matches
+    segments: str = ""             # how the program was split, and where each distinct segment's result came from
+    cache: str = ""                # "hit" where the whole result came from the persistent cache
 
     @property
     def optimized(self) -> bool:
@@ -185,6 +187,10 @@ class Report:
             for cost, what in self.top_costs:
                 lines.append(f"    {_fmt_time(cost):>10}  {what}")
         lines.append(f"  runs on      : {self.backend}")
+        if self.segments:
+            lines.append(f"  segments     : {self.segments}")
+        if self.cache:
+            lines.append(f"  cache        : {self.cache}")
         lines += self.npu_lines
         lines.append("  stages       : " + ", ".join(f"{k} {_fmt_time(v)}" for k, v in self.stage_seconds.items()))
         return "\n".join(lines)

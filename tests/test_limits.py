@@ -26,7 +26,7 @@ from superopt.extract.greedy import extract
 from superopt.extract.target import load_target
 from superopt.rulesets import RULESETS
 
-STAGES = "capture|encode|saturate|extract|lower|verify"
+STAGES = "capture|segment|segments|encode|saturate|extract|lower|verify"
 
 
 X = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)

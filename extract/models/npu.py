@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from superopt.core.formats import CUBE_K_PER_CYCLE, CUBE_L0_BLOCK, FRACTAL
+from superopt.core.serial import register
 from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import Target
 
@@ -159,6 +160,7 @@ def _depth_block(cube_dt: str) -> int:
     return CUBE_L0_BLOCK * 2 // max(2, _item(cube_dt))
 
 
+@register   # a Tiling's estimate: cached with the kernel that carries it
 @dataclass(frozen=True)
 class CubeEstimate:
     """The NPU model's estimate of one tiled cube program (`gemm_estimate`, `chain_estimate`): each core

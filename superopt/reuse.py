@@ -1,0 +1,123 @@
+"""What makes two optimizations the same, and a result worth reusing: cache keys, entries and their checks.
+
+A result in the persistent cache (`superopt/cache.py`) is keyed by everything that decides it:
+
+- the program, canonical (`superopt/core/serial.py`; constants by the hash of their bytes);
+- the target, as loaded (its figures and this machine's calibration);
+- the schedule of rules the numerics mode runs;
+- the options that change the choice (numerics, extractor, memory budget, limits, whether results are checked);
+- superopt's version and a digest of its own source files, and the versions of JAX and egglog.
+
+A change to any of them is a miss. An entry read back is not trusted: it must decode
+(`serial.from_data` checks every node), its arguments and results must have the program's types, and a term
+that fails to lower is recomputed; anything else is a miss, and the program is optimized again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+
+import jax
+
+from superopt.core.ir import Graph
+from superopt.core.serial import NotSerializable, digest, dumps, from_data, to_data
+from superopt.egraph.runner import PhaseReport, RunReport, StopReason
+
+# The packages whose files are superopt's code (the folders of the installed layout; pyproject.toml).
+_PACKAGES = ("superopt", "superopt.core", "superopt.egraph", "superopt.rewrites", "superopt.rulesets",
+             "superopt.extract", "superopt.extract.models", "superopt.lowering", "superopt.lowering.npu",
+             "superopt.lowering.pallas")
+
+
+@functools.cache
+def code_version() -> str:
+    """superopt's version, a digest of its source and data files, and JAX's and egglog's versions."""
+    h = hashlib.sha256()
+    for name in _PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for folder in spec.submodule_search_locations or ():
+            for path in sorted(Path(folder).glob("*")):
+                if path.suffix in (".py", ".toml"):
+                    h.update(path.name.encode())
+                    h.update(path.read_bytes())
+    return f"superopt {importlib.metadata.version('superopt')} ({h.hexdigest()[:16]}), jax {jax.__version__}, " \
+           f"egglog {importlib.metadata.version('egglog')}"
+
+
+def fingerprint(target, schedule, **options) -> str:
+    """The digest of what decides a result besides the program (module doc)."""
+    return digest(code_version(), repr(target), repr(schedule), repr(sorted(options.items())))
+
+
+def program_key(graph: Graph, fingerprint_: str) -> str:
+    """The cache key of `graph` under `fingerprint_`: its data with each constant as the hash of its bytes."""
+    data = to_data(dataclasses.replace(graph, consts=[]))
+    data["consts"] = [[str(c.dtype), list(c.shape), hashlib.sha256(c.tobytes()).hexdigest()] for c in graph.consts]
+    return digest(fingerprint_, dumps(data))
+
+
+def term_from_entry(entry: dict, original: Graph, consts=None) -> Graph | None:
+    """The chosen program an entry holds, if it is one for `original` (same argument and result types);
+    None for an entry that keeps the original. NotSerializable for anything else."""
+    term = from_data(entry["term"]) if entry.get("term") is not None else None
+    if term is None:
+        return None
+    if consts is not None:
+        term.consts = list(consts) + term.consts
+    args = sorted((n.attrs[0], n.shape, n.dtype) for n in term.nodes if n.op == "arg")
+    want = sorted((n.attrs[0], n.shape, n.dtype) for n in original.nodes if n.op == "arg")
+    if term.n_args != original.n_args or not set(args) <= set(want):
+        raise NotSerializable("the entry's arguments are not the program's")
+    if [(term.nodes[o].shape, term.nodes[o].dtype) for o in term.outputs] != \
+            [(original.nodes[o].shape, original.nodes[o].dtype) for o in original.outputs]:
+        raise NotSerializable("the entry's results are not the program's")
+    if any(n.op == "const" and not 0 <= n.attrs[0] < len(term.consts) for n in term.nodes):
+        raise NotSerializable("the entry reads a constant it does not have")
+    return term
+
+
+def run_to_data(run: RunReport) -> dict:
+    phases = [dict(name=p.name, stop_reason=p.stop_reason.value, iterations=p.iterations, seconds=p.seconds,
+                   matches=p.matches, rule_seconds=p.rule_seconds, bans=p.bans) for p in run.phases]
+    return dict(stop_reason=run.stop_reason.value, iterations=run.iterations, enodes=run.enodes,
+                eclasses=run.eclasses, seconds=run.seconds, matches=run.matches, rule_seconds=run.rule_seconds,
+                phases=phases, error=run.error)
+
+
+def run_from_data(data: dict) -> RunReport:
+    phases = [PhaseReport(p["name"], StopReason(p["stop_reason"]), int(p["iterations"]), float(p["seconds"]),
+                          dict(p["matches"]), dict(p["rule_seconds"]), dict(p["bans"])) for p in data["phases"]]
+    return RunReport(StopReason(data["stop_reason"]), int(data["iterations"]), int(data["enodes"]),
+                     int(data["eclasses"]), float(data["seconds"]), dict(data["matches"]),
+                     dict(data["rule_seconds"]), phases, data["error"])
+
+
+def combined_run(runs: list[RunReport]) -> RunReport:
+    """One run report for the segments of a program: e-graph sizes, seconds and matches added up (per phase
+    too), the iterations of the longest run, and the first stop reason other than saturation."""
+    stops = [r.stop_reason for r in runs if r.stop_reason is not StopReason.SATURATED]
+    out = RunReport(stops[0] if stops else StopReason.SATURATED, max((r.iterations for r in runs), default=0),
+                    sum(r.enodes for r in runs), sum(r.eclasses for r in runs), sum(r.seconds for r in runs))
+    for r in runs:
+        for name, n in r.matches.items():
+            out.matches[name] = out.matches.get(name, 0) + n
+        for name, s in r.rule_seconds.items():
+            out.rule_seconds[name] = out.rule_seconds.get(name, 0.0) + s
+        for ph in r.phases:
+            mine = next((p for p in out.phases if p.name == ph.name), None)
+            if mine is None:
+                mine = PhaseReport(ph.name)
+                out.phases.append(mine)
+            if mine.stop_reason is StopReason.SATURATED:
+                mine.stop_reason = ph.stop_reason
+            mine.iterations = max(mine.iterations, ph.iterations)
+            mine.seconds += ph.seconds
+            for table, theirs in ((mine.matches, ph.matches), (mine.rule_seconds, ph.rule_seconds), (mine.bans, ph.bans)):
+                for name, n in theirs.items():
+                    table[name] = table.get(name, 0) + n
+    out.error = next((r.error for r in runs if r.error), None)
+    return out

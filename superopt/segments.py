@@ -1,0 +1,221 @@
+"""Segments: a large program cut where little crosses, each distinct piece optimized once.
+
+Saturation and extraction grow faster than linearly with a program, and a model repeats itself: twelve
+encoder layers are one layer twelve times. So before saturating, `split` cuts a large captured program into
+contiguous segments, `optimize` (superopt/pipeline.py) optimizes each distinct segment once, and `stitch`
+puts the chosen segments back together as one program, which is lowered and jitted whole.
+
+Where to cut. In program order, the width of a cut is the number of computed values defined before it and
+read after it. Between two layers of a residual network only the residual stream (and whatever every layer
+reads, such as a mask computed once) crosses, so the layer boundaries are the cuts of least width. `split`
+tries the cuts of width up to `WIDTH_SLACK` above the least, merges pieces smaller than `MIN_SEGMENT`
+computed nodes into their successor, and keeps the cutting that leaves the fewest distinct computed nodes to
+optimize. A program is split only where that pays: some segment repeats, or the program is larger than
+`LARGE`; otherwise it is one segment, optimized whole as before.
+
+Canonical form. A segment's inputs (program arguments, constants, and values computed before it) become
+its arguments, numbered in order of first use; literals and iotas are copied in, so their values are part of
+what it computes. Two segments that compute the same thing from different weights therefore have the same
+canonical graph and the same `key`, a content hash of that graph's data (superopt/core/serial.py), which
+is also their key in the persistent cache. Weights closed over by the program are inputs like any other.
+
+Seams. Rewrites never cross a cut: a fusion or re-association that spans two segments is not searched.
+Cuts are where the fewest values cross, which between layers is the residual stream alone, so what is lost
+is an elementwise op fused across the boundary at most; docs/design.md ("Segments") says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from superopt.core.ir import Graph, Node
+from superopt.core.ops import CONST_LEAVES, flagged
+from superopt.core.serial import NotSerializable, digest, dumps, to_data
+
+MIN_SEGMENT = 24     # computed nodes a segment has at least; smaller pieces join the next one
+LARGE = 400          # computed nodes beyond which a program is split even where nothing repeats
+WIDTH_SLACK = 3      # cut widths tried above the least one
+MIN_PERIOD = 8       # the shortest period looked for: a layer of a few ops is a segment of its own
+MAX_PERIOD = 4096    # the longest period looked for (a layer of this many ops; the search is linear in it)
+PERIODS_TRIED = 64   # segment lengths compared, shortest first
+SEGMENT_COST = 16    # a segment's fixed cost to optimize, in nodes (splitting, `_score`)
+REPEATS = 0.5        # a program repeats itself at a period where this share of its nodes equal the period's next
+
+_LEAVES = flagged("leaf")
+_COPIED = CONST_LEAVES - {"const"}    # leaves whose value is in their attributes: copied into a segment
+
+
+@dataclass
+class Segment:
+    nodes: list[int]     # the program's computed node ids, in order
+    inputs: list[int]    # the program's node ids the segment reads, in order of first use (its arguments)
+    outputs: list[int]   # the program's node ids of the segment read after it or returned by the program
+    graph: Graph         # canonical: `inputs` as arguments 0..n-1, the nodes, `outputs` as its outputs
+    key: str             # content hash of `graph`
+
+
+def split(graph: Graph) -> list[Segment] | None:
+    """The segments of `graph` (module doc), or None where splitting does not pay: the program is then
+    optimized whole. Raises NotSerializable for a program with opaque primitives (never split or cached)."""
+    if graph.opaque:
+        raise NotSerializable("a program with opaque primitives is not split")
+    computed = [i for i in graph.live() if graph.nodes[i].op not in _LEAVES]
+    if len(computed) < 2 * MIN_SEGMENT:
+        return None
+    last = _last_readers(graph)
+    widths = _cut_widths(graph, computed, last)
+    best, best_score = None, _score([computed])
+    for cuts, smallest in _cuttings(graph, computed, widths):
+        pieces = _pieces(computed, cuts, smallest)
+        if len(pieces) < 2:
+            continue
+        segments = [_segment(graph, p, last) for p in pieces]
+        score = _score([s.nodes for s in {s.key: s for s in segments}.values()])
+        if score < best_score:
+            best, best_score = segments, score
+    if best is None:
+        return None
+    repeats = len({s.key for s in best}) < len(best)
+    return best if repeats or len(computed) > LARGE else None
+
+
+def _score(distinct_pieces) -> int:
+    """What optimizing these distinct pieces costs, in nodes: their nodes, plus each piece's fixed cost
+    (a saturation's child process, a verification's compilations) as SEGMENT_COST nodes."""
+    return sum(len(p) + SEGMENT_COST for p in distinct_pieces)
+
+
+def _cuttings(graph: Graph, computed: list[int], widths: list[int]):
+    """Candidate cuttings, as (cut positions into `computed`, the fewest nodes a piece has): one cut every
+    `length` nodes where the program repeats itself with a period that divides it (`_period`), at the
+    narrowest position of the period (a prologue or an epilogue stays a piece of its own, however small);
+    and every cut of each width up to WIDTH_SLACK above the least, small pieces joined."""
+    length = _period(graph, computed, widths)
+    if length:
+        total = [0] * length
+        for c in range(1, len(computed)):
+            total[c % length] += widths[c]
+        phase = min(range(length), key=lambda r: (total[r] / len(range(r or length, len(computed), length)), r))
+        yield list(range(phase or length, len(computed), length)), 1
+    least = min(widths[1:])
+    for width in range(least, least + WIDTH_SLACK + 1):
+        yield [c for c in range(1, len(computed)) if widths[c] <= width], MIN_SEGMENT
+
+
+def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
+    """The segment length at which the program repeats itself best, or None where it does not repeat.
+
+    A node's signature is its op, attributes, type and inputs (a computed input by its distance back); a
+    period p repeats where the signatures equal those p nodes later for at least REPEATS of the nodes. Of
+    the periods within a tenth of the best match, each taken as many times as it takes to reach
+    MIN_SEGMENT nodes, the length whose windows cost least to optimize (`_score` of the distinct
+    windows, told apart by their signatures) wins: a chain whose ops repeat every 9 nodes but whose matmul
+    comes every 300 is cut every 300, not into many short distinct pieces."""
+    pos = {i: k for k, i in enumerate(computed)}
+
+    def signature(k: int, i: int) -> int:
+        node = graph.nodes[i]
+        ins = tuple(("c", k - pos[j]) if j in pos else (graph.nodes[j].op, graph.nodes[j].shape, graph.nodes[j].dtype,
+                                                         graph.nodes[j].attrs if graph.nodes[j].op in _COPIED else ())
+                    for j in node.inputs)
+        return hash((node.op, node.attrs, node.shape, node.dtype, ins))
+    sig = np.array([signature(k, i) for k, i in enumerate(computed)], dtype=np.int64)
+    n = len(sig)
+    match = {p: int(np.count_nonzero(sig[:-p] == sig[p:])) / n
+             for p in range(MIN_PERIOD, min(n // 2, MAX_PERIOD) + 1)}
+    if not match or max(match.values()) < REPEATS:
+        return None
+    best = max(match.values())
+    lengths = sorted({p * -(-MIN_SEGMENT // p) for p, m in match.items() if m >= 0.9 * best})[:PERIODS_TRIED]
+
+    def cost(length: int) -> int:
+        windows = {sig[a:a + length].tobytes(): min(length, n - a) for a in range(0, n, length)}
+        return _score([range(w) for w in windows.values()])
+    return min(lengths, key=lambda length: (cost(length), length))
+
+
+def _last_readers(graph: Graph) -> dict[int, int]:
+    """For each node read by a live node or returned, the last reader's id (len(nodes) for a returned one)."""
+    last: dict[int, int] = {}
+    for i in graph.live():
+        for j in graph.nodes[i].inputs:
+            last[j] = i
+    for o in graph.outputs:
+        last[o] = len(graph.nodes)
+    return last
+
+
+def _cut_widths(graph: Graph, computed: list[int], last: dict[int, int]) -> list[int]:
+    """widths[c]: computed values defined before computed[c] and read at or after it (widths[0] unused)."""
+    pos = {i: k for k, i in enumerate(computed)}
+    delta = [0] * (len(computed) + 2)
+    for j, reader in last.items():   # value j crosses every cut c with pos[j] < c <= pos of its last reader
+        if j in pos:
+            end = pos.get(reader, len(computed))
+            delta[pos[j] + 1] += 1
+            delta[end + 1] -= 1
+    widths, running = [], 0
+    for c in range(len(computed)):
+        running += delta[c]
+        widths.append(running)
+    return widths
+
+
+def _pieces(computed: list[int], cuts: list[int], smallest: int) -> list[list[int]]:
+    """`computed` cut at `cuts`, pieces under `smallest` nodes joined to the next (the last to the previous)."""
+    pieces, start = [], 0
+    for c in cuts + [len(computed)]:
+        if c - start >= smallest or c == len(computed):
+            pieces.append(computed[start:c])
+            start = c
+    if len(pieces) > 1 and len(pieces[-1]) < smallest:
+        pieces[-2:] = [pieces[-2] + pieces[-1]]
+    return [p for p in pieces if p]
+
+
+def _segment(graph: Graph, nodes: list[int], last: dict[int, int]) -> Segment:
+    inside = set(nodes)
+    inputs: list[int] = []
+    for i in nodes:
+        for j in graph.nodes[i].inputs:
+            if j not in inside and j not in inputs and graph.nodes[j].op not in _COPIED:
+                inputs.append(j)
+    outputs = [i for i in nodes if last.get(i, -1) > nodes[-1]]
+    canonical = Graph(n_args=len(inputs))
+    ids = {j: canonical.add(Node("arg", (), (k,), graph.nodes[j].shape, graph.nodes[j].dtype))
+           for k, j in enumerate(inputs)}
+    for i in nodes:
+        node = graph.nodes[i]
+        for j in node.inputs:
+            if j not in ids:   # a literal or an iota: copied
+                ids[j] = canonical.add(graph.nodes[j])
+        ids[i] = canonical.add(Node(node.op, tuple(ids[j] for j in node.inputs), node.attrs, node.shape, node.dtype))
+    canonical.outputs = [ids[o] for o in outputs]
+    return Segment(nodes, inputs, outputs, canonical, digest(dumps(to_data(canonical))))
+
+
+def stitch(graph: Graph, segments: list[Segment], chosen: dict[str, Graph]) -> Graph:
+    """`graph` with each segment replaced by `chosen[segment.key]`, a program of the segment's canonical
+    arguments and outputs (the segment's own canonical graph where it was not changed)."""
+    out = Graph(consts=list(graph.consts), n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
+    ids: dict[int, int] = {}
+    for i in graph.live():
+        if graph.nodes[i].op in _LEAVES:
+            ids[i] = out.add(graph.nodes[i])
+    for seg in segments:
+        program = chosen[seg.key]
+        local: dict[int, int] = {}
+        for k, node in enumerate(program.nodes):
+            if node.op == "arg":
+                local[k] = ids[seg.inputs[node.attrs[0]]]
+                continue
+            attrs = node.attrs
+            if node.op == "const":   # a constant of the chosen segment's own joins the program's
+                out.consts.append(program.consts[node.attrs[0]])
+                attrs = (len(out.consts) - 1,)
+            local[k] = out.add(Node(node.op, tuple(local[j] for j in node.inputs), attrs, node.shape, node.dtype))
+        for o, p in zip(seg.outputs, program.outputs):
+            ids[o] = local[p]
+    out.outputs = [ids[o] for o in graph.outputs]
+    return out

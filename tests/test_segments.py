@@ -1,0 +1,164 @@
+"""Segments (superopt/segments.py) and the persistent cache in the pipeline (superopt/pipeline.py, reuse.py):
+a repeated model is optimized once per distinct segment, results come back from the cache in a new
+optimization, and whatever is wrong with an entry makes it a miss, never a wrong program."""
+import sqlite3
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import ray
+
+from superopt import reuse, superopt
+from superopt.cache import Store
+from superopt.core.ir import pretty
+from superopt.core.serial import NotSerializable, dumps, from_data, to_data
+from superopt.egraph.capture import capture
+from superopt.lowering.jax import lower
+from superopt.segments import MIN_SEGMENT, split, stitch
+
+
+def layer(p, x):
+    h = x @ p["w1"] + p["b1"]
+    h = jax.nn.gelu(h, approximate=True) @ p["w2"] + p["b2"]
+    x = x + h
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) * jax.lax.rsqrt(v + 1e-5) * p["g"]
+
+
+def model(ps, x):
+    for p in ps:
+        x = layer(p, x)
+    return x
+
+
+def params(n, seed=0, d=32, f=64):
+    k = jax.random.PRNGKey(seed)
+    return [dict(w1=jax.random.normal(jax.random.fold_in(k, i), (d, f)) / 8, b1=jnp.full(f, 0.1, jnp.float32),
+                 w2=jax.random.normal(jax.random.fold_in(k, 100 + i), (f, d)) / 8, b2=jnp.zeros(d), g=jnp.ones(d))
+            for i in range(n)], jax.random.normal(k, (8, d))
+
+
+def outputs(fn, *args):
+    return [np.asarray(o) for o in jax.tree_util.tree_leaves(fn(*args))]
+
+
+# ---- splitting ----
+
+def test_a_repeated_model_splits_into_its_layers_one_distinct():
+    ps, x = params(5)
+    graph = capture(model, (ps, x)).graph
+    segments = split(graph)
+    assert segments is not None and len(segments) == 5
+    assert len({s.key for s in segments}) == 1            # different weights, one canonical segment
+    assert all(len(s.nodes) >= MIN_SEGMENT for s in segments)
+    # Stitching the segments as they are gives back the program, bit for bit.
+    same = stitch(graph, segments, {s.key: s.graph for s in segments})
+    flat = jax.tree_util.tree_leaves((ps, x))
+    for a, b in zip(lower(graph)(*flat), lower(same)(*flat)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_small_program_is_not_split():
+    assert split(capture(lambda a, b: (a @ b) * 2 + 1, (jnp.ones((4, 4)), jnp.ones((4, 4)))).graph) is None
+    ps, x = params(1)
+    assert split(capture(model, (ps, x)).graph) is None   # one layer: nothing repeats, not large
+
+
+def test_programs_round_trip_through_data_exactly():
+    graph = capture(lambda a: jnp.where(a > 0, a * jnp.inf, -0.0) + jnp.nan, (jnp.ones(3),)).graph
+    back = from_data(to_data(graph))
+    assert dumps(to_data(back)) == dumps(to_data(graph))   # floats by their bits: NaN, inf and -0 kept
+    assert [repr(n) for n in back.nodes] == [repr(n) for n in graph.nodes]
+    assert pretty(back) == pretty(graph)
+    for bad in ({}, {"nodes": [["add", [5], [], [3], "float32"]], "outputs": [0], "consts": [], "n_args": 0,
+                     "hidden_outputs": 0}):
+        with pytest.raises(NotSerializable):
+            from_data(bad)
+
+
+# ---- the pipeline in segments, and the cache ----
+
+def test_each_distinct_segment_is_optimized_once_and_then_comes_from_the_cache(tmp_path):
+    ps, x = params(4)
+    fast = superopt(model, cache=tmp_path)
+    got = outputs(fast, ps, x)
+    report = fast.report
+    assert report.optimized, report
+    assert report.segments.startswith("4 (1 distinct: 1 optimized"), report.segments
+    for a, b in zip(got, outputs(jax.jit(model), ps, x)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+    # A new optimization of the same model (another process would see the same) reads the result back:
+    # no saturation, the same program.
+    again = superopt(model, cache=tmp_path)
+    spec = again.compile(ps, x)
+    assert spec.report.segments.endswith("0 optimized, 1 from the cache)"), spec.report.segments
+    assert not any(k.startswith("saturate") for k in spec.report.stage_seconds)
+    assert pretty(spec.term) == fast.term
+    assert spec.report.cost_after == report.cost_after
+
+
+def test_a_whole_program_result_is_cached_and_a_rule_or_version_change_misses(tmp_path, monkeypatch):
+    fn = lambda a, b: (a @ b) @ b
+    a = b = jnp.eye(64) * 0.5
+    first = superopt(fn, cache=tmp_path).compile(a, b)
+    assert first.report.cache.startswith("miss"), first.report.cache
+    hit = superopt(fn, cache=tmp_path).compile(a, b)
+    assert hit.report.cache.startswith("hit") and "saturate" not in hit.report.stage_seconds
+    assert pretty(hit.term) == pretty(first.term) and hit.report.outcome == first.report.outcome
+    other_rules = superopt(fn, cache=tmp_path, rulesets=("algebra",)).compile(a, b)
+    assert other_rules.report.cache.startswith("miss")
+    monkeypatch.setattr(reuse, "code_version", lambda: "superopt 9.9 (another build)")
+    assert superopt(fn, cache=tmp_path).compile(a, b).report.cache.startswith("miss")
+    assert superopt(fn, cache=False).compile(a, b).report.cache == ""
+
+
+def test_a_wrong_entry_is_recomputed_never_run(tmp_path):
+    """An entry that decodes and passes its checksum but is no result for the program (another program's
+    term, results of other types) is a miss: the program is optimized again and is right."""
+    fn = lambda a: jnp.exp(a) * 2 + jnp.exp(a)
+    a = jnp.linspace(-2, 2, 16).reshape(4, 4)
+    store = Store(tmp_path)
+    superopt(fn, cache=tmp_path).compile(a)
+    other = capture(lambda a: a[:2], (a,)).graph          # a real program, of the wrong result type
+    for key in _keys(store):
+        entry = store.get(key, "program")
+        store.put(key, "program", dict(entry, term=to_data(other), outcome="OPTIMIZED"))
+    spec = superopt(fn, cache=tmp_path).compile(a)
+    assert spec.report.cache.startswith("miss"), spec.report.cache
+    np.testing.assert_allclose(np.asarray(spec.run(a)[0]), np.asarray(jax.jit(fn)(a)), rtol=1e-6)
+
+
+def _keys(store: Store) -> list[str]:
+    db = sqlite3.connect(store.directory / "terms.sqlite3")
+    try:
+        return [k for (k,) in db.execute("SELECT key FROM entries")]
+    finally:
+        db.close()
+
+
+def test_compile_takes_shapes_only(tmp_path):
+    ps, x = params(3)
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (ps, x))
+    fast = superopt(model, cache=tmp_path)
+    spec = fast.compile(*shapes)
+    assert spec.report.optimized and spec.report.segments.startswith("3 (1 distinct")
+    # The call with arrays of those shapes is the same specialization: nothing is optimized again.
+    assert fast.compile(ps, x) is spec
+    for a, b in zip(outputs(fast, ps, x), outputs(jax.jit(model), ps, x)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_the_ray_executor_chooses_the_same_programs_as_local_workers(tmp_path):
+    """The segments optimized as Ray tasks on a local Ray instance give the very terms the local path gives."""
+    ps, x = params(3)
+    local = superopt(model, cache=False).compile(ps, x)
+    started = not ray.is_initialized()
+    try:
+        remote = superopt(model, cache=False, executor="ray").compile(ps, x)
+    finally:
+        if started:
+            ray.shutdown()
+    assert remote.report.optimized and pretty(remote.term) == pretty(local.term)
+    assert remote.report.cost_after == local.report.cost_after

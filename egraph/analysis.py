@@ -7,6 +7,8 @@ run fail loudly rather than yield a wrong program. Where a result needs a loop o
 """
 from __future__ import annotations
 
+import functools
+
 from egglog import String, Vec, eq, f64, i64, rule, ruleset, set_, var, vars_
 
 from superopt.core.ops import BINARY_OPS, UNARY_OPS, flagged
@@ -132,5 +134,9 @@ def facts():
         same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops)]
 
 
-analysis = ruleset(*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(),
+@functools.cache
+def analysis():
+    """The analysis rule set, built at its first use (building it is a tenth of a second: a process whose
+    programs all come from the cache never pays it)."""
+    return ruleset(*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(),
                    *_packing_rules(), name="analysis")

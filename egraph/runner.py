@@ -229,7 +229,7 @@ class _PhaseRunner:
             active = [r for r in self.phase.rules if self.banned_until.get(r.name, -1) < it]
             banned = len(active) < len(self.phase.rules)
             updated, step_matches, stopped = self.step(active, start)
-            self.egraph.run(analysis.saturate())
+            self.egraph.run(analysis().saturate())
             report.iterations += 1
             if self.on_step is not None:
                 self.on_step(report.iterations)
@@ -269,7 +269,7 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
     report = RunReport(StopReason.SATURATED)
     bar = progress.task("saturate", transient=True)   # a no-op unless the caller shows progress bars
     try:
-        egraph.run(analysis.saturate())
+        egraph.run(analysis().saturate())
         for phase in phases:
             runner = _PhaseRunner(egraph, phase, phase.limits or limits, start, limits)
             cap = (phase.limits or limits).iterations

@@ -37,7 +37,7 @@ def shared_product_egraph():
     p, q = T.unary("neg", s), T.unary("abs", s)
     eg.register(T.output(0, T.binary("add", p, q)))
     eg.register(union(p).with_(T.unary("exp", T.unary("exp", a))), union(q).with_(T.unary("tanh", T.unary("tanh", a))))
-    eg.run(analysis.saturate())
+    eg.run(analysis().saturate())
     return eg, Encoding(eg, Graph(n_args=2))
 
 

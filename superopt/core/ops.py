@@ -33,12 +33,6 @@ from superopt.core.formats import fractal_einsum, format_of, pack_np, unpack_np
 if TYPE_CHECKING:
     from superopt.core.ir import Node
 
-try:  # scipy is optional; math and statistics give the same functions one element at a time
-    from scipy import special as _special
-except ImportError:  # pragma: no cover - depends on the environment
-    _special = None
-
-
 # ---- numpy semantics where lax and numpy part ways ----
 
 
@@ -69,9 +63,22 @@ def _by_element(fn: Callable) -> Callable:
     return lambda x: vec(x.astype(np.float64))
 
 
-_erf = _special.erf if _special else _by_element(math.erf)
-_erfc = _special.erfc if _special else _by_element(math.erfc)
-_erf_inv = _special.erfinv if _special else _by_element(_erf_inv_scalar)
+def _special(name: str, fallback: Callable) -> Callable:
+    """scipy.special's `name` where scipy is installed, else `fallback` one element at a time (math and
+    statistics give the same functions). scipy is imported at the first call, not with the op table: a
+    process whose programs all come from the cache never needs it."""
+    def fn(x):
+        try:
+            from scipy import special
+        except ImportError:  # pragma: no cover - depends on the environment
+            return _by_element(fallback)(x)
+        return getattr(special, name)(x)
+    return fn
+
+
+_erf = _special("erf", math.erf)
+_erfc = _special("erfc", math.erfc)
+_erf_inv = _special("erfinv", _erf_inv_scalar)
 
 
 def _lgamma_scalar(x: float) -> float:
@@ -81,7 +88,7 @@ def _lgamma_scalar(x: float) -> float:
         return math.inf
 
 
-_lgamma = _special.gammaln if _special else _by_element(_lgamma_scalar)
+_lgamma = _special("gammaln", _lgamma_scalar)
 
 
 def _int_div(x, y, rem: bool):

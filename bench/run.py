@@ -233,19 +233,24 @@ def _reading(rows: list[dict]) -> list[str]:
 
 
 def carried_sections(path: str) -> str:
-    """Sections of the file at `path` that this run cannot regenerate and keeps as they are: the Pallas
-    timings `python -m bench.gpu` writes on a machine with a GPU."""
-    from bench.gpu import SECTION
+    """Sections of the file at `path` that this run does not regenerate and keeps as they are: the Pallas
+    timings `python -m bench.gpu` writes on a machine with a GPU, and the whole-model figures of
+    `python -m bench.scale` (which `make bench` runs next)."""
+    from bench.gpu import SECTION as GPU
+    from bench.scale import SECTION as SCALE
     try:
         with open(path, encoding="utf-8") as f:
             old = f.read()
     except OSError:
         return ""
-    start = old.find(SECTION)
-    if start < 0:
-        return ""
-    end = old.find("\n## ", start + len(SECTION))
-    return "\n" + (old[start:end + 1] if end >= 0 else old[start:]).rstrip("\n") + "\n"
+    kept = ""
+    for section in (GPU, SCALE):
+        start = old.find(section)
+        if start < 0:
+            continue
+        end = old.find("\n## ", start + len(section))
+        kept += "\n" + (old[start:end + 1] if end >= 0 else old[start:]).rstrip("\n") + "\n"
+    return kept
 
 
 def _selected(pattern: str | None, names) -> list[str]:

@@ -33,7 +33,7 @@ def random_args(avals, seed: int) -> list[np.ndarray]:
             lo = 0 if dt.kind == "u" else -8
             out.append(rng.integers(lo, 9, size=shape).astype(dt))
         else:
-            out.append(rng.standard_normal(shape).astype(np.float32).astype(dt))
+            out.append(rng.standard_normal(shape).astype(np.float32).astype(dt, copy=False))
     return out
 
 
@@ -159,7 +159,7 @@ def _finfo(dtype):
 
 def _as(values: np.ndarray, dtype) -> np.ndarray:
     """float64 values as `dtype` (through float32, as random_args does, for the ml_dtypes floats)."""
-    return np.asarray(values, np.float64).astype(np.float32).astype(np.dtype(dtype))
+    return np.asarray(values, np.float64).astype(np.float32).astype(np.dtype(dtype), copy=False)
 
 
 def _int_extremes(rng, shape, dt: np.dtype) -> np.ndarray:
@@ -280,7 +280,9 @@ class Scaler:
                 vals = mag * np.where(pick, up, down)
             else:
                 vals = mag
-            out.append(np.clip(vals, -big, big).astype(dt).reshape(shape))
+            if dt != np.float32:   # in float32, |mag| < 1 times at most max: within range already
+                vals = np.clip(vals, -big, big)
+            out.append(vals.astype(dt, copy=False).reshape(shape))
         return out
 
 

@@ -107,7 +107,8 @@ def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
     """The segment length at which the program repeats itself best, or None where it does not repeat.
 
     A node's signature is its op, attributes, type and inputs (a computed input by its distance back); a
-    period p repeats where the signatures equal those p nodes later for at least REPEATS of the nodes. Of
+    period p repeats where the signatures equal those p nodes later for at least REPEATS of the nodes that
+    have a node p later (two layers are a period of half the program). Of
     the periods within a tenth of the best match, each taken as many times as it takes to reach
     MIN_SEGMENT nodes, the length whose windows cost least to optimize (`_score` of the distinct
     windows, told apart by their signatures) wins: a chain whose ops repeat every 9 nodes but whose matmul
@@ -122,7 +123,7 @@ def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
         return hash((node.op, node.attrs, node.shape, node.dtype, ins))
     sig = np.array([signature(k, i) for k, i in enumerate(computed)], dtype=np.int64)
     n = len(sig)
-    match = {p: int(np.count_nonzero(sig[:-p] == sig[p:])) / n
+    match = {p: int(np.count_nonzero(sig[:-p] == sig[p:])) / (n - p)
              for p in range(MIN_PERIOD, min(n // 2, MAX_PERIOD) + 1)}
     if not match or max(match.values()) < REPEATS:
         return None

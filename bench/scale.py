@@ -9,7 +9,9 @@ compiling the rules, the fork of saturation's child process, verification and XL
   of a call with real arrays; the model gain per layer against one layer optimized whole.
 - A Llama-style decoder (d 4096, 32 query / 8 key-value heads, SwiGLU 11008, RMSNorm; seq 128) given by its
   shapes only (`fast.compile` of `jax.ShapeDtypeStruct`s: no weight is materialized), at 8 and 32 layers,
-  cold and warm: wall time and the process's peak RSS (`ru_maxrss`).
+  on cpu and npu-910b (the emulator lowers and checks each distinct segment), cold and warm: wall time and
+  the process's peak RSS (`ru_maxrss`), which is superopt's own (verification's random inputs of one
+  segment's shapes, the largest part).
 - The first call of a 3-op function in a process whose cache holds it: the time beyond importing JAX
   (importing superopt, capture, the cache lookup, lowering, XLA's compilation and the call), median of 5.
 """
@@ -118,7 +120,7 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:,.0f} MB"
 
 
-def measure(llama_targets=("cpu",), small_runs: int = 5) -> list[str]:
+def measure(llama_targets=("cpu", "npu-910b"), small_runs: int = 5) -> list[str]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         one = child(_BERT.format(layers=1, cache=False))
@@ -189,7 +191,8 @@ def replace_section(path: str, lines: list[str]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-targets", default="cpu", help="comma-separated targets of the Llama rows (default cpu)")
+    ap.add_argument("--llama-targets", default="cpu,npu-910b",
+                    help="comma-separated targets of the Llama rows (default cpu,npu-910b)")
     ap.add_argument("--output", default=OUTPUT)
     ns = ap.parse_args(argv)
     lines = measure(tuple(t for t in ns.llama_targets.split(",") if t))

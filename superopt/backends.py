@@ -24,7 +24,7 @@ from superopt.egraph.siblings import run_before
 from superopt.extract.traffic import gradient_traffic
 from superopt.lowering.pallas.optimizer import update_groups
 from superopt.lowering.pallas.program import PallasProgram, compare
-from superopt.npu_backend import _differs, on_emulator
+from superopt.npu_backend import _differs, on_emulator, on_emulator_in_segments
 
 
 class Backend(Protocol):
@@ -68,6 +68,8 @@ class NpuEmulatorBackend:
     name = "emulator"
 
     def lower(self, spec, target, check: bool, *, precision=None, example=None):
+        if spec.pieces is not None:   # each distinct segment lowered and checked once, on its own shapes
+            return on_emulator_in_segments(spec, target, check, precision=precision)
         return on_emulator(spec, target, spec.avals, check, precision=precision, example=example)
 
     def reference(self, spec) -> Callable:

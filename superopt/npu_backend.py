@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from superopt.core import verify as verification
+from superopt.core.serial import digest
 from superopt.core.ops import on_npu
 from superopt.core.reference import evaluate
 from superopt.extract.traffic import gradient_traffic
@@ -42,6 +43,7 @@ from superopt.lowering.npu.codegen import CodegenError, check_precision as check
 from superopt.lowering.npu.emulator import EmulatorError, NumericOverflow
 from superopt.lowering.npu.isa import Mmad
 from superopt.lowering.npu.lower import NpuExecutable, cube_reference
+from superopt.report import Report
 
 CHECK_SEEDS = (0, 1)           # random inputs (verify.random_args) the emulator is checked on
 CUBE_OPS = on_npu("cube")     # matmul, conv, fractal_matmul
@@ -157,6 +159,7 @@ def on_emulator(spec, target, avals, check: bool, precision: str | None = None, 
         report.backend = f"jax (the NPU lowering failed: {exc})"
         return spec
     report.npu_lines = executable.describe(estimate, before)
+    report.npu_cycles = (estimate.cycles, before)
     report.stage_seconds["lower-npu"] = time.perf_counter() - start
     types = cube_types(executable)
     reference = _OriginalProgram(spec)
@@ -270,3 +273,135 @@ def _gradient_traffic(original, chosen, groups_before=(), groups_after=()) -> tu
 
 def _short(text: str, width: int = 200) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
+
+
+# ---- a program in segments (superopt/segments.py): each distinct segment lowered and checked once ----
+
+class SegmentedRun:
+    """What a specialization in segments calls on the NPU: the program's segments in order, each by its
+    distinct segment's program (on the emulator, or JAX where that segment's NPU program was not kept),
+    the values between them as the stitched program passes them."""
+
+    def __init__(self, graph, segments: list, runs: dict):
+        self.graph, self.segments, self.runs = graph, segments, runs
+
+    def __call__(self, *flat_args) -> list:
+        g = self.graph
+        env = {}
+        for i in g.live():
+            node = g.nodes[i]
+            if node.op == "arg":
+                env[i] = flat_args[node.attrs[0]]
+            elif node.op == "const":
+                env[i] = g.consts[node.attrs[0]]
+        for seg in self.segments:
+            outs = self.runs[seg.key](*[env[j] for j in seg.inputs])
+            env.update(zip(seg.outputs, outs))
+        if any(o not in env for o in g.outputs):   # a leaf returned as it is (a literal, an iota)
+            whole = evaluate(g, [np.asarray(a) for a in flat_args])
+            return [env.get(o, v) for o, v in zip(g.outputs, whole)]
+        return [env[o] for o in g.outputs]
+
+
+@dataclasses.dataclass
+class SegmentedNpu:
+    """The NPU programs of a specialization in segments: per distinct segment (by key) its executable, or
+    None where that segment runs on JAX; `cycles` and `cycles_before` add up every segment's estimate."""
+    executables: dict
+    cycles: int
+    cycles_before: int
+
+
+def on_emulator_in_segments(spec, target, check: bool, precision: str | None = None):
+    """`spec`, made of segments (`spec.pieces`), running on the NPU emulator segment by segment: each
+    distinct segment is lowered, estimated and (with `check`) checked on the emulator once, on its own
+    shapes, as `on_emulator` does a whole program; a segment whose NPU program fails either runs as JAX,
+    and the report says which."""
+    pieces = spec.pieces
+    precision = check_precision(precision, target) or default_precision(spec.term, target)
+    start = time.perf_counter()
+    runs, executables, after, before, failed = {}, {}, {}, {}, {}
+    hits = 0
+    for key, seg in pieces.distinct.items():
+        term = pieces.chosen[key]
+        avals = tuple((n.shape, n.dtype) for n in sorted((n for n in seg.graph.nodes if n.op == "arg"),
+                                                        key=lambda n: n.attrs[0]))
+        jax_program = lower(term)
+        piece = dataclasses.replace(spec, run=jax_program, term=term, original=seg.graph, avals=avals, npu=None,
+                                    reference=lower(seg.graph), out_tree=None, pieces=None,
+                                    report=Report(target.name, spec.report.run))
+        stored = _stored_npu(pieces, key, target, precision, check)
+        lowered = _from_store(piece, target, precision, check, stored) if stored else None
+        hits += lowered is not None
+        if lowered is None:
+            lowered = on_emulator(piece, target, avals, check, precision)
+            _store_npu(pieces, key, target, precision, check, lowered)
+        runs[key] = lowered.run
+        executables[key] = lowered.npu
+        if lowered.npu is None:
+            failed[key] = lowered.report.backend
+        else:
+            after[key], before[key] = lowered.report.npu_cycles
+    count = {key: sum(s.key == key for s in pieces.segments) for key in pieces.distinct}
+    cycles = sum(after[k] * count[k] for k in after)
+    cycles_before = sum(before[k] * count[k] for k in before)
+    report = spec.report
+    report.stage_seconds["lower-npu (segments)"] = time.perf_counter() - start
+    on_npu = len(pieces.distinct) - len(failed)
+    report.npu_lines = [f"  npu emulator : {cycles} cycles ({cycles / target.npu.clock_hz * 1e6:.1f} us at "
+                        f"{target.npu.clock_hz / 1e9:.2g} GHz) in {len(pieces.segments)} segments, "
+                        f"{on_npu} of {len(pieces.distinct)} distinct on the NPU"
+                        + (f"; original program {cycles_before} cycles "
+                           f"({cycles_before / max(cycles, 1):.2f}x)" if cycles_before else "")]
+    if failed:
+        report.npu_lines += [f"    runs as JAX ({sum(count[k] for k in failed)} segments): {_short(why)}"
+                             for why in dict.fromkeys(failed.values())]
+    if not on_npu:
+        report.backend = f"jax (no segment's NPU program was kept: {_short(next(iter(failed.values())))})"
+        return spec
+    checked = "; each distinct segment checked on the emulator on its own shapes" if check else ""
+    if hits:
+        checked += f" ({hits} of {len(pieces.distinct)} checked in an earlier run: from the cache)"
+    report.backend = f"npu emulator ({target.name}, numeric), in segments{checked}"
+    npu = SegmentedNpu({k: executables[k] for k in pieces.distinct}, cycles, cycles_before)
+    return dataclasses.replace(spec, run=SegmentedRun(spec.original, pieces.segments, runs), npu=npu)
+
+
+def _npu_key(pieces, key: str, target, precision: str, check: bool) -> str:
+    return digest(pieces.fingerprint, key, "npu", target.name, precision, str(check))
+
+
+def _stored_npu(pieces, key: str, target, precision: str, check: bool) -> dict | None:
+    """What an earlier run found of this segment's NPU program (kept, with its cycles), or None."""
+    if pieces.store is None:
+        return None
+    entry = pieces.store.get(_npu_key(pieces, key, target, precision, check), "npu")
+    ok = isinstance(entry, dict) and entry.get("kept") is True and \
+        all(isinstance(entry.get(k), int) and entry[k] > 0 for k in ("cycles", "cycles_before"))
+    return entry if ok else None
+
+
+def _store_npu(pieces, key: str, target, precision: str, check: bool, lowered) -> None:
+    """Keep that this segment's NPU program lowered and (with `check`) agreed with the original on the
+    emulator, with its cycles; a segment that fell back to JAX is not stored (it is tried again)."""
+    if pieces.store is not None and lowered.npu is not None:
+        after, before = lowered.report.npu_cycles
+        pieces.store.put(_npu_key(pieces, key, target, precision, check), "npu",
+                         dict(kept=True, cycles=int(after), cycles_before=int(before)))
+
+
+def _from_store(piece, target, precision: str, check: bool, stored: dict):
+    """The segment on the emulator as an earlier run lowered and checked it: the executable is built again
+    (the code generator is deterministic), its estimate must give the stored cycles, and the check on
+    random inputs is not repeated (with `check`, each call's outputs still are); None where anything
+    differs (then it is lowered and checked afresh)."""
+    try:
+        executable = NpuExecutable(piece.term, target, precision=precision)
+        cycles = executable.estimate().cycles
+    except (CodegenError, EmulatorError):
+        return None
+    if cycles != stored["cycles"]:
+        return None
+    piece.report.npu_cycles = (cycles, stored["cycles_before"])
+    run = EmulatorRun(executable, piece.run, _OriginalProgram(piece), piece.report, target.name, check)
+    return dataclasses.replace(piece, run=run, npu=executable)

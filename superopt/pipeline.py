@@ -67,6 +67,7 @@ class Specialization:
     out_keys: dict = field(default_factory=dict)   # flat output index -> PRNG impl, for typed key results
     reference: Callable | None = None   # the user's program, debug prints left out: what backends check against
     _traced: Any = None    # the program bound under a trace, when `run` is not a JAX computation
+    pieces: Any = None     # `Pieces`, where the program was optimized in segments
 
     def unflatten(self, outs) -> Any:
         """fn's result from the program's flat outputs (key data of a typed key result wrapped again)."""
@@ -94,6 +95,18 @@ class Specialization:
                 how = "runs the extracted program as JAX (npu_under_trace='callback' calls the emulator)"
             self.report.backend += f"; under a JAX trace it {how}"
         return self.unflatten(self._traced(*flat))
+
+
+
+@dataclass
+class Pieces:
+    """A specialization's segments (superopt/segments.py): in program order, the distinct ones by key, and
+    the program each distinct one runs (its chosen program, or itself where that was kept)."""
+    segments: list
+    distinct: dict
+    chosen: dict
+    store: Any = None      # the persistent cache, where backends keep their per-segment results
+    fingerprint: str = ""  # what decided the chosen programs besides each segment (superopt/reuse.py)
 
 
 def is_key(dtype) -> bool:
@@ -489,6 +502,8 @@ def _segmented(captured: Captured, segments: list, search: Search, store, execut
         first = next(results[key] for key in distinct)
         outcome, reason = first[1], f"in all {len(distinct)} distinct segments; the first: {first[2]}"
     spec = _specialization(captured, search, timer, run, outcome, reason, chosen)
+    runs = {key: program_of(seg) if outcome is Outcome.OPTIMIZED else seg.graph for key, seg in distinct.items()}
+    spec.pieces = Pieces(segments, distinct, runs, store, fp)
     hits = len(distinct) - len(misses)
     timed_out = sum(results[seg.key][1] is Outcome.TIME_LIMIT for seg in misses)
     spec.report.segments = (f"{len(segments)} ({len(distinct)} distinct: {len(misses)} optimized"

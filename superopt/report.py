@@ -95,6 +95,7 @@ class Report:
     declined: list = field(default_factory=list)   # larger fusions that were available, and why they lost
     backend: str = "jax"           # what runs the program
     npu_lines: list = field(default_factory=list)  # the NPU program's stages and emulated cycles
+    npu_cycles: tuple = ()         # (cycles, the original program's cycles) of the NPU program's estimate
     gradient_traffic: tuple = ()   # (before, after) extract.traffic.Traffic, when the program has gradients
     peak_memory: tuple = ()        # (before, after) extract.memory.Peak
     memory_note: str = ""          # what fitting the memory budget did, when one was given

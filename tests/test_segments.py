@@ -162,3 +162,29 @@ def test_the_ray_executor_chooses_the_same_programs_as_local_workers(tmp_path):
             ray.shutdown()
     assert remote.report.optimized and pretty(remote.term) == pretty(local.term)
     assert remote.report.cost_after == local.report.cost_after
+
+
+def test_on_the_npu_each_distinct_segment_is_lowered_and_checked_once():
+    ps, x = params(4)
+    fast = superopt(model, "npu-910b", cache=False)
+    got = outputs(fast, ps, x)
+    report = fast.report
+    assert report.backend.startswith("npu emulator (npu-910b, numeric), in segments"), report.backend
+    assert "in 4 segments, 1 of 1 distinct on the NPU" in "\n".join(report.npu_lines)
+    assert 0 < fast.npu.cycles < fast.npu.cycles_before
+    for a, b in zip(got, outputs(jax.jit(model), ps, x)):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+    # Under an outer trace the stitched program runs as JAX.
+    traced = jax.jit(lambda ps, x: fast(ps, x))(ps, x)
+    np.testing.assert_allclose(np.asarray(traced), got[0], rtol=1e-3, atol=1e-3)
+
+
+def test_a_segment_checked_on_the_npu_is_not_checked_again_from_the_cache(tmp_path):
+    ps, x = params(3)
+    first = superopt(model, "npu-910b", cache=tmp_path).compile(ps, x)
+    again = superopt(model, "npu-910b", cache=tmp_path).compile(ps, x)
+    assert "from the cache" not in first.report.backend
+    assert "(1 of 1 checked in an earlier run: from the cache)" in again.report.backend, again.report.backend
+    assert again.npu.cycles == first.npu.cycles and again.npu.cycles_before == first.npu.cycles_before
+    np.testing.assert_allclose(np.asarray(again.run(*jax.tree_util.tree_leaves((ps, x)))[0]),
+                               np.asarray(jax.jit(model)(ps, x)), rtol=1e-3, atol=1e-3)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -49,7 +50,7 @@ start = time.perf_counter()
 jax.block_until_ready(fast(layers, x, mask))
 r = fast.report
 print(json.dumps(dict(seconds=time.perf_counter() - start, total=time.perf_counter() - t0, segments=r.segments,
-                      cache=r.cache, gain=r.cost_before / r.cost_after, outcome=r.outcome,
+                      cache=r.cache, gain=r.cost_before / r.cost_after, outcome=r.outcome, backend=r.backend,
                       rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
 """
 
@@ -86,7 +87,7 @@ start = time.perf_counter()
 spec = superopt(model, {target!r}, cache={cache!r}).compile([layer] * LAYERS, f32(1, SEQ, D), f32(SEQ, SEQ))
 r = spec.report
 print(json.dumps(dict(seconds=time.perf_counter() - start, segments=r.segments, cache=r.cache,
-                      gain=r.cost_before / r.cost_after, outcome=r.outcome,
+                      gain=r.cost_before / r.cost_after, outcome=r.outcome, backend=r.backend,
                       rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
 """
 
@@ -114,6 +115,11 @@ def child(code: str, timeout: float = 900) -> dict:
     if out.returncode or not lines:
         return dict(error=(out.stderr.strip().splitlines() or ["no output"])[-1][:200])
     return json.loads(lines[-1])
+
+
+def _short(text: str, width: int = 160) -> str:
+    text = text.replace("|", "/").replace("\n", " ")
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _mb(n: float) -> str:
@@ -151,16 +157,17 @@ def render(rows, first: dict, small: list[dict]) -> list[str]:
              "fresh process (module doc of `bench/scale.py`): cold is an empty cache directory, warm a new process "
              "over the directory the cold run filled. Programs are optimized in segments, each distinct segment once "
              "(docs/design.md, \"Segments and the cache\").", "",
-             "| program | cold | warm | segments (cold) | model gain | peak RSS cold / warm |",
-             "|---|---|---|---|---|---|"]
+             "| program | cold | warm | segments (cold) | model gain | runs on (cold) | peak RSS cold / warm |",
+             "|---|---|---|---|---|---|---|"]
     for name, cold, warm, one in rows:
-        gain = _cell(cold, "gain", lambda g: f"{g:.2f}x")
+        gain = _cell(cold, "gain", lambda g: f"{g:.2f}x" if math.isfinite(g) else "- (the model prices the "
+                                                                                 "original at inf)")
         if one is not None and "error" not in one:
             gain += f" (one layer whole: {one['gain']:.2f}x)"
         rss = "error" if "error" in cold or "error" in warm else f"{_mb(cold['rss'])} / {_mb(warm['rss'])}"
         lines.append(f"| {name} | {_cell(cold, 'seconds', lambda s: f'{s:.1f} s')} | "
                      f"{_cell(warm, 'seconds', lambda s: f'{s:.2f} s')} | {_cell(cold, 'segments', str)} | "
-                     f"{gain} | {rss} |")
+                     f"{gain} | {_cell(cold, 'backend', _short)} | {rss} |")
     ok = [r for r in small if "error" not in r]
     lines += [""]
     if ok:

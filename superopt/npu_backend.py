@@ -357,6 +357,7 @@ def on_emulator_in_segments(spec, target, check: bool, precision: str | None = N
         report.npu_lines += [f"    runs as JAX ({sum(count[k] for k in failed)} segments): {_short(why)}"
                              for why in dict.fromkeys(failed.values())]
     if not on_npu:
+        report.npu_lines = report.npu_lines[1:]   # no cycles to show: every segment runs as JAX
         report.backend = f"jax (no segment's NPU program was kept: {_short(next(iter(failed.values())))})"
         return spec
     checked = "; each distinct segment checked on the emulator on its own shapes" if check else ""

@@ -13,8 +13,8 @@ computed nodes into their successor, and keeps the cutting that leaves the fewes
 optimize. A program is split only where that pays: some segment repeats, or the program is larger than
 `LARGE`; otherwise it is one segment, optimized whole as before.
 
-Canonical form. A segment's inputs (program arguments, constants, and values computed before it) become
-its arguments, numbered in order of first use; literals and iotas are copied in, so their values are part of
+Canonical form. A segment's inputs (program arguments, constants, slices of them, and values computed
+before it) become its arguments, numbered in order of first use; literals and iotas are copied in, so their values are part of
 what it computes. Two segments that compute the same thing from different weights therefore have the same
 canonical graph and the same `key`, a content hash of that graph's data (superopt/core/serial.py), which
 is also their key in the persistent cache. Weights closed over by the program are inputs like any other.
@@ -60,7 +60,8 @@ def split(graph: Graph) -> list[Segment] | None:
     optimized whole. Raises NotSerializable for a program with opaque primitives (never split or cached)."""
     if graph.opaque:
         raise NotSerializable("a program with opaque primitives is not split")
-    computed = [i for i in graph.live() if graph.nodes[i].op not in _LEAVES]
+    prologue = _prologue(graph)
+    computed = [i for i in graph.live() if graph.nodes[i].op not in _LEAVES and i not in prologue]
     if len(computed) < 2 * MIN_SEGMENT:
         return None
     last = _last_readers(graph)
@@ -136,6 +137,19 @@ def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
     return min(lengths, key=lambda length: (cost(length), length))
 
 
+def _prologue(graph: Graph) -> set[int]:
+    """The live nodes that select a part of an argument or a constant (a slice of one, and reshapes of
+    such a slice), computed before the segments and passed to them: a loop unrolled in Python reads
+    `xs[t]` at every step, and its steps differ in nothing else, so each step is then the same segment."""
+    out: set[int] = set()
+    for i in graph.live():
+        node = graph.nodes[i]
+        if node.op == "slice" and all(graph.nodes[j].op in _LEAVES for j in node.inputs) or \
+                node.op == "reshape" and all(j in out for j in node.inputs):
+            out.add(i)
+    return out
+
+
 def _last_readers(graph: Graph) -> dict[int, int]:
     """For each node read by a live node or returned, the last reader's id (len(nodes) for a returned one)."""
     last: dict[int, int] = {}
@@ -201,9 +215,11 @@ def stitch(graph: Graph, segments: list[Segment], chosen: dict[str, Graph]) -> G
     arguments and outputs (the segment's own canonical graph where it was not changed)."""
     out = Graph(consts=list(graph.consts), n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
     ids: dict[int, int] = {}
-    for i in graph.live():
-        if graph.nodes[i].op in _LEAVES:
-            ids[i] = out.add(graph.nodes[i])
+    prologue = _prologue(graph)
+    for i in graph.live():   # leaves and the parts of arguments the segments read, as the program has them
+        node = graph.nodes[i]
+        if node.op in _LEAVES or i in prologue:
+            ids[i] = out.add(Node(node.op, tuple(ids[j] for j in node.inputs), node.attrs, node.shape, node.dtype))
     for seg in segments:
         program = chosen[seg.key]
         local: dict[int, int] = {}

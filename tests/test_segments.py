@@ -60,6 +60,24 @@ def test_a_repeated_model_splits_into_its_layers_one_distinct():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_a_loop_unrolled_over_the_rows_of_an_argument_is_one_segment_a_step():
+    """Each step reads xs[t]: the slices are computed before the segments, so the steps are one segment."""
+    def rnn(xs, h, w, u):
+        for t in range(xs.shape[0]):
+            z = jnp.tanh(xs[t] @ w + h @ u)
+            h = jax.nn.sigmoid(z) * h + (1 - jax.nn.sigmoid(z)) * jnp.tanh(z @ u)
+            h = h / (1 + jnp.abs(h).sum(-1, keepdims=True)) + jnp.exp(-h * h) * 0.1 - jnp.log1p(h * h)
+        return h
+    args = (jax.random.normal(jax.random.PRNGKey(1), (6, 4, 16)), jnp.zeros((4, 16)),
+            jnp.eye(16) * 0.5, jnp.eye(16) * 0.25)
+    graph = capture(rnn, args).graph
+    segments = split(graph)
+    assert segments is not None and len(segments) == 6 and len({s.key for s in segments}) == 1
+    same = stitch(graph, segments, {s.key: s.graph for s in segments})
+    for a, b in zip(lower(graph)(*args), lower(same)(*args)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_a_small_program_is_not_split():
     assert split(capture(lambda a, b: (a @ b) * 2 + 1, (jnp.ones((4, 4)), jnp.ones((4, 4)))).graph) is None
     ps, x = params(1)

@@ -481,6 +481,8 @@ def run(ns) -> int:
 def main(argv: list[str] | None = None, prog: str = "python -m bench.run") -> int:
     from superopt.core import progress
     ns = build_parser(prog).parse_args(argv)
+    # The tables time optimizing: no result may come from the persistent cache (bench.scale measures that).
+    os.environ.setdefault("SUPEROPT_CACHE", "off")
     try:
         with progress.bars():
             return run(ns)

@@ -206,3 +206,22 @@ def test_a_segment_checked_on_the_npu_is_not_checked_again_from_the_cache(tmp_pa
     assert again.npu.cycles == first.npu.cycles and again.npu.cycles_before == first.npu.cycles_before
     np.testing.assert_allclose(np.asarray(again.run(*jax.tree_util.tree_leaves((ps, x)))[0]),
                                np.asarray(jax.jit(model)(ps, x)), rtol=1e-3, atol=1e-3)
+
+
+def test_attributes_come_back_as_their_own_types_and_a_cached_conv_runs(tmp_path):
+    """A convolution's dimension numbers are a NamedTuple and an int8 product's result type a numpy dtype:
+    read back from the cache they must be those, not plain tuples or strings."""
+    def conv(x, w):
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.nn.relu(y * 0.5 + 1.0)
+    x, w = jnp.ones((1, 8, 8, 4)), jnp.full((3, 3, 4, 8), 0.1)
+    graph = capture(conv, (x, w)).graph
+    for a, b in zip(graph.nodes, from_data(to_data(graph)).nodes):
+        assert a == b and [type(v) for v in a.attrs] == [type(v) for v in b.attrs]
+    first = superopt(conv, cache=tmp_path).compile(x, w)
+    again = superopt(conv, cache=tmp_path).compile(x, w)
+    assert again.report.cache.startswith("hit") and pretty(again.term) == pretty(first.term)
+    np.testing.assert_allclose(np.asarray(again.run(x, w)[0]), np.asarray(jax.jit(conv)(x, w)), rtol=1e-5)
+    i8 = capture(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.int32),
+                 (jnp.ones((4, 4), jnp.int8), jnp.ones((4, 4), jnp.int8))).graph
+    assert dumps(to_data(from_data(to_data(i8)))) == dumps(to_data(i8))

@@ -3,8 +3,9 @@
 The cache (`superopt/cache.py`) stores chosen programs between processes, so a program must survive a
 round trip through JSON exactly: node for node, attribute for attribute, floats bit for bit (infinities and
 NaN included). Attributes are ints, floats, strings, booleans, None, tuples, nested `Node`s (a kernel's
-body) and the frozen dataclasses that upper layers register with `register` (a kernel's `Tiling`, the NPU
-model's `CubeEstimate`); anything else raises `NotSerializable`, and the caller does not cache that
+body), numpy dtypes, a convolution's `lax.ConvDimensionNumbers`, and the frozen dataclasses that upper layers register
+with `register` (a kernel's `Tiling`, the NPU model's `CubeEstimate`); anything else, another tuple type
+included, raises `NotSerializable`, and the caller does not cache that
 program. An opaque primitive (a JAX primitive bound with its own params) has no data form at all.
 
 `from_data` never trusts what it reads: a malformed document raises `NotSerializable`, never builds a
@@ -18,6 +19,7 @@ import hashlib
 import json
 
 import numpy as np
+from jax import lax
 
 from superopt.core.ir import Graph, Node
 
@@ -29,11 +31,16 @@ class NotSerializable(ValueError):
 
 
 def register(cls: type) -> type:
-    """Declare a frozen dataclass an attribute value the serializer may write and read (by its class name)."""
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"serial.register: {cls.__name__} is not a dataclass")
+    """Declare a frozen dataclass or a NamedTuple an attribute value the serializer may write and read (by its
+    class name, field by field)."""
+    if not (dataclasses.is_dataclass(cls) or (issubclass(cls, tuple) and hasattr(cls, "_fields"))):
+        raise TypeError(f"serial.register: {cls.__name__} is neither a dataclass nor a NamedTuple")
     _TYPES[cls.__name__] = cls
     return cls
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    return cls._fields if issubclass(cls, tuple) else tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _encode(value):
@@ -43,13 +50,15 @@ def _encode(value):
         return {"i": int(value)} if isinstance(value, np.integer) else value
     if isinstance(value, (float, np.floating)):
         return {"f": float(value).hex()}
-    if isinstance(value, tuple):
+    name = type(value).__name__
+    if _TYPES.get(name) is type(value):   # registered before plain tuples: a NamedTuple is one
+        return {"data": name, "fields": {f: _encode(getattr(value, f)) for f in _fields(type(value))}}
+    if type(value) is tuple:              # exactly: another tuple type must come back as itself
         return [_encode(v) for v in value]
+    if isinstance(value, np.dtype):
+        return {"dtype": value.str if value.kind not in "V" else str(value)}
     if isinstance(value, Node):
         return {"node": [value.op, list(value.inputs), _encode(value.attrs), list(value.shape), value.dtype]}
-    name = type(value).__name__
-    if _TYPES.get(name) is type(value):
-        return {"data": name, "fields": {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
     raise NotSerializable(f"an attribute of type {type(value).__module__}.{name} has no data form")
 
 
@@ -63,6 +72,8 @@ def _decode(value):
             return float.fromhex(value["f"])
         if "i" in value:
             return int(value["i"])
+        if "dtype" in value:
+            return np.dtype(str(value["dtype"]))
         if "node" in value:
             op, inputs, attrs, shape, dtype = value["node"]
             return Node(str(op), tuple(int(i) for i in inputs), _decode(attrs), tuple(int(d) for d in shape),
@@ -126,3 +137,6 @@ def digest(*parts: str) -> str:
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
     return h.hexdigest()
+
+
+register(lax.ConvDimensionNumbers)   # a convolution's attribute (core/ops.py)

@@ -85,7 +85,9 @@ def prepare(name: str, target: str, npu_target: str) -> tuple[dict, dict]:
     optimize_s = time.perf_counter() - start
     rep = spec.report
     st = rep.stage_seconds
-    sat_extract_s = st.get("saturate", 0.0) + st.get("freeze", 0.0) + st.get("extract", 0.0)
+    # A program optimized in segments reports its segments' stages summed, as "saturate (segments)" etc.
+    sat_extract_s = sum(st.get(stage, 0.0) + st.get(f"{stage} (segments)", 0.0)
+                        for stage in ("saturate", "freeze", "extract"))
     row = {
         "name": wl.name, "description": wl.description, "target": target, "outcome": rep.outcome,
         "fired": dict(rep.run.fired), "stop": rep.run.stop_reason.value,

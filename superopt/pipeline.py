@@ -317,18 +317,19 @@ class Search:
 def _whole(captured: Captured, search: Search, timer: Stages) -> tuple[Specialization, dict | None]:
     """The captured program optimized whole: the specialization, and the cache entry of its result."""
     reference = reference_program(captured)
-    run, outcome, reason, chosen, program = _optimize_program(captured, reference, search, timer)
-    spec = _specialization(captured, search, timer, run, outcome, reason, chosen, program, reference)
+    costs = program_cost(captured.graph, search.target)
+    run, outcome, reason, chosen, program = _optimize_program(captured, reference, search, timer, costs[0])
+    spec = _specialization(captured, search, timer, run, outcome, reason, chosen, program, reference, costs)
     return spec, _entry(run, outcome, reason, chosen, len(captured.graph.consts))
 
 
-def _optimize_program(captured: Captured, reference: Callable, search: Search, timer: Stages) -> tuple:
+def _optimize_program(captured: Captured, reference: Callable, search: Search, timer: Stages,
+                      cost_before: float) -> tuple:
     """Saturate, choose, lower to JAX and check against `reference`: (run report, outcome, reason, the
     extraction (None where none was made or the program is kept whole), the lowered program or None)."""
     tgt, limits, numerics = search.target, search.limits, search.numerics
     deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
     original = captured.graph
-    cost_before, _ = program_cost(original, tgt)
     run, chosen, program = RunReport(StopReason.SATURATED), None, None
     try:
         if captured.kept_whole:
@@ -359,10 +360,11 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
 
 def _specialization(captured: Captured, search: Search, timer: Stages, run: RunReport, outcome: Outcome,
                     reason: str, chosen: Extraction | None, program: Callable | None = None,
-                    reference: Callable | None = None) -> Specialization:
-    """The specialization and its report, from what optimizing (or the cache) gave."""
+                    reference: Callable | None = None, costs: tuple | None = None) -> Specialization:
+    """The specialization and its report, from what optimizing (or the cache) gave; `costs` is the
+    original's `program_cost` where the caller has it."""
     original = captured.graph
-    cost_before, original_costs = program_cost(original, search.target)
+    cost_before, original_costs = costs or program_cost(original, search.target)
     report = build_report(search.target, captured, run, outcome, reason, chosen, cost_before, original_costs,
                           search.numerics, search.left_out, search.schedule, timer.seconds)
     reference = reference or reference_program(captured)
@@ -394,14 +396,15 @@ def _entry(run: RunReport, outcome: Outcome, reason: str, chosen: Extraction | N
 
 
 def _cached(store, key: str, kind: str, original: Graph, consts=()):
-    """(run, outcome, reason, chosen) from the cache entry under `key`, or None: a miss, or an entry that is
-    not a result for `original` (superopt/reuse.py: never trusted)."""
+    """(run, outcome, reason, chosen, its JAX program) from the cache entry under `key`, or None: a miss, or
+    an entry that is not a result for `original` (superopt/reuse.py: never trusted)."""
     entry = store.get(key, kind)
     return None if entry is None else _from_entry(entry, original, consts)
 
 
 def _from_entry(entry: dict, original: Graph, consts=()):
-    """(run, outcome, reason, chosen) of a cache entry for `original`, or None where it is not one."""
+    """(run, outcome, reason, chosen, its JAX program or None) of a cache entry for `original`, or None where
+    it is not one."""
     try:
         term = term_from_entry(entry, original, consts)
         outcome = Outcome[entry["outcome"]]
@@ -411,11 +414,22 @@ def _from_entry(entry: dict, original: Graph, consts=()):
         chosen = None if not found else Extraction(term if term is not None else original, float(found["cost"]),
                                                   [float(c) for c in found["node_costs"]], str(found["method"]),
                                                   list(found["declined"]), str(found["memory"]))
-        if term is not None:
-            lower(term)   # a term that does not lower is no result
-        return run_from_data(entry["run"]), outcome, str(entry["reason"]), chosen
+        program = _traced_like(term, original) if term is not None else None
+        return run_from_data(entry["run"]), outcome, str(entry["reason"]), chosen, program
     except Exception:   # noqa: BLE001  - whatever is wrong with it, the entry is recomputed
         return None
+
+
+def _traced_like(term: Graph, original: Graph) -> Callable:
+    """`term`'s JAX program, traced once at `original`'s argument types; NotSerializable where its results
+    are not of `original`'s types. A term that does not trace (a malformed attribute) raises."""
+    args = {n.attrs[0]: jax.ShapeDtypeStruct(n.shape, n.dtype) for n in original.nodes if n.op == "arg"}
+    program = lower(term)
+    outs = jax.eval_shape(lambda *flat: program(*flat), *[args[i] for i in range(original.n_args)])
+    if [(tuple(o.shape), str(o.dtype)) for o in outs] != \
+            [(original.nodes[o].shape, original.nodes[o].dtype) for o in original.results]:
+        raise NotSerializable("the entry's program computes other types than the program's")
+    return program
 
 
 # ---- segments (superopt/segments.py) ----
@@ -441,7 +455,8 @@ def optimize_segment(job: SegmentJob) -> dict:
     args = sorted((n for n in graph.nodes if n.op == "arg"), key=lambda n: n.attrs[0])
     captured = Captured(graph, None, None, tuple((n.shape, n.dtype) for n in args))
     timer = Stages()
-    run, outcome, reason, chosen, _ = _optimize_program(captured, lower(graph), job.search, timer)
+    cost_before, _ = program_cost(graph, job.search.target)
+    run, outcome, reason, chosen, _ = _optimize_program(captured, lower(graph), job.search, timer, cost_before)
     return dict(entry=_entry(run, outcome, reason, chosen), run=run_to_data(run), outcome=outcome.name,
                 reason=reason, seconds=timer.seconds)
 
@@ -478,16 +493,17 @@ def _segmented(captured: Captured, segments: list, search: Search, store, execut
             if store is not None:
                 store.put(digest(fp, seg.key), "segment", out["entry"])
             found = _from_entry(out["entry"], seg.graph)
-        results[seg.key] = found or (run_from_data(out["run"]), Outcome[out["outcome"]], out["reason"], None)
+        results[seg.key] = found or (run_from_data(out["run"]), Outcome[out["outcome"]], out["reason"], None, None)
 
     def program_of(seg):
-        run, outcome, reason, chosen = results[seg.key]
+        run, outcome, reason, chosen, _ = results[seg.key]
         return chosen.graph if outcome is Outcome.OPTIMIZED else seg.graph
     stitched = timer("stitch", stitch, captured.graph, segments, {key: program_of(seg) for key, seg in distinct.items()})
     run = combined_run([results[key][0] for key in distinct])
     outcomes = [results[key][1] for key in distinct]
     tgt = search.target
-    cost_before, _ = program_cost(captured.graph, tgt)
+    costs = program_cost(captured.graph, tgt)
+    cost_before = costs[0]
     chosen = None
     if Outcome.OPTIMIZED in outcomes:
         cost, node_costs = program_cost(stitched, tgt)
@@ -501,7 +517,7 @@ def _segmented(captured: Captured, segments: list, search: Search, store, execut
     else:
         first = next(results[key] for key in distinct)
         outcome, reason = first[1], f"in all {len(distinct)} distinct segments; the first: {first[2]}"
-    spec = _specialization(captured, search, timer, run, outcome, reason, chosen)
+    spec = _specialization(captured, search, timer, run, outcome, reason, chosen, costs=costs)
     runs = {key: program_of(seg) if outcome is Outcome.OPTIMIZED else seg.graph for key, seg in distinct.items()}
     spec.pieces = Pieces(segments, distinct, runs, store, fp)
     hits = len(distinct) - len(misses)

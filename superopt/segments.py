@@ -191,11 +191,8 @@ def _pieces(computed: list[int], cuts: list[int], smallest: int) -> list[list[in
 
 def _segment(graph: Graph, nodes: list[int], last: dict[int, int]) -> Segment:
     inside = set(nodes)
-    inputs: list[int] = []
-    for i in nodes:
-        for j in graph.nodes[i].inputs:
-            if j not in inside and j not in inputs and graph.nodes[j].op not in _COPIED:
-                inputs.append(j)
+    inputs = list(dict.fromkeys(j for i in nodes for j in graph.nodes[i].inputs
+                                if j not in inside and graph.nodes[j].op not in _COPIED))
     outputs = [i for i in nodes if last.get(i, -1) > nodes[-1]]
     canonical = Graph(n_args=len(inputs))
     ids = {j: canonical.add(Node("arg", (), (k,), graph.nodes[j].shape, graph.nodes[j].dtype))

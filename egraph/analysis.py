@@ -134,9 +134,26 @@ def facts():
         same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops)]
 
 
+_adopted: list = []   # the analysis rules as read back from the cache (superopt/reuse.py), if built so
+
+
+@functools.cache
+def analysis_rules() -> tuple:
+    """The analysis rules: those adopted from the cache, or built now (building them is a tenth of a second)."""
+    if _adopted:
+        return _adopted[0]
+    return (*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(), *_packing_rules())
+
+
+def adopt(rules: tuple) -> None:
+    """Use `rules` (the analysis rules, rebuilt from their data by egraph/saved.py) instead of building them,
+    unless the rule set was built already."""
+    if not _adopted and analysis_rules.cache_info().currsize == 0:
+        _adopted.append(tuple(rules))
+
+
 @functools.cache
 def analysis():
-    """The analysis rule set, built at its first use (building it is a tenth of a second: a process whose
-    programs all come from the cache never pays it)."""
-    return ruleset(*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(),
-                   *_packing_rules(), name="analysis")
+    """The analysis rule set, built at its first use: a process whose programs all come from the cache
+    never pays for it."""
+    return ruleset(*analysis_rules(), name="analysis")

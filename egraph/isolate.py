@@ -28,6 +28,7 @@ import warnings
 from dataclasses import replace
 
 from superopt.core import progress
+from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
 from superopt.core.deadline import Deadline
 from superopt.egraph.runner import NODE_SLACK, SATURATION_SHARE, Limits, RunReport, StopReason, saturate
@@ -63,6 +64,7 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
             if deadline is not None:
                 deadline.check("saturate")
             rule.egg  # compiled here, where the cache outlives the child (compiling takes most of a first run)
+    analysis()    # likewise the analysis rule set, which every step runs
     limits = replace(limits, seconds=min(limits.seconds, limits.saturation_seconds))
     if deadline is not None:
         deadline.check("saturate")

@@ -82,6 +82,16 @@ class Rule:
         """The egglog rules this rule compiles to (compiled once, on first use)."""
         return tuple(compile_rule(self))
 
+    @property
+    def compiled(self) -> bool:
+        """Whether this rule's egglog rules are built (or adopted) in this process."""
+        return "egg" in self.__dict__
+
+    def adopt(self, egg: tuple) -> None:
+        """Use `egg` as this rule's egglog rules: its compiled rules rebuilt from the cache (egraph/saved.py)."""
+        if not self.compiled:
+            self.__dict__["egg"] = tuple(egg)
+
     def __getstate__(self) -> dict:
         """A rule sent to a worker process goes without its compiled egglog rules (the worker compiles its own)."""
         return {k: v for k, v in self.__dict__.items() if k != "egg"}

@@ -43,7 +43,17 @@ from superopt.extract.target import load_target
 from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.jax import lower
 from superopt.report import Outcome, Report
-from superopt.reuse import combined_run, fingerprint, program_key, run_from_data, run_to_data, term_from_entry
+from superopt.reuse import (
+    combined_run,
+    compiled_rules,
+    fingerprint,
+    prepare_rules,
+    program_key,
+    run_from_data,
+    run_to_data,
+    save_rules,
+    term_from_entry,
+)
 from superopt.rewrites.schedule import Schedule
 from superopt.segments import split, stitch
 from superopt.workers import executor_name, run_all
@@ -289,7 +299,7 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
             spec = _specialization(captured, search, timer, *found)
             spec.report.cache = "hit (the result of an earlier optimization of this program)"
             return spec
-    spec, entry = _whole(captured, search, timer)
+    spec, entry = _whole(captured, search, timer, store)
     if key is not None:
         spec.report.cache = "miss; result stored" if entry is not None else "miss; a time limit is not stored"
         if entry is not None:
@@ -314,19 +324,23 @@ class Search:
                            extractor=self.extractor, memory_budget=self.memory_budget, numerics=self.numerics)
 
 
-def _whole(captured: Captured, search: Search, timer: Stages) -> tuple[Specialization, dict | None]:
-    """The captured program optimized whole: the specialization, and the cache entry of its result."""
+def _whole(captured: Captured, search: Search, timer: Stages, store=None) -> tuple[Specialization, dict | None]:
+    """The captured program optimized whole: the specialization, and the cache entry of its result. The
+    compiled rules come from `store` where it has them, and are kept there where it had not."""
     reference = reference_program(captured)
     costs = program_cost(captured.graph, search.target)
-    run, outcome, reason, chosen, program = _optimize_program(captured, reference, search, timer, costs[0])
+    run, outcome, reason, chosen, program = _optimize_program(captured, reference, search, timer, costs[0], store)
+    if store is not None:
+        save_rules(search.schedule, store)
     spec = _specialization(captured, search, timer, run, outcome, reason, chosen, program, reference, costs)
     return spec, _entry(run, outcome, reason, chosen, len(captured.graph.consts))
 
 
 def _optimize_program(captured: Captured, reference: Callable, search: Search, timer: Stages,
-                      cost_before: float) -> tuple:
+                      cost_before: float, rules=None) -> tuple:
     """Saturate, choose, lower to JAX and check against `reference`: (run report, outcome, reason, the
-    extraction (None where none was made or the program is kept whole), the lowered program or None)."""
+    extraction (None where none was made or the program is kept whole), the lowered program or None).
+    `rules`, a store or a parent's data, is where the compiled rules may come from (reuse.prepare_rules)."""
     tgt, limits, numerics = search.target, search.limits, search.numerics
     deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
     original = captured.graph
@@ -335,6 +349,8 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
         if captured.kept_whole:
             raise Kept(Outcome.KEPT_WHOLE, captured.kept_whole)
         deadline.check("capture")
+        if rules is not None:
+            timer("rules", prepare_rules, search.schedule, rules)
         saturated = saturate(captured, search.schedule, limits, deadline, timer)
         run = saturated.run
         chosen = choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer)
@@ -445,6 +461,7 @@ class SegmentJob:
     """One distinct segment to optimize: what a worker process gets (superopt/workers.py)."""
     graph: Graph
     search: Search
+    rules: dict | None = None   # the compiled rules as data (reuse.compiled_rules), where the parent has them
 
 
 def optimize_segment(job: SegmentJob) -> dict:
@@ -456,9 +473,11 @@ def optimize_segment(job: SegmentJob) -> dict:
     captured = Captured(graph, None, None, tuple((n.shape, n.dtype) for n in args))
     timer = Stages()
     cost_before, _ = program_cost(graph, job.search.target)
-    run, outcome, reason, chosen, _ = _optimize_program(captured, lower(graph), job.search, timer, cost_before)
+    run, outcome, reason, chosen, _ = _optimize_program(captured, lower(graph), job.search, timer, cost_before,
+                                                        job.rules)
+    built = compiled_rules(job.search.schedule) if job.rules is None else None
     return dict(entry=_entry(run, outcome, reason, chosen), run=run_to_data(run), outcome=outcome.name,
-                reason=reason, seconds=timer.seconds)
+                reason=reason, seconds=timer.seconds, rules=built)
 
 
 def _segmented(captured: Captured, segments: list, search: Search, store, executor: str | None,
@@ -484,7 +503,14 @@ def _segmented(captured: Captured, segments: list, search: Search, store, execut
     if misses and call.expired():
         return _kept_for_time(captured, search, timer, "cache" if store is not None else "segment")
     each = dataclasses.replace(search, limits=dataclasses.replace(search.limits, seconds=max(call.left(), 1e-3)))
-    done = timer("segments", run_all, optimize_segment, [SegmentJob(seg.graph, each) for seg in misses], executor)
+    rules = None
+    if misses and store is not None:   # workers get the compiled rules from here, rather than each building them
+        timer("rules", prepare_rules, search.schedule, store)
+        rules = compiled_rules(search.schedule)
+    jobs = [SegmentJob(seg.graph, each, rules) for seg in misses]
+    done = timer("segments", run_all, optimize_segment, jobs, executor)
+    if store is not None and misses:
+        save_rules(search.schedule, store, next((out["rules"] for out in done if out["rules"]), None))
     for seg, out in zip(misses, done):
         for stage, seconds in out["seconds"].items():
             timer.seconds[f"{stage} (segments)"] = timer.seconds.get(f"{stage} (segments)", 0.0) + seconds

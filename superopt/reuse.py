@@ -26,7 +26,9 @@ import jax
 
 from superopt.core.ir import Graph
 from superopt.core.serial import NotSerializable, digest, dumps, from_data, to_data
+from superopt.egraph import analysis
 from superopt.egraph.runner import PhaseReport, RunReport, StopReason
+from superopt.egraph.saved import rules_from_data, rules_to_data
 
 # The packages whose files are superopt's code (the folders of the installed layout; pyproject.toml).
 _PACKAGES = ("superopt", "superopt.core", "superopt.egraph", "superopt.rewrites", "superopt.rulesets",
@@ -122,3 +124,81 @@ def combined_run(runs: list[RunReport]) -> RunReport:
                     table[name] = table.get(name, 0) + n
     out.error = next((r.error for r in runs if r.error), None)
     return out
+
+
+# ---- compiled rules (egraph/saved.py) ----
+
+RULES_KIND = "rules"
+
+
+def _rules(schedule) -> list:
+    return list({id(r): r for phase in schedule.phases for r in phase.rules}.values())
+
+
+def rules_key(schedule) -> str:
+    """The key of `schedule`'s compiled egglog rules (and the analysis rules every schedule runs)."""
+    return digest(code_version(), RULES_KIND, repr(schedule))
+
+
+_present: set = set()   # (cache directory, key) of compiled rules this process read from or wrote to a store
+
+
+def prepare_rules(schedule, source) -> None:
+    """Before saturating: adopt `schedule`'s compiled rules from `source`, a store or the data a parent process
+    sent (`compiled_rules`), unless they are built in this process already. Whatever is missing or does not
+    read back whole is built as usual."""
+    if ready(schedule):
+        return
+    if isinstance(source, dict):
+        adopt_rules(schedule, source)
+        return
+    key = rules_key(schedule)
+    entry = source.get(key, RULES_KIND)
+    if entry is not None and adopt_rules(schedule, entry):
+        _present.add((str(source.directory), key))
+
+
+def ready(schedule) -> bool:
+    """Whether `schedule`'s rules and the analysis rules are built (or adopted) in this process."""
+    return all(r.compiled for r in _rules(schedule)) and analysis.analysis_rules.cache_info().currsize > 0
+
+
+def adopt_rules(schedule, data: dict) -> bool:
+    """Adopt compiled rules from `data` (`compiled_rules`'s); False where it is not theirs (nothing adopted)."""
+    rules = _rules(schedule)
+    try:
+        if data.get("names") != [r.name for r in rules]:
+            return False
+        groups = rules_from_data(data["rules"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    if len(groups) != len(rules) + 1:
+        return False
+    for rule, egg in zip(rules, groups):
+        rule.adopt(egg)
+    analysis.adopt(groups[-1])
+    return True
+
+
+def compiled_rules(schedule) -> dict | None:
+    """`schedule`'s compiled rules as data for the cache, or None where some are not built in this process."""
+    if not ready(schedule):
+        return None
+    rules = _rules(schedule)
+    try:
+        return dict(names=[r.name for r in rules],
+                    rules=rules_to_data([r.egg for r in rules] + [analysis.analysis_rules()]))
+    except TypeError:
+        return None
+
+
+def save_rules(schedule, store, data: dict | None = None) -> None:
+    """Keep `schedule`'s compiled rules in `store`: those built in this process, or `data` a worker built.
+    Once per process and store."""
+    key = rules_key(schedule)
+    if (str(store.directory), key) in _present:
+        return
+    data = data or compiled_rules(schedule)
+    if data is not None:
+        store.put(key, RULES_KIND, data)
+        _present.add((str(store.directory), key))

@@ -140,7 +140,7 @@ def test_a_wrong_entry_is_recomputed_never_run(tmp_path):
     store = Store(tmp_path)
     superopt(fn, cache=tmp_path).compile(a)
     other = capture(lambda a: a[:2], (a,)).graph          # a real program, of the wrong result type
-    for key in _keys(store):
+    for key in _keys(store, "program"):
         entry = store.get(key, "program")
         store.put(key, "program", dict(entry, term=to_data(other), outcome="OPTIMIZED"))
     spec = superopt(fn, cache=tmp_path).compile(a)
@@ -148,10 +148,10 @@ def test_a_wrong_entry_is_recomputed_never_run(tmp_path):
     np.testing.assert_allclose(np.asarray(spec.run(a)[0]), np.asarray(jax.jit(fn)(a)), rtol=1e-6)
 
 
-def _keys(store: Store) -> list[str]:
+def _keys(store: Store, kind: str) -> list[str]:
     db = sqlite3.connect(store.directory / "terms.sqlite3")
     try:
-        return [k for (k,) in db.execute("SELECT key FROM entries")]
+        return [k for (k,) in db.execute("SELECT key FROM entries WHERE kind = ?", (kind,))]
     finally:
         db.close()
 

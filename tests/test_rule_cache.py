@@ -1,0 +1,95 @@
+"""Compiled rules kept in the persistent cache (egraph/saved.py, reuse.prepare_rules): a process that finds
+them there builds no rule, its rules are the same egglog rules, and data that is not theirs is never used."""
+import json
+import pickle
+
+import egglog.declarations as D
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from egglog.egraph import RewriteOrRule
+
+from superopt import reuse, superopt
+from superopt.cache import Store
+from superopt.core.ir import pretty
+from superopt.egraph import saved
+from superopt.pipeline import schedule_of
+from superopt.rewrites import rule as rule_module
+from superopt.rewrites.schedule import Schedule
+
+
+def fresh(schedule: Schedule) -> Schedule:
+    """The schedule as another process gets it: the same rules, none built (a rule pickles without them)."""
+    copy = pickle.loads(pickle.dumps(schedule))
+    assert not any(r.compiled for p in copy.phases for r in p.rules)
+    return copy
+
+
+def no_compiling(monkeypatch):
+    def refuse(rule):
+        raise AssertionError(f"rule {rule.name} was built, not taken from the cache")
+    monkeypatch.setattr(rule_module, "compile_rule", refuse)
+
+
+def test_compiled_rules_come_back_as_the_same_egglog_rules():
+    schedule = Schedule.of("algebra", "casts")
+    data = json.loads(json.dumps(reuse.compiled_rules(schedule) or _built(schedule)))
+    copy = fresh(schedule)
+    assert reuse.adopt_rules(copy, data)
+    for original, back in zip(reuse._rules(schedule), reuse._rules(copy)):
+        assert back.compiled and [e.decl for e in back.egg] == [e.decl for e in original.egg], original.name
+        assert str(back.egg[0]) == str(original.egg[0])   # egglog prints it the same: its declarations resolve
+
+
+def _built(schedule):
+    for r in reuse._rules(schedule):
+        r.egg
+    reuse.analysis.analysis()
+    return reuse.compiled_rules(schedule)
+
+
+def test_a_new_optimization_takes_the_rules_from_the_cache_and_chooses_the_same(tmp_path, monkeypatch):
+    schedule = Schedule.of("algebra", "fusion")
+    a = jnp.linspace(-1, 1, 64).reshape(8, 8)
+    first = superopt(lambda a, b: (a @ b) @ b, rulesets=schedule, cache=tmp_path).compile(a, a)
+    ran, _ = schedule_of(schedule, "strict")    # the rules strict numerics runs
+    assert Store(tmp_path).get(reuse.rules_key(ran), reuse.RULES_KIND) is not None
+    no_compiling(monkeypatch)
+    copy = fresh(schedule)
+    # another program (its result is not in the cache): it saturates with the rules read back
+    second = superopt(lambda a, b: (a @ b) @ (b * 1.0), rulesets=copy, cache=tmp_path).compile(a, a)
+    assert second.report.cache.startswith("miss") and "rules" in second.report.stage_seconds
+    assert all(r.compiled for r in reuse._rules(schedule_of(copy, "strict")[0]))
+    assert pretty(second.term) == pretty(first.term) and second.report.optimized
+    np.testing.assert_allclose(np.asarray(second.run(a, a)[0]), np.asarray((a @ a) @ a), rtol=1e-5)
+
+
+@pytest.mark.parametrize("damage", ["class", "needs", "names", "format", "shape"])
+def test_rules_data_that_is_not_theirs_is_never_used(damage):
+    schedule = Schedule.of("casts")
+    data = json.loads(json.dumps(reuse.compiled_rules(schedule) or _built(schedule)))
+    if damage == "class":      # a name that is not one of egglog's declarations: nothing is built from it
+        item = next(i for i in data["rules"]["table"] if "d" in i)
+        item["d"] = "Path"
+    elif damage == "needs":    # rules naming a function this process does not declare
+        data["rules"]["needs"].append("f:no_such_function")
+    elif damage == "names":    # another schedule's rules
+        data["names"] = data["names"][::-1]
+    elif damage == "format":
+        data["rules"]["format"] = saved.FORMAT + 1
+    else:                      # a reference past the table
+        data["rules"]["groups"][0][0] = {"r": 10**6}
+    copy = fresh(schedule)
+    assert not reuse.adopt_rules(copy, data)
+    assert not any(r.compiled for r in reuse._rules(copy))
+
+
+def test_floats_in_rules_come_back_bit_for_bit():
+    values = [0.1, -0.0, float("inf"), float("-inf"), 5e-324, 1.7976931348623157e308]
+    f64 = D.JustTypeRef(D.Ident("f64", "egglog.builtins"))
+    decl = D.RuleDecl((), tuple(D.ExprFactDecl(D.TypedExprDecl(f64, D.LitDecl(v))) for v in values), None)
+    rule = RewriteOrRule(saved.declarations(), decl)
+    back = saved.rules_from_data(json.loads(json.dumps(saved.rules_to_data([(rule,), ()]))))
+    assert back[1] == () and back[0][0].decl == decl
+    got = [f.typed_expr.expr.value for f in back[0][0].decl.body]
+    assert [np.float64(v).tobytes() for v in got] == [np.float64(v).tobytes() for v in values]

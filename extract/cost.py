@@ -14,6 +14,7 @@ from superopt.core.formats import as_matmul
 from superopt.core.ir import Node
 from superopt.core.ops import FREE, LAYOUT_OPS, MATRIX_OPS, MOVEMENT, REDUCTIONS, lookup
 from superopt.extract.models import cpu as cpu_model, gpu as gpu_model, npu as npu_model
+from superopt.extract.models.boxes import BoxError, smallest_footprint, vector_stages
 from superopt.extract.models.breakdown import FREE as NOTHING_RUNS, Breakdown
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, Untileable, nest_of, npu_tilings, tilings
@@ -246,6 +247,12 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
         # A tile per computed value and per operand the vector unit reads; an operand smaller than a
         # tile (a per-channel scale) needs only its own bytes. Matmul operands live in L1/L0, not the UB.
         ub = max(1, k.live_intermediates) * tile + sum(min(tile, b) for b in k.staged_bytes)
+        # Where the code generator can run the body's vector work in boxes, what must fit is its smallest
+        # box, counted as the generator allocates it (extract/models/boxes.py): the model then never
+        # chooses a kernel the generator cannot place, nor refuses one it can (a long elementwise row is
+        # cut into chunks).
+        boxed = smallest_box_bytes(body)
+        buffers = dict(ub_live_bytes=ub) if boxed is None else dict(ub_live_bytes=boxed, double_buffer=False)
         if k.matrix_flops:
             # A reduction behind the cube needs its fractal output in ND, and a permuted write is a
             # format conversion too: both are TransData passes on the vector unit.
@@ -258,22 +265,33 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
                 converted, launches = (k.matmul_bytes if k.reduce_after_matmul else 0.0), 0
             extra = dict(transdata_bytes=converted + k.strided_bytes, transdata_launches=launches,
                          gm_exchange_bytes=k.matmul_bytes if k.epilogue_ops else 0.0)
+            if boxed is None and not k.epilogue_ops:
+                buffers = {}
             kernel = npu_model.NpuKernel("cube", k.matrix_flops, moved, vector_flops=other, int8=k.int8_matrix,
-                                         ub_live_bytes=(ub if k.epilogue_ops else 0),
+                                         **buffers,
                                          **{**npu_model.matmul_tiles(*NPU_CUBE_TILE),
                                             **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra,
                                          estimate=tiling.estimate if tiling is not None else None,
                                          side_bytes=nest_of(body, tuple(ins), out).extra_bytes
                                          if tiling is not None else 0.0)
         else:
-            kernel = npu_model.NpuKernel("vector", k.flops, moved, ub_live_bytes=ub,
-                                         transdata_bytes=k.strided_bytes)
+            kernel = npu_model.NpuKernel("vector", k.flops, moved, **buffers, transdata_bytes=k.strided_bytes)
         return npu_model.breakdown(kernel, target)
     # On a CPU (`models/cpu.py`): a prologue and an epilogue of a dot are written out and read back, and
     # an elementwise loop reading a transposed operand re-reads it `STRIDED_CPU_FACTOR` times.
     unfused = 2 * (k.prologue_bytes + (k.matmul_bytes if k.epilogue_compute else 0.0)) if k.matrix_flops else 0.0
     strided = 0.0 if k.pure_movement else k.loop_strided_bytes * STRIDED_CPU_FACTOR
     return cpu_model.breakdown(k.flops, k.matrix_flops, moved, unfused, strided, matrix_rate, target)
+
+
+def smallest_box_bytes(body: tuple) -> int | None:
+    """UB bytes the vector code generator needs for the smallest boxes of `body`'s vector work (the largest
+    over its vector stages: a prologue or epilogue of a cube kernel; 0 where it has none), or None where
+    the body's vector work does not run in boxes as such (the lowering places it otherwise)."""
+    try:
+        return max((smallest_footprint(sub, roots) for sub, roots in vector_stages(body)), default=0)
+    except BoxError:
+        return None
 
 
 def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> Breakdown:

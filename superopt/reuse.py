@@ -29,6 +29,7 @@ from superopt.core.serial import NotSerializable, digest, dumps, from_data, to_d
 from superopt.egraph import analysis
 from superopt.egraph.runner import PhaseReport, RunReport, StopReason
 from superopt.egraph.saved import rules_from_data, rules_to_data
+from superopt.rewrites.rule import Rule
 
 # The packages whose files are superopt's code (the folders of the installed layout; pyproject.toml).
 _PACKAGES = ("superopt", "superopt.core", "superopt.egraph", "superopt.rewrites", "superopt.rulesets",
@@ -135,6 +136,11 @@ def _rules(schedule) -> list:
     return list({id(r): r for phase in schedule.phases for r in phase.rules}.values())
 
 
+def _own(rules: list) -> bool:
+    """Whether every rule is one of the DSL's (an object that brings its own egglog rules is not kept)."""
+    return all(isinstance(r, Rule) for r in rules)
+
+
 def rules_key(schedule) -> str:
     """The key of `schedule`'s compiled egglog rules (and the analysis rules every schedule runs)."""
     return digest(code_version(), RULES_KIND, repr(schedule))
@@ -147,7 +153,7 @@ def prepare_rules(schedule, source) -> None:
     """Before saturating: adopt `schedule`'s compiled rules from `source`, a store or the data a parent process
     sent (`compiled_rules`), unless they are built in this process already. Whatever is missing or does not
     read back whole is built as usual."""
-    if ready(schedule):
+    if ready(schedule) or not _own(_rules(schedule)):
         return
     if isinstance(source, dict):
         adopt_rules(schedule, source)
@@ -160,7 +166,8 @@ def prepare_rules(schedule, source) -> None:
 
 def ready(schedule) -> bool:
     """Whether `schedule`'s rules and the analysis rules are built (or adopted) in this process."""
-    return all(r.compiled for r in _rules(schedule)) and analysis.analysis_rules.cache_info().currsize > 0
+    rules = _rules(schedule)
+    return _own(rules) and all(r.compiled for r in rules) and analysis.analysis_rules.cache_info().currsize > 0
 
 
 def adopt_rules(schedule, data: dict) -> bool:

@@ -18,96 +18,18 @@ from itertools import product
 
 import numpy as np
 
-from superopt.core.ir import Node
-
-from superopt.core.ops import ELEMENTWISE, on_npu
+from superopt.extract.models.boxes import UB_ALIGN, VECTOR_OPS, BoxError, Boxes, box_of as _box
 from superopt.extract.target import Target
 from superopt.lowering.npu.codegen import Allocator, CodegenError, _up, _view, insert_flags, vector_cores
 from superopt.lowering.npu.emulator import emulate
 from superopt.lowering.npu.isa import ALIGNMENT, CopyIn, CopyOut, Gm, Program, ScalarOp, VecOp
 
-VECTOR_OPS = on_npu("vector") | {"reshape", "arg"}   # the ops the vector unit runs, views and loads
-
-
-def _squeezed_axes(shape: tuple) -> list[int]:
-    return [i for i, d in enumerate(shape) if d != 1]
-
-
-def _axis_maps(body: tuple, roots: tuple, oshape: tuple) -> tuple[list, set]:
-    """For each body node, per axis, the output axis it runs along (None: size one or reduced; the
-    node list is None for a node no root needs); and the output axes a reduction needs whole. The roots
-    (the outputs) span the output's index space, `oshape`: each has its shape, or size one on the axes
-    it reduces (a row sum of the value another root writes)."""
-    maps: list = [None] * len(body)
-    whole: set = set()
-    wanted: list = [[] for _ in body]      # per node, the maps its consumers (or being an output) ask for
-
-    def ask(j: int, m: tuple):
-        wanted[j].append(m)
-
-    for r in roots:
-        ask(r, tuple(a if d == oshape[a] else None for a, d in enumerate(body[r].shape)))
-    for i in range(max(roots), -1, -1):
-        node = body[i]
-        if not wanted[i]:
-            continue
-        merged = list(wanted[i][0])
-        for m in wanted[i][1:]:
-            for ax, (a, b) in enumerate(zip(merged, m)):
-                if a is None or b is None:
-                    if (a if b is None else b) is not None and node.shape[ax] > 1:
-                        whole.add(a if b is None else b)
-                    merged[ax] = a if b is None else b
-                elif a != b:
-                    raise CodegenError(f"vector kernel: axis {ax} of {node.op} runs along output axes {a} "
-                                       f"and {b}; it needs a transpose through global memory")
-        maps[i] = tuple(merged)
-        m = maps[i]
-        if node.op not in VECTOR_OPS:
-            raise CodegenError(f"vector kernel: no vector-unit lowering for op {node.op!r}")
-        if node.op == "arg":
-            continue
-        if node.op in ELEMENTWISE:
-            for j in node.inputs:   # operands broadcast numpy-style (right-aligned, size-1 axes)
-                shape, lead = body[j].shape, len(node.shape) - len(body[j].shape)
-                ask(j, tuple(m[lead + k] if d == node.shape[lead + k] else None for k, d in enumerate(shape)))
-        elif node.op == "broadcast":
-            (x,), dims = node.inputs, node.attrs[0]
-            ask(x, tuple(m[d] if body[x].shape[k] == node.shape[d] else None for k, d in enumerate(dims)))
-        elif node.op == "transpose":
-            (x,), perm = node.inputs, node.attrs[0]
-            xm = [None] * len(perm)
-            for k, p in enumerate(perm):
-                xm[p] = m[k]
-            ask(x, tuple(xm))
-        elif node.op == "reshape":
-            (x,) = node.inputs
-            src, dst = _squeezed_axes(body[x].shape), _squeezed_axes(node.shape)
-            if [body[x].shape[a] for a in src] != [node.shape[a] for a in dst]:
-                raise CodegenError(f"vector kernel: reshape {body[x].shape} -> {node.shape} regroups axes; "
-                                   f"it runs as a view of global memory instead")
-            xm = [None] * len(body[x].shape)
-            for a, b in zip(src, dst):
-                xm[a] = m[b]
-            ask(x, tuple(xm))
-        else:   # a reduction: the kept axes in order, the reduced ones need the whole axis
-            (x,), axes = node.inputs, set(node.attrs[0])
-            kept = iter(m)
-            ask(x, tuple(None if a in axes else next(kept) for a in range(len(body[x].shape))))
-    return maps, whole
-
-
-def _box(node: Node, m: tuple, box: tuple) -> tuple:
-    """(start, size) per axis of `node` for a box (start, size) per output axis."""
-    return tuple(box[w] if w is not None else (0, d) for w, d in zip(m, node.shape))
+assert ALIGNMENT["UB"] == UB_ALIGN, "the cost model's boxes (extract/models/boxes.py) align as the UB does"
+__all__ = ["VECTOR_OPS", "vector_program", "img2col_program"]
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _bytes(shape: tuple, dtype: str) -> int:
-    return math.prod(shape) * (1 if dtype == "bool" else np.dtype(dtype).itemsize)
 
 
 def vector_program(body: tuple, ins: list[tuple], out, target: Target, cores: list[str] | None = None,
@@ -128,39 +50,19 @@ def vector_program(body: tuple, ins: list[tuple], out, target: Target, cores: li
             raise CodegenError(f"vector kernel: body gives {body[r].shape}, output is {shape}"
                                + (f" (outputs of one program share a shape, {oshape}, or reduce it to size "
                                   "one)" if len(outs) > 1 else ""))
-    maps, whole = _axis_maps(body, roots, oshape)
+    try:
+        boxes_of = Boxes(body, roots, oshape)
+    except BoxError as exc:
+        raise CodegenError(str(exc)) from None
+    maps, whole, live = boxes_of.maps, boxes_of.whole, boxes_of.live
+    extent, varies, slots, sizes, footprint = (boxes_of.extent, boxes_of.varies, boxes_of.slots, boxes_of.sizes,
+                                               boxes_of.footprint)
     # the last axis is chunked in runs aligned for the narrowest output
     odt = min((dt for _, _, dt in outs), key=lambda dt: 1 if dt == "bool" else np.dtype(dt).itemsize)
     npu = target.npu
     cores = vector_cores(target) if cores is None else cores
     budget = budget or npu.ub_bytes
-    live = [i for i, m in enumerate(maps) if m is not None]
     rank = len(oshape)
-
-    def extent(axis: int, size: int) -> tuple:
-        """The box (start, size per output axis) chunked along `axis`: single indices on the axes before it
-        except the ones a reduction needs whole (those are whole wherever they are), `size` indices of
-        `axis`, the axes after it whole."""
-        return tuple((0, d) if w > axis or (w < axis and w in whole) else ((0, size) if w == axis else (0, 1))
-                     for w, d in enumerate(oshape))
-
-    def varies(i: int, axis: int) -> bool:    # does node i's box change from one box to the next?
-        moving = [w for w in range(min(axis, rank - 1) + 1) if w == axis or w not in whole]
-        return any(w in moving and body[i].shape[a] > 1 for a, w in enumerate(maps[i]))
-
-    def slots(i: int, axis: int) -> int:      # inputs that change per box and the output: ping-pong
-        return 2 if (body[i].op == "arg" and varies(i, axis)) or i in roots else 1
-
-    def sizes(i: int, box: tuple) -> tuple:   # node i's box, sizes only
-        return tuple(n for _, n in _box(body[i], maps[i], box))
-
-    def footprint(axis: int, size: int) -> int:
-        box, total = extent(axis, size), 0
-        for i in live:
-            if body[i].op == "reshape":
-                continue
-            total += slots(i, axis) * _up(_bytes(sizes(i, box), body[i].dtype), ALIGNMENT["UB"])
-        return total
 
     # The largest box that fits: the outermost axis that can be chunked, as many of its indices as fit
     # (an axis a reduction needs whole is kept whole, before the chunked axis as well as after it).

@@ -261,3 +261,59 @@ def test_an_optimized_program_that_fails_to_run_is_not_returned(monkeypatch):
     np.testing.assert_allclose(out, jax.jit(fn)(a, b), rtol=1e-6)
     assert fast.report.outcome.startswith("kept original: verification failed: the optimized program failed "
                                           "to run (RuntimeError: UNIMPLEMENTED"), fast.report.outcome
+
+
+# ---- a model's inputs: large arguments repeat a block, and their memory is reused ----
+
+def test_a_large_argument_repeats_a_block_of_distinct_values():
+    rows, cols = 1500, 1000                       # 1.5e6 elements: more than one block
+    for args in (V.random_args([((rows, cols), np.float32)], 0),
+                 V.special_args([((rows, cols), np.float32)], "specials"),
+                 V.scaled_args([((rows, cols), np.float32)], ("up",), 0.5)):
+        a = args[0]
+        flat = a.reshape(-1)
+        assert a.shape == (rows, cols) and a.dtype == np.float32
+        assert a.ctypes.data % V.ALIGN == 0                      # JAX reads it in place
+        assert np.array_equal(flat[V.BLOCK:], flat[:flat.size - V.BLOCK], equal_nan=True)
+        finite = np.where(np.isfinite(a), a, 0)
+        assert len(np.unique(finite[:, 7])) > rows * 0.99        # a column's values differ
+        assert len(np.unique(finite[11, :])) > cols * 0.99       # and a row's
+        assert not np.array_equal(finite, finite[::-1])          # the rows are not a permutation of themselves
+    # two arguments of one shape differ (a rewrite that swaps them is caught)
+    x, y = V.random_args([((rows, cols), np.float32)] * 2, 3)
+    assert not np.array_equal(x, y)
+
+
+def test_a_small_argument_is_drawn_whole_as_before():
+    """Below a block, the values are the generator's own draws, as they always were (the fuzzer's seeds
+    reproduce)."""
+    shape = (300, 700)
+    (a,) = V.random_args([(shape, np.float32)], 4)
+    rng = np.random.default_rng(4)
+    assert np.array_equal(a, rng.standard_normal(shape).astype(np.float32))
+    (i,) = V.random_args([(shape, np.int8)], 4)
+    assert np.array_equal(i, np.random.default_rng(4).integers(-8, 9, size=shape).astype(np.int8))
+
+
+def test_buffers_hand_a_released_sets_memory_to_the_next():
+    avals = [((1 << 19,), np.float32), ((3,), np.float32)]
+    buffers = V.Buffers()
+    first = V.random_args(avals, 0, buffers)
+    address = first[0].ctypes.data
+    kept = first[0].copy()
+    buffers.release(first)
+    second = V.random_args(avals, 1, buffers)
+    assert second[0].ctypes.data == address                  # the same memory, refilled
+    assert not np.array_equal(second[0], kept)
+    assert np.array_equal(V.random_args(avals, 1)[0], second[0])   # the values do not depend on it
+    third = V.random_args(avals, 0, buffers)                  # second not released: fresh memory
+    assert third[0].ctypes.data != address and np.array_equal(third[0], kept)
+
+
+def test_verification_of_large_arguments_still_catches_a_wrong_program():
+    """A transposed weight, with arguments large enough to repeat a block and to come from `Buffers`."""
+    n = 1200
+    avals = [((n, n), np.float32), ((4, n), np.float32)]
+    problem = _check(lambda w, x: x @ w, lambda w, x: x @ w.T, avals)
+    assert problem is not None and "random inputs (seed 0)" in problem
+    assert _check(lambda w, x: x @ w, lambda w, x: (w.T @ x.T).T, avals) is None

@@ -3,6 +3,8 @@ inputs and on adversarial ones built per argument dtype (near overflow, zeros, i
 extremes), with tolerances per dtype. `verify` is what superopt runs on every specialization."""
 from __future__ import annotations
 
+from typing import Iterator
+
 import ml_dtypes
 import numpy as np
 
@@ -22,19 +24,98 @@ class VerificationWarning(UserWarning):
     """The optimized program differed from the original; the original was kept."""
 
 
-def random_args(avals, seed: int) -> list[np.ndarray]:
+# Inputs of a large argument: drawing 10^8 random values takes seconds (a d=4096 decoder layer's weights
+# are 1.8e8 of them), longer than running the program. An argument of more than BLOCK elements repeats one
+# block of BLOCK values, drawn as a small argument's are; each argument has its own block. BLOCK is a
+# prime: two elements are equal only where their flat positions differ by a multiple of it, so no two in
+# one row or one column of a matrix whose sides are shorter than BLOCK. The arrays are aligned to ALIGN
+# bytes where large: JAX on the CPU reads such a numpy argument in place and copies any other, which for a
+# model's weights costs more than the program, on each of a verification's dozens of calls. `verify`
+# takes them from `Buffers`, which hands a finished set's memory to the next: memory a process has not
+# touched before costs more to fill (the kernel's page faults; seconds a gigabyte on a fresh virtual
+# machine) than computing the values, and a verification runs some twenty sets.
+BLOCK = 1_048_573
+ALIGN = 64
+ALIGN_FROM = 1 << 20           # bytes: smaller arrays are cheap to copy and are left as numpy made them
+
+
+def _drawn(n: int) -> int:
+    """How many values are drawn for an argument of n elements."""
+    return min(n, BLOCK)
+
+
+def empty_aligned(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialized array whose data starts at a multiple of `ALIGN` bytes."""
+    return _aligned_in(np.empty(int(np.prod(shape)) * np.dtype(dtype).itemsize + ALIGN, np.uint8), shape, dtype)
+
+
+def _aligned_in(raw: np.ndarray, shape: tuple, dtype) -> np.ndarray:
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dt.itemsize
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dt).reshape(shape)
+
+
+class Buffers:
+    """Aligned arrays for input sets, taken back (`release`) when a set is done and handed out again."""
+
+    def __init__(self):
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._lent: dict[int, np.ndarray] = {}       # id -> the raw buffer of each array handed out
+
+    def empty(self, shape: tuple, dtype) -> np.ndarray:
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize + ALIGN
+        free = self._free.get(size)
+        raw = free.pop() if free else np.empty(size, np.uint8)
+        out = _aligned_in(raw, shape, dtype)
+        self._lent[id(out)] = raw
+        return out
+
+    def release(self, arrays) -> None:
+        """Take back the arrays of a finished set: nothing may read them afterwards (an output that
+        aliases an input included); arrays this did not hand out are ignored."""
+        for a in arrays:
+            raw = self._lent.pop(id(a), None)
+            if raw is not None:
+                self._free.setdefault(raw.size, []).append(raw)
+
+
+def _filled(block: np.ndarray, shape: tuple, dtype, buffers: Buffers | None = None) -> np.ndarray:
+    """The flat `block` (`_drawn` values) as `dtype`, repeated to fill `shape`; aligned where large (from
+    `buffers` where given)."""
+    dt = np.dtype(dtype)
+    block = np.asarray(block).astype(dt, copy=False).reshape(-1)
+    n = int(np.prod(shape))
+    if n == block.size and n * dt.itemsize < ALIGN_FROM:
+        return block.reshape(shape)
+    out = (buffers.empty if buffers is not None else empty_aligned)(tuple(shape), dt)
+    flat = out.reshape(-1)
+    for start in range(0, n, block.size):
+        chunk = min(block.size, n - start)
+        flat[start:start + chunk] = block[:chunk]
+    return out
+
+
+def _random_blocks(avals, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = []
     for shape, dtype in avals:
         dt = np.dtype(dtype)
+        m = _drawn(int(np.prod(shape)))
         if dt == np.bool_:
-            out.append(rng.random(shape) < 0.5)
+            out.append(rng.random(m) < 0.5)
         elif dt.kind in "iu":
             lo = 0 if dt.kind == "u" else -8
-            out.append(rng.integers(lo, 9, size=shape).astype(dt))
+            out.append(rng.integers(lo, 9, size=m).astype(dt))
         else:
-            out.append(rng.standard_normal(shape).astype(np.float32).astype(dt, copy=False))
+            out.append(rng.standard_normal(m).astype(np.float32).astype(dt, copy=False))
     return out
+
+
+def random_args(avals, seed: int, buffers: Buffers | None = None) -> list[np.ndarray]:
+    """Arguments of the given (shape, dtype)s: standard normal floats, integers in [-8, 8] ([0, 8] unsigned),
+    bools at even odds."""
+    return [_filled(block, shape, dtype, buffers) for block, (shape, dtype) in zip(_random_blocks(avals, seed), avals)]
 
 
 def mismatch(expected, actual, as_dtype: str | None = None) -> str | None:
@@ -162,51 +243,51 @@ def _as(values: np.ndarray, dtype) -> np.ndarray:
     return np.asarray(values, np.float64).astype(np.float32).astype(np.dtype(dtype), copy=False)
 
 
-def _int_extremes(rng, shape, dt: np.dtype) -> np.ndarray:
+def _int_extremes(rng, n: int, dt: np.dtype) -> np.ndarray:
     info = np.iinfo(dt)
     edges = np.array([info.min, info.max, info.min + 1, info.max - 1, 0, 1, -1 if info.min < 0 else 2],
                      dtype=np.int64)
-    n = int(np.prod(shape))
     pick = rng.integers(0, 2, n).astype(bool)
     wide = rng.integers(int(info.min), int(info.max), n, endpoint=True, dtype=np.int64)
     out = np.where(pick, edges[rng.integers(0, edges.size, n)], wide)
     out[: min(n, edges.size)] = edges[: min(n, edges.size)]          # every extreme where there is room
-    return out.astype(dt).reshape(shape)
+    return out.astype(dt)
 
 
-def special_args(avals, kind: str, seed: int = 0) -> list[np.ndarray]:
+def special_args(avals, kind: str, seed: int = 0, buffers: Buffers | None = None) -> list[np.ndarray]:
     """One adversarial input set: `kind` is "zeros" or "specials" (see above); `seed` varies the values
     and positions (verification uses seed 0; the fuzzer others)."""
     out = []
     for index, (shape, dtype) in enumerate(avals):
         dt = np.dtype(dtype)
         rng = np.random.default_rng([seed, index, 1 + STRICT_SETS.index(kind)])
-        n = int(np.prod(shape))
+        m = _drawn(int(np.prod(shape)))
         if dt == np.bool_:
-            out.append(rng.random(shape) < 0.5)
+            block = rng.random(m) < 0.5
         elif dt.kind in "iu":
             if kind == "zeros":
-                out.append(_int_extremes(rng, shape, dt))
+                block = _int_extremes(rng, m, dt)
             else:
-                wide = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, n, endpoint=True, dtype=np.int64)
-                small = rng.integers(-8 if dt.kind == "i" else 0, 9, n)
-                out.append(np.where(rng.random(n) < 0.5, wide, small).astype(dt).reshape(shape))
+                wide = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, m, endpoint=True, dtype=np.int64)
+                small = rng.integers(-8 if dt.kind == "i" else 0, 9, m)
+                block = np.where(rng.random(m) < 0.5, wide, small).astype(dt)
         elif kind == "zeros":
             info = _finfo(dt)
             sub, tiny = float(info.smallest_subnormal), float(info.tiny)
             choices = np.array([0.0, -0.0, 0.0, -0.0, sub, -sub, 3 * sub, tiny, -tiny, 1.0, -1.0, 0.5])
-            vals = choices[rng.integers(0, choices.size, n)]
-            vals[: min(n, 2)] = [0.0, -0.0][: min(n, 2)]
-            out.append(_as(vals, dt).reshape(shape))
+            vals = choices[rng.integers(0, choices.size, m)]
+            vals[: min(m, 2)] = [0.0, -0.0][: min(m, 2)]
+            block = _as(vals, dt)
         else:
             info = _finfo(dt)
             big = float(info.max)
             specials = np.array([np.nan, np.inf, -np.inf, big, -big, -0.0, float(info.smallest_subnormal)])
             specials = np.roll(specials, -index)            # a one-element tensor gets a different one per argument
-            vals = rng.standard_normal(n)
-            room = min(specials.size, max(1, n // 4)) if n else 0
-            vals[rng.choice(n, room, replace=False)] = specials[:room]
-            out.append(_as(vals, dt).reshape(shape))
+            vals = rng.standard_normal(m)
+            room = min(specials.size, max(1, m // 4)) if m else 0
+            vals[rng.choice(m, room, replace=False)] = specials[:room]
+            block = _as(vals, dt)
+        out.append(_filled(block, shape, dt, buffers))
     return out
 
 
@@ -241,26 +322,26 @@ class Scaler:
     elements are up or down, integer and bool values) are drawn once per seed, so the calibration's
     bisection only multiplies."""
 
-    def __init__(self, avals, seed: int = 0):
-        self.avals, self.seed = list(avals), seed
-        self._base: list | None = None
+    def __init__(self, avals, seed: int = 0, buffers: Buffers | None = None):
+        self.avals, self.seed, self.buffers = list(avals), seed, buffers
+        self._base: list | None = None      # random_args' blocks, for the arguments a pattern leaves alone
         self._parts: dict = {}
 
     def _part(self, index: int):
         if index not in self._parts:
-            n = int(np.prod(self.avals[index][0]))
+            n = _drawn(int(np.prod(self.avals[index][0])))   # the scaled values are a block too
             rng = np.random.default_rng([self.seed, index, 7])
             self._parts[index] = (rng.uniform(0.5, 1.0, n).astype(np.float32),
                                   np.where(rng.random(n) < 0.5, -1, 1).astype(np.float32), rng.random(n) < 0.5)
         return self._parts[index]
 
     def __call__(self, pattern: tuple, s: float) -> list[np.ndarray]:
-        if self._base is None:
-            self._base = random_args(self.avals, 1000 + self.seed)
         out = []
         for index, ((shape, dtype), kind) in enumerate(zip(self.avals, pattern)):
             if kind is None:
-                out.append(self._base[index])
+                if self._base is None:
+                    self._base = _random_blocks(self.avals, 1000 + self.seed)
+                out.append(_filled(self._base[index], shape, dtype, self.buffers))
                 continue
             dt = np.dtype(dtype)
             info = _finfo(dt)
@@ -282,8 +363,12 @@ class Scaler:
                 vals = mag
             if dt != np.float32:   # in float32, |mag| < 1 times at most max: within range already
                 vals = np.clip(vals, -big, big)
-            out.append(vals.astype(dt, copy=False).reshape(shape))
+            out.append(_filled(vals, shape, dt, self.buffers))
         return out
+
+    def release(self, args: list) -> None:
+        if self.buffers is not None:
+            self.buffers.release(args)
 
 
 def scaled_args(avals, pattern: tuple, s: float, seed: int = 0) -> list[np.ndarray]:
@@ -313,17 +398,23 @@ def calibrated(reference, avals, pattern: tuple, seed: int = 0, steps: int = CAL
     worst = _nonfinite(top[2])
     if worst == 0:
         return top
+    scaler.release(top[1])       # a model's arguments are large: at most two sets are held at once
+    top = None
     low = at(0.0)
     allowed = _nonfinite(low[2])
     if worst <= allowed:
-        return top
+        scaler.release(low[1])
+        return at(1.0)
     lo, hi = 0.0, 1.0
     for _ in range(steps):
         mid = at((lo + hi) / 2)
         if _nonfinite(mid[2]) <= allowed:
+            scaler.release(low[1])
             lo, low = mid[0], mid
         else:
             hi = mid[0]
+            scaler.release(mid[1])
+        mid = None
     return low
 
 
@@ -388,13 +479,15 @@ def judge(expected: list, actual: list, truth, numerics: str = "strict", as_dtyp
     return None
 
 
-def input_sets(avals, numerics: str = "strict", trials: int = 2) -> list[tuple[str, list]]:
-    """The fixed input sets of a verification: `trials` random ones, then the adversarial ones of the
-    mode ("strict": zeros and specials; "fast": zeros only, no NaN or inf); the scaled ones are built
-    against the original (`calibrated`)."""
-    sets = [(f"random inputs (seed {seed})", random_args(avals, seed)) for seed in range(trials)]
-    return sets + [(f"{kind} inputs", special_args(avals, kind)) for kind in
-                   (STRICT_SETS if numerics == "strict" else FAST_SETS)]
+def input_sets(avals, numerics: str = "strict", trials: int = 2,
+               buffers: Buffers | None = None) -> Iterator[tuple[str, list]]:
+    """The fixed input sets of a verification, one at a time (a model's are large): `trials` random ones,
+    then the adversarial ones of the mode ("strict": zeros and specials; "fast": zeros only, no NaN or
+    inf); the scaled ones are built against the original (`calibrated`)."""
+    for seed in range(trials):
+        yield f"random inputs (seed {seed})", random_args(avals, seed, buffers)
+    for kind in STRICT_SETS if numerics == "strict" else FAST_SETS:
+        yield f"{kind} inputs", special_args(avals, kind, buffers=buffers)
 
 
 def verify(reference, candidate, avals, original, numerics: str = "strict", trials: int = 2) -> str | None:
@@ -417,15 +510,18 @@ def verify(reference, candidate, avals, original, numerics: str = "strict", tria
                         numerics)
         return f"{problem}, on {where}" if problem else None
 
-    for where, args in input_sets(avals, numerics, trials):
+    buffers = Buffers()          # a set's memory goes to the next once it is judged
+    for where, args in input_sets(avals, numerics, trials, buffers):
         problem = check(where, args)
         if problem:
             return problem
+        buffers.release(args)
     if numerics == "strict":
-        scaler = Scaler(avals)
+        scaler = Scaler(avals, buffers=buffers)
         for name, pattern in scale_patterns(avals):
             s, args, expected = calibrated(reference, avals, pattern, scaler=scaler)
             problem = check(f"scaled inputs ({name}, s={s:.3g})", args, expected)
             if problem:
                 return problem
+            buffers.release(args)
     return None

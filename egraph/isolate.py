@@ -18,7 +18,6 @@ import faulthandler
 import os
 import pickle
 import resource
-import select
 import signal
 import struct
 import sys
@@ -28,6 +27,7 @@ import warnings
 from dataclasses import replace
 
 from superopt.core import progress
+from superopt.core.forked import read_exactly
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
 from superopt.core.deadline import Deadline
@@ -170,22 +170,8 @@ def _cap_memory(extra: int) -> None:  # pragma: no cover - runs in the child
 
 def _receive(fd: int, deadline: float):
     """The next message from the child, or None at the deadline or where the child closed the pipe."""
-    header = _read(fd, _HEADER.size, deadline)
+    header = read_exactly(fd, _HEADER.size, deadline)
     if header is None:
         return None
-    body = _read(fd, _HEADER.unpack(header)[0], deadline)
+    body = read_exactly(fd, _HEADER.unpack(header)[0], deadline)
     return None if body is None else pickle.loads(body)
-
-
-def _read(fd: int, n: int, deadline: float) -> bytes | None:
-    chunks, left = [], n
-    while left:
-        wait = deadline - time.perf_counter()
-        if wait <= 0 or not select.select([fd], [], [], wait)[0]:
-            return None
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)

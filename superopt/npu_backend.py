@@ -26,6 +26,7 @@ would have. So does an output that differs from the original's, with checking on
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
@@ -34,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from superopt.core import verify as verification
+from superopt.core.forked import Forked, one_blas_thread
 from superopt.core.serial import digest
 from superopt.core.ops import on_npu
 from superopt.core.reference import evaluate
@@ -149,15 +151,25 @@ def on_emulator(spec, target, avals, check: bool, precision: str | None = None, 
     report = spec.report
     precision = check_precision(precision, target) or default_precision(spec.term, target)
     start = time.perf_counter()
+    # The original program is lowered (for its cycles) on the other core while this one lowers the term.
+    aside = spec.term is not spec.original and not report.gradient_traffic and _without_jax(spec.original)
+    before_cycles = Forked(_cycles, spec.original, target, precision) if aside else None
     try:
-        executable = NpuExecutable(spec.term, target, precision=precision)
-        estimate = executable.estimate()
-        original = executable if spec.term is spec.original else NpuExecutable(spec.original, target,
-                                                                                precision=precision)
-        before = estimate.cycles if original is executable else original.estimate().cycles
+        with one_blas_thread() if aside else contextlib.nullcontext():
+            executable = NpuExecutable(spec.term, target, precision=precision)
+            estimate = executable.estimate()
+            if before_cycles is not None:
+                original, before = None, before_cycles.result()
+            else:
+                original = executable if spec.term is spec.original else NpuExecutable(spec.original, target,
+                                                                                        precision=precision)
+                before = estimate.cycles if original is executable else original.estimate().cycles
     except (CodegenError, EmulatorError) as exc:
         report.backend = f"jax (the NPU lowering failed: {exc})"
         return spec
+    finally:
+        if before_cycles is not None:
+            before_cycles.cancel()
     report.npu_lines = executable.describe(estimate, before)
     report.npu_cycles = (estimate.cycles, before)
     report.stage_seconds["lower-npu"] = time.perf_counter() - start
@@ -182,6 +194,18 @@ def on_emulator(spec, target, avals, check: bool, precision: str | None = None, 
         report.gradient_traffic = _gradient_traffic(spec.original, spec.term, original.groups, executable.groups)
     run = EmulatorRun(executable, spec.run, reference, report, target.name, check, primed)
     return dataclasses.replace(spec, run=run, npu=executable)
+
+
+def _cycles(graph, target, precision: str) -> int:
+    """The cycles of `graph` lowered for the NPU (`Forked` runs it on the other core)."""
+    return NpuExecutable(graph, target, precision=precision).estimate().cycles
+
+
+def _without_jax(graph) -> bool:
+    """Whether lowering `graph` for the NPU runs no JAX (`Forked`'s children must not): no constant
+    values to compute beyond literals."""
+    live = set(graph.live())
+    return not any(graph.nodes[i].op != "lit" for i in graph.constant_nodes() if i in live)
 
 
 class _OriginalProgram:
@@ -217,38 +241,65 @@ def _concrete(example, avals) -> tuple | None:
 def _check(executable, reference: _OriginalProgram, spec, avals, precision: str, target, types: list,
            example: tuple | None = None) -> tuple[str | None, tuple | None]:
     """(None, (example, its outputs)) if the NPU program's outputs agree with the original program's on
-    CHECK_SEEDS' random inputs and on `example` (run last, so the executable's `last` run is the
-    caller's), else (the reason the JAX program runs instead, None)."""
+    CHECK_SEEDS' random inputs and on `example` (the last this process runs, so the executable's `last`
+    run is the caller's), else (the reason the JAX program runs instead, None)."""
     operands = f"{', '.join(types)} cube operands" if types else "no cube stages"
-    trials = [(f"random inputs (seed {seed})", verification.random_args(avals, seed)) for seed in CHECK_SEEDS]
+    trials = [(f"random inputs (seed {seed})", lambda seed=seed: verification.random_args(avals, seed))
+              for seed in CHECK_SEEDS]
     if example is not None:
-        trials.append(("the first call's arguments", example))
-    actual: list = []
-    for where, args in trials:
-        try:
-            actual = [np.asarray(o) for o in executable(*args)]
-        except Exception as exc:    # noqa: BLE001
-            return f"the NPU program failed on {where}: {type(exc).__name__}: {_short(str(exc))}", None
-        expected = [np.asarray(o) for o in (spec.reference or reference())(*args)]
-        problem = _differs(expected, actual, spec.original, args)
-        if problem is None:
-            continue
-        problem = f"{problem}, on {where}"
-        # Its own model (the term with the cube's rounding) tells a precision drift from a lowering error.
-        try:
-            own = verification.compare_outputs(cube_reference(spec.term, args, precision), actual, as_dtype="float16")
-        except Exception:    # noqa: BLE001
-            own = None
-        if own:
-            return f"the NPU program ({operands}) differs from the original program: {problem}; and from its own " \
-                   f"model of the cube's rounding: {own}", None
-        hint = ""
-        if precision == "fp16" and "fp16" in types and cube_operand_types(spec.term) & {"float32", "float64"}:
-            hint = "; precision='fp32' multiplies float32 operands as they are" if target.npu.cube_fp32 else \
-                f"; the {target.name} cube takes no fp32 operands"
-        return f"the NPU program ({operands}) differs from the original program beyond the output's dtype " \
-               f"tolerance: {problem}{hint}", None
-    return None, ((example, actual) if example is not None else None)
+        trials.append(("the first call's arguments", lambda: example))
+    # The emulator runs the first set on the other core while this one runs the others, then takes its
+    # outputs; none of it where a stage runs on the host, through JAX. The example runs here, last: the
+    # executable's `last` run is the caller's.
+    aside = Forked(_emulated, executable, trials[0][1]) \
+        if len(trials) > 1 and not executable.host_ops and _without_jax(executable.graph) else None
+    order = trials[1:] + trials[:1] if aside is not None else trials
+    primed, stack = None, contextlib.ExitStack()
+    try:
+        if aside is not None:
+            stack.enter_context(one_blas_thread())
+        for where, make in order:
+            args = make()
+            try:
+                if make is trials[0][1] and aside is not None:
+                    actual = aside.result()
+                    stack.close()      # the child is done: BLAS may use both cores again
+                else:
+                    actual = [np.asarray(o) for o in executable(*args)]
+            except Exception as exc:    # noqa: BLE001
+                return f"the NPU program failed on {where}: {type(exc).__name__}: {_short(str(exc))}", None
+            if args is example:
+                primed = (example, actual)
+            expected = [np.asarray(o) for o in (spec.reference or reference())(*args)]
+            problem = _differs(expected, actual, spec.original, args)
+            if problem is None:
+                continue
+            problem = f"{problem}, on {where}"
+            # Its own model (the term with the cube's rounding) tells a precision drift from a lowering error.
+            try:
+                own = verification.compare_outputs(cube_reference(spec.term, args, precision), actual,
+                                                   as_dtype="float16")
+            except Exception:    # noqa: BLE001
+                own = None
+            if own:
+                return f"the NPU program ({operands}) differs from the original program: {problem}; and from " \
+                       f"its own model of the cube's rounding: {own}", None
+            hint = ""
+            if precision == "fp16" and "fp16" in types and cube_operand_types(spec.term) & {"float32", "float64"}:
+                hint = "; precision='fp32' multiplies float32 operands as they are" if target.npu.cube_fp32 else \
+                    f"; the {target.name} cube takes no fp32 operands"
+            return f"the NPU program ({operands}) differs from the original program beyond the output's dtype " \
+                   f"tolerance: {problem}{hint}", None
+    finally:
+        stack.close()
+        if aside is not None:
+            aside.cancel()
+    return None, primed
+
+
+def _emulated(executable, make_args) -> list:
+    """The NPU program's outputs on `make_args()` (`Forked` runs it on the other core)."""
+    return [np.asarray(o) for o in executable(*make_args())]
 
 
 def _differs(expected: list, actual: list, original, args) -> str | None:

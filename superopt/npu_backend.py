@@ -443,17 +443,46 @@ def _store_npu(pieces, key: str, target, precision: str, check: bool, lowered) -
 
 
 def _from_store(piece, target, precision: str, check: bool, stored: dict):
-    """The segment on the emulator as an earlier run lowered and checked it: the executable is built again
-    (the code generator is deterministic), its estimate must give the stored cycles, and the check on
-    random inputs is not repeated (with `check`, each call's outputs still are); None where anything
-    differs (then it is lowered and checked afresh)."""
-    try:
-        executable = NpuExecutable(piece.term, target, precision=precision)
-        cycles = executable.estimate().cycles
-    except (CodegenError, EmulatorError):
-        return None
-    if cycles != stored["cycles"]:
-        return None
-    piece.report.npu_cycles = (cycles, stored["cycles_before"])
+    """The segment on the emulator as an earlier run lowered and checked it, with the stored cycles: the
+    executable is built again at its first use (`StoredExecutable`; the code generator is deterministic,
+    and building a d=4096 layer's takes seconds that a compile from shapes need not pay), and the check
+    on random inputs is not repeated (with `check`, each call's outputs still are)."""
+    executable = StoredExecutable(piece.term, target, precision, stored["cycles"])
+    piece.report.npu_cycles = (stored["cycles"], stored["cycles_before"])
     run = EmulatorRun(executable, piece.run, _OriginalProgram(piece), piece.report, target.name, check)
     return dataclasses.replace(piece, run=run, npu=executable)
+
+
+class StoredExecutable:
+    """An `NpuExecutable` of a term an earlier run lowered and checked, built at its first use (a call,
+    or any attribute); its estimate must give the cycles stored, else using it raises an EmulatorError,
+    which a call turns into the JAX program's outputs and a warning (`EmulatorRun`)."""
+
+    def __init__(self, term, target, precision: str, cycles: int):
+        self.term, self.target, self.precision, self.cycles = term, target, precision, cycles
+        self._executable, self._error = None, None
+
+    def built(self) -> NpuExecutable:
+        if self._error is not None:                # built once and failed: not again on every call
+            raise self._error
+        if self._executable is None:
+            try:
+                executable = NpuExecutable(self.term, self.target, precision=self.precision)
+                cycles = executable.estimate().cycles
+            except (CodegenError, EmulatorError) as exc:
+                self._error = EmulatorError(f"the NPU program of a cache entry does not build again: {exc}")
+                raise self._error from exc
+            if cycles != self.cycles:
+                self._error = EmulatorError(f"the NPU program built again estimates {cycles} cycles, not the "
+                                            f"{self.cycles} its cache entry holds")
+                raise self._error
+            self._executable = executable
+        return self._executable
+
+    def __call__(self, *flat_args) -> list:
+        return self.built()(*flat_args)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.built(), name)

@@ -225,3 +225,27 @@ def test_attributes_come_back_as_their_own_types_and_a_cached_conv_runs(tmp_path
     i8 = capture(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.int32),
                  (jnp.ones((4, 4), jnp.int8), jnp.ones((4, 4), jnp.int8))).graph
     assert dumps(to_data(from_data(to_data(i8)))) == dumps(to_data(i8))
+
+
+def test_a_cached_npu_segment_is_built_at_its_first_use_and_a_wrong_entry_falls_back(tmp_path, monkeypatch):
+    """From the cache, the NPU program is built again when first called (a compile from shapes pays
+    nothing for it); an entry whose cycles the rebuilt program does not give runs on JAX, with a warning."""
+    import superopt.npu_backend as npu_backend
+    ps, x = params(3)
+    first = superopt(model, "npu-910b", cache=tmp_path).compile(ps, x)
+    built = []
+    real = npu_backend.NpuExecutable
+    monkeypatch.setattr(npu_backend, "NpuExecutable", lambda *a, **k: built.append(1) or real(*a, **k))
+    again = superopt(model, "npu-910b", cache=tmp_path).compile(ps, x)
+    assert "from the cache" in again.report.backend and built == []
+    flat = jax.tree_util.tree_leaves((ps, x))
+    np.testing.assert_allclose(np.asarray(again.run(*flat)[0]), np.asarray(jax.jit(model)(ps, x)),
+                               rtol=1e-3, atol=1e-3)
+    assert built == [1]
+    (stored,) = again.npu.executables.values()
+    assert stored.cycles == first.npu.cycles // 3 and stored.last is not None     # the run's, on the emulator
+    wrong = npu_backend.StoredExecutable(stored.term, stored.target, stored.precision, stored.cycles + 1)
+    with pytest.raises(npu_backend.EmulatorError, match="its cache entry holds"):
+        wrong(*flat)
+    with pytest.raises(npu_backend.EmulatorError, match="its cache entry holds"):   # remembered, not rebuilt
+        wrong.describe

@@ -294,10 +294,30 @@ def smallest_box_bytes(body: tuple) -> int | None:
         return None
 
 
+def reduces_by_rows(op: str, attrs: tuple, shape: tuple) -> bool:
+    """Whether the NPU runs this one-op reduction as two stages (`row_stages`): it reduces several axes,
+    the last among them, and one stage would need every reduced axis in the UB at once."""
+    return op in REDUCTIONS and len(attrs[0]) > 1 and len(shape) - 1 in attrs[0]
+
+
+def row_stages(op: str, attrs: tuple, x: Type, out: Type) -> list[tuple[tuple, Type, Type]]:
+    """(body, input, output) of the two stages of a reduction `reduces_by_rows`: over the last axis (its
+    rows stream through the UB a box at a time), then over the other reduced axes of the row results."""
+    last = len(x[0]) - 1
+    rows = (tuple(x[0][:-1]), out[1])
+    rest = tuple(a for a in attrs[0] if a != last)
+    return [(one_op_body(op, ((last,),), [x], rows), x, rows), (one_op_body(op, (rest,), [rows], out), rows, out)]
+
+
 def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> Breakdown:
-    """The op as one kernel on `target` (a `kernel` node carries its own body)."""
+    """The op as one kernel on `target` (a `kernel` node carries its own body); on an NPU, a reduction
+    over several axes as the two kernels the lowering runs (`row_stages`)."""
     if op in FREE:
         return NOTHING_RUNS
+    if target.kind == "npu" and reduces_by_rows(op, attrs, ins[0][0]):
+        parts = [kernel_breakdown(body, [x], y, target) for body, x, y in row_stages(op, attrs, ins[0], out)]
+        return Breakdown(sum(p.time for p in parts), sum(p.flops for p in parts), sum(p.bytes for p in parts),
+                         "; ".join(p.overflow for p in parts if p.overflow))
     if op == "kernel":
         return kernel_breakdown(attrs[0], ins, out, target, attrs[1] if len(attrs) > 1 else None)
     if op in LAYOUT_OPS and attrs[0] == "ND":

@@ -68,3 +68,28 @@ def test_a_long_elementwise_row_is_cut_into_chunks_not_refused():
     had to hold whole rows, and so priced a whole Llama-style layer at infinity on the NPU."""
     body, ins, out = body_of(lambda x, y: x * y, (1, 128, 11008), (1, 128, 11008))
     assert math.isfinite(kernel_breakdown(body, ins, out, load_target("npu-910b")).time)
+
+
+@pytest.mark.parametrize("target", ["npu-910b", "npu-910"])
+@pytest.mark.parametrize("op, axes, shape", [("reduce_sum", (0, 1), (512, 1024)),
+                                             ("reduce_and", (0, 1), (512, 1024)),
+                                             ("reduce_max", (0, 2), (8, 64, 2048)),
+                                             ("reduce_sum", (1, 2), (4, 96, 4096))])
+def test_a_reduction_over_several_axes_is_priced_as_the_two_stages_it_runs(target, op, axes, shape):
+    """A one-op reduction over several axes, the last among them, runs as a row stage and a stage over the
+    rest (`row_stages`): the model prices those, finite, where one stage's box would hold every reduced
+    axis (a training step's gradient norm was priced at infinity, and so was every program holding it)."""
+    from superopt.core.ir import Graph
+    from superopt.extract.cost import op_breakdown, reduces_by_rows, row_stages
+    from superopt.lowering.npu.lower import NpuExecutable
+    t = load_target(target)
+    dtype = "bool" if op == "reduce_and" else "float32"
+    out = (tuple(d for k, d in enumerate(shape) if k not in axes), dtype)
+    assert reduces_by_rows(op, (axes,), shape)
+    b = op_breakdown(op, (axes,), [(shape, dtype)], out, t)
+    assert math.isfinite(b.time) and not b.overflow
+    stages = row_stages(op, (axes,), (shape, dtype), out)
+    assert sum(kernel_breakdown(body, [x], y, t).time for body, x, y in stages) == pytest.approx(b.time)
+    graph = Graph(nodes=[Node("arg", (), (0,), shape, dtype), Node(op, (0,), (axes,), out[0], dtype)], outputs=[1])
+    executable = NpuExecutable(graph, t, precision="fp16")
+    assert not executable.host_ops and len([s for s in executable.stages if s.program is not None]) == 2

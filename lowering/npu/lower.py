@@ -50,7 +50,7 @@ from superopt.core.formats import CUBE_FORMATS, holds, packed_shape
 from superopt.core.ir import Graph, Node, body_str
 from superopt.core.ops import LAYOUT_OPS, REDUCTIONS, on_npu
 from superopt.egraph.siblings import internal, merged_body, run_before, sibling_groups
-from superopt.extract.cost import one_op_body
+from superopt.extract.cost import one_op_body, reduces_by_rows
 from superopt.extract.models import npu as npu_model
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, cone
@@ -288,7 +288,7 @@ class NpuExecutable:
                 self.stages.append(Stage(f"%{i} {node.op} {node.attrs[0]} (TransData)", i, program))
             elif node.op == "fractal_matmul":
                 self.stages.append(fractal_stage(ins, out, self.target, i, self.precision))
-            elif node.op in REDUCTIONS and len(node.attrs[0]) > 1 and len(ins[0][1]) - 1 in node.attrs[0]:
+            elif reduces_by_rows(node.op, node.attrs, ins[0][1]):
                 self._reduce_by_rows(i, node, ins[0], out)
             else:
                 self.stages += KernelLowering(body, ins, out, tiling, self.target, i, label, self._tensor,

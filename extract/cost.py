@@ -314,7 +314,7 @@ def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Targ
     over several axes as the two kernels the lowering runs (`row_stages`)."""
     if op in FREE:
         return NOTHING_RUNS
-    if target.kind == "npu" and reduces_by_rows(op, attrs, ins[0][0]):
+    if target.kind == "npu" and op in REDUCTIONS and reduces_by_rows(op, attrs, ins[0][0]):
         parts = [kernel_breakdown(body, [x], y, target) for body, x, y in row_stages(op, attrs, ins[0], out)]
         return Breakdown(sum(p.time for p in parts), sum(p.flops for p in parts), sum(p.bytes for p in parts),
                          "; ".join(p.overflow for p in parts if p.overflow))

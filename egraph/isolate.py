@@ -31,7 +31,8 @@ from superopt.core.forked import read_exactly
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
 from superopt.core.deadline import Deadline
-from superopt.egraph.runner import NODE_SLACK, SATURATION_SHARE, Limits, RunReport, StopReason, saturate
+from superopt.egraph.limits import SATURATION_SHARE, Limits, RunReport, StopReason
+from superopt.egraph.runner import NODE_SLACK, saturate
 
 _HEADER = struct.Struct("<Q")
 

@@ -166,46 +166,6 @@ conv_channels_last = relation("conv_channels_last", i64, egg_fn="conv_channels_l
 def conv_int32(params: i64Like) -> i64: ...
 
 
-# ---- constructor signatures, for the pattern language (rewrites/pattern.py) and the runner ----
-# Sorts of pattern variables and constants.
-TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT = "tensor", "list", "vec", "dtype", "op", "float", "int"
-SCALAR = "scalar"  # a kernel body's value (egraph/terms.py `Scalar`)
-FORMAT = "format"  # a packed layout's name (superopt/core/formats.py)
-SORTS = (TENSOR, LIST, VEC, DTYPE, OP, FLOAT, INT, SCALAR, FORMAT)
-
-# Term constructors: name -> (argument sorts, result sort). `vec` is Vec[i64]: shapes, perms, axes.
-CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
-    "arg": ((INT,), TENSOR), "const": ((INT,), TENSOR), "lit": ((FLOAT, DTYPE), TENSOR),
-    "iota": ((INT, VEC, DTYPE), TENSOR),
-    "unary": ((OP, TENSOR), TENSOR), "binary": ((OP, TENSOR, TENSOR), TENSOR),
-    "integer_pow": ((TENSOR, INT), TENSOR), "select": ((TENSOR, TENSOR, TENSOR), TENSOR),
-    "convert": ((TENSOR, DTYPE), TENSOR), "matmul": ((TENSOR, TENSOR, DTYPE), TENSOR),
-    "conv": ((TENSOR, TENSOR, INT), TENSOR), "reduce": ((OP, TENSOR, VEC), TENSOR),
-    "argreduce": ((OP, TENSOR, INT, DTYPE), TENSOR), "scan": ((OP, TENSOR, INT, INT), TENSOR),
-    "pool": ((OP, TENSOR, VEC, VEC, VEC, VEC), TENSOR), "transpose": ((TENSOR, VEC), TENSOR),
-    "reshape": ((TENSOR, VEC), TENSOR), "broadcast": ((TENSOR, VEC, VEC), TENSOR),
-    "concat": ((LIST, INT), TENSOR), "slice": ((TENSOR, VEC, VEC, VEC), TENSOR),
-    "pad": ((TENSOR, TENSOR, VEC, VEC, VEC), TENSOR),
-    "tnil": ((), LIST), "tcons": ((TENSOR, LIST), LIST),
-    # packed layouts
-    "pack": ((TENSOR, FORMAT), TENSOR), "unpack": ((TENSOR, FORMAT, VEC), TENSOR),
-    "fractal_matmul": ((TENSOR, TENSOR, DTYPE), TENSOR),
-    # kernels and the Scalar body language
-    "kernel": ((SCALAR,), TENSOR), "sarg": ((TENSOR, VEC), SCALAR),
-    "sunary": ((OP, SCALAR), SCALAR), "sbinary": ((OP, SCALAR, SCALAR), SCALAR),
-    "sselect": ((SCALAR, SCALAR, SCALAR), SCALAR), "sconvert": ((SCALAR, DTYPE), SCALAR),
-    "spow": ((SCALAR, INT), SCALAR), "sbcast": ((SCALAR, VEC), SCALAR), "srow": ((OP, SCALAR), SCALAR),
-    "sperm": ((SCALAR, VEC), SCALAR), "smm": ((TENSOR, TENSOR, DTYPE), SCALAR),
-    "sconv": ((TENSOR, TENSOR, INT), SCALAR), "schain": ((SCALAR, TENSOR, DTYPE), SCALAR),
-}
-# The tensor constructor each Scalar constructor applies on chip, with the same primitive arguments in
-# the same order (sarg, sbcast and srow load, broadcast and reduce-keeping-the-axis instead).
-SCALAR_AS_TENSOR = {"sunary": "unary", "sbinary": "binary", "sselect": "select", "sconvert": "convert",
-                    "spow": "integer_pow", "sperm": "transpose", "smm": "matmul", "sconv": "conv",
-                    "schain": "matmul"}
-SCALAR_FNS = frozenset(fn for fn, (_, sort) in CONSTRUCTORS.items() if sort == SCALAR)
-
-
 # ---- helpers for writing rules readably ----
 def ints(values) -> Vec[i64]:
     return Vec[i64](*(i64(int(v)) for v in values)) if len(values) else Vec[i64].empty()

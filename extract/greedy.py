@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from superopt.core.deadline import Deadline, current
 from superopt.core.ir import CycleError, Graph, Node, body_str, hoistable, postorder, type_str
@@ -23,6 +23,7 @@ from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
 from superopt.extract.cost import MATRIX_OPS, op_breakdown, op_cost
 from superopt.extract.errors import ExtractionError
+from superopt.extract.extraction import Extraction, program_cost
 from superopt.extract.kernels import expand
 from superopt.extract.memory import fit_budget
 from superopt.extract.target import Target
@@ -40,16 +41,6 @@ class _Best:
     node: ENode
     costs: dict  # e-class -> cost of its chosen node, over the chosen sub-DAG
     const_only: bool
-
-
-@dataclass
-class Extraction:
-    graph: Graph
-    cost: float
-    node_costs: list[float]  # per live node of `graph`, seconds per call (0 for hoisted constants)
-    method: str = "greedy"   # which extractor produced it, and how it ended
-    declined: list = field(default_factory=list)  # larger fusions that were available and not chosen, and why
-    memory: str = ""         # what fitting a memory budget did, when one was given
 
 
 def _node_types(fz: FrozenEGraph, node: ENode):
@@ -385,14 +376,3 @@ def build_graph(fz: FrozenEGraph, enc: Encoding, choice: dict, classes: dict | N
             classes[ids[cls]] = cls
     graph.outputs = [ids[fz.outputs[k]] for k in sorted(fz.outputs)]
     return graph
-
-
-def program_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
-    """Cost of a captured program under the same model (constant sub-terms hoisted), per live node."""
-    constant = graph.constant_nodes()
-    costs = []
-    for i in graph.live():
-        node = graph.nodes[i]
-        ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
-        costs.append(0.0 if i in constant else op_cost(node.op, node.attrs, ins, (node.shape, node.dtype), target))
-    return sum(costs), costs

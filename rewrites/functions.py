@@ -14,14 +14,18 @@ from typing import Callable
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from egglog import String, Vec, eq, f64, i64, ne
 from jax import lax
 
+from superopt.core import lazy
 from superopt.core.formats import FORMATS
 from superopt.egraph.capture import capture
-from superopt.egraph.encode import channels_last, int32_twin
-from superopt.egraph.terms import conv_channels_last, conv_int32, dtype as dtype_of, float_dtype
 from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var, _coerce
+
+# The egglog meanings are built where a rule is compiled; defining rules (and a call the cache answers)
+# imports none of these.
+E = lazy.module("egglog")
+T = lazy.module("superopt.egraph.terms")
+encoding = lazy.module("superopt.egraph.encode")
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 # Terms of int8 products an int32 sum always holds: each product lies in [-128 * 127, (-128) ** 2] =
@@ -48,9 +52,9 @@ class AttributeFn:
     ranks: Callable = lambda *args: ()
 
 
-def _vec(values) -> Vec[i64]:
-    values = [v if not isinstance(v, int) else i64(v) for v in values]
-    return Vec[i64](*values) if values else Vec[i64].empty()
+def _vec(values) -> E.Vec[E.i64]:
+    values = [v if not isinstance(v, int) else E.i64(v) for v in values]
+    return E.Vec[E.i64](*values) if values else E.Vec[E.i64].empty()
 
 
 def _rank(v) -> int:
@@ -76,9 +80,9 @@ def _fills_blocks_egg(c, s, f) -> list:
     for fmt in FORMATS.values():
         if not fmt.fits(r) or (isinstance(f, Const) and f.value != fmt.name):
             continue
-        facts = [] if isinstance(f, Const) else [eq(c.expr(f)).to(String(fmt.name))]
+        facts = [] if isinstance(f, Const) else [E.eq(c.expr(f)).to(E.String(fmt.name))]
         lead = fmt.batch(r)
-        facts += [eq(c.expr(s)[lead + i] % i64(b)).to(i64(0)) for i, b in enumerate(fmt.blocks) if b > 1]
+        facts += [E.eq(c.expr(s)[lead + i] % E.i64(b)).to(E.i64(0)) for i, b in enumerate(fmt.blocks) if b > 1]
         out.append(facts)
     return out
 
@@ -102,7 +106,7 @@ class _ConvTable:
                                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
             graph = capture(fn, (jnp.ones((1, 3, 3, 2)), jnp.ones((2, 2, 2, 4)))).graph
             params = next(n.attrs[0] for n in graph.nodes if n.op == "conv")
-            self._params = [params, int32_twin(params)]
+            self._params = [params, encoding.int32_twin(params)]
         return self._params
 
 
@@ -111,84 +115,84 @@ CONV_TABLE = _ConvTable()  # entry 0: NHWC input, HWIO kernel, stride 1, VALID p
 
 PREDICATES: dict[str, Predicate] = {p.name: p for p in [
     Predicate("same_shape", (TENSOR, TENSOR), "the two tensors have the same shape",
-              lambda c, a, b: [[eq(c.shape(a)).to(c.shape(b))]], lambda a, b: np.shape(a) == np.shape(b)),
+              lambda c, a, b: [[E.eq(c.shape(a)).to(c.shape(b))]], lambda a, b: np.shape(a) == np.shape(b)),
     Predicate("shape_is", (TENSOR, VEC), "the tensor has exactly this shape",
-              lambda c, t, s: [[eq(c.shape(t)).to(c.expr(s))]], lambda t, s: tuple(np.shape(t)) == tuple(s)),
+              lambda c, t, s: [[E.eq(c.shape(t)).to(c.expr(s))]], lambda t, s: tuple(np.shape(t)) == tuple(s)),
     Predicate("has_dtype", (TENSOR, DTYPE), "the tensor has this dtype",
-              lambda c, t, d: [[eq(dtype_of(c.expr(t))).to(c.expr(d))]], lambda t, d: str(np.asarray(t).dtype) == d),
+              lambda c, t, d: [[E.eq(T.dtype(c.expr(t))).to(c.expr(d))]], lambda t, d: str(np.asarray(t).dtype) == d),
     Predicate("float_dtype", (DTYPE,), "a floating-point dtype",
-              lambda c, d: [[float_dtype(c.expr(d))]], lambda d: d in FLOAT_DTYPES),
+              lambda c, d: [[T.float_dtype(c.expr(d))]], lambda d: d in FLOAT_DTYPES),
     Predicate("rank", (TENSOR, INT), "the tensor has this rank",
-              lambda c, t, r: [[eq(c.shape(t).length()).to(c.expr(r))]], lambda t, r: np.ndim(t) == r),
+              lambda c, t, r: [[E.eq(c.shape(t).length()).to(c.expr(r))]], lambda t, r: np.ndim(t) == r),
     Predicate("scalar", (TENSOR,), "a rank-0 tensor",
-              lambda c, t: [[eq(c.shape(t).length()).to(i64(0))]], lambda t: np.ndim(t) == 0),
+              lambda c, t: [[E.eq(c.shape(t).length()).to(E.i64(0))]], lambda t: np.ndim(t) == 0),
     Predicate("same_rank", (TENSOR, TENSOR), "the two tensors have the same rank",
-              lambda c, a, b: [[eq(c.shape(a).length()).to(c.shape(b).length())]],
+              lambda c, a, b: [[E.eq(c.shape(a).length()).to(c.shape(b).length())]],
               lambda a, b: np.ndim(a) == np.ndim(b)),
     Predicate("fits", (VEC, TENSOR), "a permutation or axis list as long as the tensor's rank",
-              lambda c, p, t: [[eq(c.expr(p).length()).to(c.shape(t).length())]], lambda p, t: len(p) == np.ndim(t)),
+              lambda c, p, t: [[E.eq(c.expr(p).length()).to(c.shape(t).length())]], lambda p, t: len(p) == np.ndim(t)),
     Predicate("matmul_ok", (TENSOR, TENSOR), "a@b is a valid matmul: a rank-2 b, or equal ranks",
-              lambda c, a, b: [[eq(c.shape(b).length()).to(i64(2))],
-                               [eq(c.shape(a).length()).to(c.shape(b).length())]],
+              lambda c, a, b: [[E.eq(c.shape(b).length()).to(E.i64(2))],
+                               [E.eq(c.shape(a).length()).to(c.shape(b).length())]],
               lambda a, b: np.ndim(a) >= 2 and (np.ndim(b) == 2 or np.ndim(a) == np.ndim(b))),
     Predicate("identity_perm", (VEC,), "the identity permutation",
-              lambda c, p: [[eq(c.expr(p)).to(_vec(range(c.rank(p))))]], lambda p: tuple(p) == tuple(range(len(p))),
+              lambda c, p: [[E.eq(c.expr(p)).to(_vec(range(c.rank(p))))]], lambda p: tuple(p) == tuple(range(len(p))),
               lambda p: _keyed(p)),
     Predicate("swaps_last_two", (VEC,), "the permutation that swaps the last two axes",
-              lambda c, p: [[eq(c.expr(p)).to(_vec(_swap_last(c.rank(p))))]] if c.rank(p) >= 2 else [],
+              lambda c, p: [[E.eq(c.expr(p)).to(_vec(_swap_last(c.rank(p))))]] if c.rank(p) >= 2 else [],
               lambda p: len(p) >= 2 and tuple(p) == _swap_last(len(p)), lambda p: _keyed(p)),
     Predicate("same_numel", (TENSOR, VEC), "the tensor has as many elements as the shape describes",
-              lambda c, t, s: [[eq(_product(c.shape(t), c.rank(t))).to(_product(c.expr(s), c.rank(s)))]],
+              lambda c, t, s: [[E.eq(_product(c.shape(t), c.rank(t))).to(_product(c.expr(s), c.rank(s)))]],
               lambda t, s: math.prod(np.shape(t)) == math.prod(s), lambda t, s: _keyed(t, s)),
     Predicate("differs_shape", (TENSOR, VEC), "the tensor's shape is not this one",
-              lambda c, t, s: [[ne(c.shape(t)).to(c.expr(s))]], lambda t, s: tuple(np.shape(t)) != tuple(s)),
+              lambda c, t, s: [[E.ne(c.shape(t)).to(c.expr(s))]], lambda t, s: tuple(np.shape(t)) != tuple(s)),
     Predicate("last_axis", (VEC, TENSOR), "the axis list names exactly the tensor's last axis",
-              lambda c, p, t: [[eq(c.expr(p)).to(_vec([c.rank(t) - 1]))]] if c.rank(t) else [],
+              lambda c, p, t: [[E.eq(c.expr(p)).to(_vec([c.rank(t) - 1]))]] if c.rank(t) else [],
               lambda p, t: np.ndim(t) > 0 and tuple(p) == (np.ndim(t) - 1,), lambda p, t: _keyed(t)),
     Predicate("less", (INT, INT), "a < b (orders leaves so a group is matched once)",
               lambda c, a, b: [[c.expr(a) < c.expr(b)]], lambda a, b: a < b),
     Predicate("conv_channels_last", (INT,), "conv params whose output and kernel features are the last axis",
-              lambda c, n: [[conv_channels_last(c.expr(n))]], lambda n: _conv_channels_last_py(n)),
+              lambda c, n: [[T.conv_channels_last(c.expr(n))]], lambda n: _conv_channels_last_py(n)),
     Predicate("has_int32_conv", (INT,), "conv params that have a twin accumulating in int32 (those that give "
               "the operands' dtype: no preferred_element_type, or float32)",
-              lambda c, n: [[conv_int32(c.expr(n)) >= i64(0)]], lambda n: _int32_conv_py(n) is not None),
+              lambda c, n: [[T.conv_int32(c.expr(n)) >= E.i64(0)]], lambda n: _int32_conv_py(n) is not None),
     Predicate("int32_accumulates_conv", (TENSOR,), "int8 products summed over a channels-last conv kernel's "
               f"window and input features (all axes but the last) fit int32 (2 to {INT8_TERMS} terms: one "
               "product keeps float32's -0.0, which XLA's zero-started sum of two or more turns to +0.0 as int32 does)",
-              lambda c, t: [[_product(c.shape(t), c.rank(t) - 1) <= i64(INT8_TERMS),
-                             _product(c.shape(t), c.rank(t) - 1) >= i64(2)]] if c.rank(t) else [],
+              lambda c, t: [[_product(c.shape(t), c.rank(t) - 1) <= E.i64(INT8_TERMS),
+                             _product(c.shape(t), c.rank(t) - 1) >= E.i64(2)]] if c.rank(t) else [],
               lambda t: np.ndim(t) > 0 and 2 <= math.prod(np.shape(t)[:-1]) <= INT8_TERMS, lambda t: _keyed(t)),
     Predicate("nonzero", (FLOAT,), "a nonzero constant (egglog's f64 holds -0.0 and 0.0 as one value)",
-              lambda c, v: [[ne(c.expr(v)).to(f64(0.0))]], lambda v: v != 0.0),
+              lambda c, v: [[E.ne(c.expr(v)).to(E.f64(0.0))]], lambda v: v != 0.0),
     Predicate("int8_scale", (FLOAT,), "a float32 scale an int8 matmul or conv may take inside or outside: zero, "
               "or 2**-60 <= |c| <= 2**48, so that with at most INT8_TERMS products (each at most 2**14) and a "
               "scale on each operand, neither side overflows float32 or leaves its normal range",
-              lambda c, v: [[eq(c.expr(v)).to(f64(0.0))],
-                            [c.expr(v) >= f64(2.0**-60), c.expr(v) <= f64(2.0**48)],
-                            [c.expr(v) >= f64(-2.0**48), c.expr(v) <= f64(-2.0**-60)]],
+              lambda c, v: [[E.eq(c.expr(v)).to(E.f64(0.0))],
+                            [c.expr(v) >= E.f64(2.0**-60), c.expr(v) <= E.f64(2.0**48)],
+                            [c.expr(v) >= E.f64(-2.0**48), c.expr(v) <= E.f64(-2.0**-60)]],
               lambda v: v == 0.0 or 2.0**-60 <= abs(v) <= 2.0**48),
     Predicate("fold_in_range", (FLOAT, DTYPE), "a folded constant is a normal number of the float dtype: "
               "not NaN, and rounding it to the dtype neither overflows nor underflows; not zero, whose sign "
               "egglog's f64 does not keep (-0.0 and 0.0 are one value there)",
               lambda c, v, d: _in_range_egg(c.expr(v), c.expr(d)), lambda v, d: _in_range_py(v, d)),
     Predicate("row_vector", (TENSOR,), "a rank-2 tensor with one row (a per-column vector, as broadcast)",
-              lambda c, t: [[eq(c.shape(t).length()).to(i64(2)), eq(c.shape(t)[i64(0)]).to(i64(1))]],
+              lambda c, t: [[E.eq(c.shape(t).length()).to(E.i64(2)), E.eq(c.shape(t)[E.i64(0)]).to(E.i64(1))]],
               lambda t: np.ndim(t) == 2 and np.shape(t)[0] == 1),
     Predicate("int32_accumulates", (TENSOR,), "int8 products summed over the tensor's last axis fit int32 "
               f"(2 to (2**31 - 1) // 2**14 = {INT8_TERMS} terms: one product keeps float32's -0.0, which "
               "XLA's zero-started sum of two or more turns to +0.0 as int32 does)",
-              lambda c, t: [[c.shape(t)[c.rank(t) - 1] <= i64(INT8_TERMS), c.shape(t)[c.rank(t) - 1] >= i64(2)]]
+              lambda c, t: [[c.shape(t)[c.rank(t) - 1] <= E.i64(INT8_TERMS), c.shape(t)[c.rank(t) - 1] >= E.i64(2)]]
               if c.rank(t) else [],
               lambda t: np.ndim(t) > 0 and 2 <= np.shape(t)[-1] <= INT8_TERMS, lambda t: _keyed(t)),
     Predicate("all_axes", (VEC, TENSOR), "the axis list names every axis of the tensor (a full reduction)",
-              lambda c, p, t: [[eq(c.expr(p)).to(_vec(range(c.rank(t))))]] if c.rank(t) else [],
+              lambda c, p, t: [[E.eq(c.expr(p)).to(_vec(range(c.rank(t))))]] if c.rank(t) else [],
               lambda p, t: np.ndim(t) > 0 and tuple(p) == tuple(range(np.ndim(t))), lambda p, t: _keyed(t)),
     Predicate("unit_axes", (VEC, TENSOR), "every axis the list names has size one in the tensor",
-              lambda c, p, t: [[eq(c.shape(t)[c.expr(p)[i64(i)]]).to(i64(1)) for i in range(c.rank(p))]]
+              lambda c, p, t: [[E.eq(c.shape(t)[c.expr(p)[E.i64(i)]]).to(E.i64(1)) for i in range(c.rank(p))]]
               if c.rank(p) <= c.rank(t) else [],
               lambda p, t: all(np.shape(t)[a] == 1 for a in p), lambda p, t: _keyed(p, t)),
     Predicate("long_last_axis", (TENSOR,), "the tensor's last axis has more than one element",
-              lambda c, t: [[c.shape(t)[c.rank(t) - 1] > i64(1)]] if c.rank(t) else [],
+              lambda c, t: [[c.shape(t)[c.rank(t) - 1] > E.i64(1)]] if c.rank(t) else [],
               lambda t: np.ndim(t) > 0 and np.shape(t)[-1] > 1, lambda t: _keyed(t)),
     Predicate("fills_blocks", (VEC, FORMAT), "shape s divides into the blocks of format f: packing it adds "
               "no padding, so unpacking and packing again gives back the same tensor",
@@ -216,8 +220,8 @@ def _in_range_egg(v, d) -> list:
     out = []
     for dt in FLOAT_DTYPES:
         lo, hi = _dtype_range(dt)
-        out += [[eq(d).to(String(dt)), v >= f64(lo), v <= f64(hi)],
-                [eq(d).to(String(dt)), v >= f64(-hi), v <= f64(-lo)]]
+        out += [[E.eq(d).to(E.String(dt)), v >= E.f64(lo), v <= E.f64(hi)],
+                [E.eq(d).to(E.String(dt)), v >= E.f64(-hi), v <= E.f64(-lo)]]
     return out
 
 
@@ -242,12 +246,12 @@ def _fmin(a: float, b: float) -> float:
 
 def _int32_conv_py(n: int) -> int | None:
     """The checker's table id of conv params n accumulating in int32, or None."""
-    twin = int32_twin(CONV_TABLE.conv_params[n])
+    twin = encoding.int32_twin(CONV_TABLE.conv_params[n])
     return CONV_TABLE.conv_params.index(twin) if twin in CONV_TABLE.conv_params else None
 
 
 def _conv_channels_last_py(n: int) -> bool:
-    return channels_last(CONV_TABLE.conv_params[n])
+    return encoding.channels_last(CONV_TABLE.conv_params[n])
 
 
 def _center(s, ref, r: int, low: bool):
@@ -255,7 +259,7 @@ def _center(s, ref, r: int, low: bool):
     out = []
     for i in range(r):
         if i < r - 2:
-            out.append(i64(0))
+            out.append(E.i64(0))
         else:
             half = (ref[i] - s[i]) / 2
             out.append(half if low else ref[i] - s[i] - half)
@@ -269,7 +273,7 @@ def _center_py(s, ref, low: bool) -> tuple:
 
 
 def _product(v, r: int):
-    out = i64(1)
+    out = E.i64(1)
     for i in range(r):
         out = out * v[i]
     return out
@@ -301,7 +305,7 @@ ATTRIBUTES: dict[str, AttributeFn] = {f.name: f for f in [
     # whichever the e-graph saw first (a rounding-sized difference).
     AttributeFn("fmax", lambda c, a, b: c.expr(a).max(c.expr(b)), _fmax),
     AttributeFn("fmin", lambda c, a, b: -((-c.expr(a)).max(-c.expr(b))), _fmin),
-    AttributeFn("int32_conv", lambda c, n: c.bind(conv_int32(c.expr(n)), i64), lambda n: _int32_conv_py(n)),
+    AttributeFn("int32_conv", lambda c, n: c.bind(T.conv_int32(c.expr(n)), E.i64), lambda n: _int32_conv_py(n)),
     AttributeFn("last_axis_of", lambda c, t: _vec([c.rank(t) - 1]), lambda t: (np.ndim(t) - 1,), lambda t: _keyed(t)),
     AttributeFn("axes_of", lambda c, t: _vec(range(c.rank(t))), lambda t: tuple(range(np.ndim(t))),
                 lambda t: _keyed(t)),

@@ -2,7 +2,7 @@
 
 A pattern is data (`Var`, `Const`, `App`), so one rule serves three readers: the egglog compiler
 (`rewrites/compile.py`), the s-expression text format (`rewrites/sexpr.py`) and the soundness checker's
-numpy evaluation (`rewrites/checker.py`). Constructor names and argument sorts are `egraph/terms.py`'s
+numpy evaluation (`rewrites/checker.py`). Constructor names and argument sorts are `egraph/signatures.py`'s
 `CONSTRUCTORS`.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from superopt.egraph.terms import (  # noqa: F401  (the DSL's sorts and constructor signatures)
+from superopt.egraph.signatures import (  # noqa: F401  (the DSL's sorts and constructor signatures)
     CONSTRUCTORS, DTYPE, FLOAT, FORMAT, INT, LIST, OP, SCALAR, SCALAR_AS_TENSOR, SCALAR_FNS, SORTS, TENSOR, VEC,
 )
 

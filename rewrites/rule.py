@@ -34,9 +34,11 @@ import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from superopt.rewrites.compile import compile_rule
+from superopt.core import lazy
 from superopt.rewrites.functions import PREDICATES, when
 from superopt.rewrites.pattern import SCALAR, TENSOR, Pattern, variables
+
+compiler = lazy.module("superopt.rewrites.compile")   # egglog: imported where a rule is first compiled
 
 NUMERICS = ("exact", "rounding", "reals")
 _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
@@ -80,7 +82,7 @@ class Rule:
     @cached_property
     def egg(self) -> tuple:
         """The egglog rules this rule compiles to (compiled once, on first use)."""
-        return tuple(compile_rule(self))
+        return tuple(compiler.compile_rule(self))
 
     @property
     def compiled(self) -> bool:

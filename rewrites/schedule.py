@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from superopt.egraph.runner import BackOff, Limits, Phase
+from superopt.egraph.limits import BackOff, Limits, Phase
 
 
 @dataclass(frozen=True)

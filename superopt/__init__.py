@@ -5,8 +5,8 @@
     print(fast.report)
 """
 from superopt.api import Optimized, superopt
-from superopt.egraph.runner import Limits, StopReason
-from superopt.extract.target import available_targets
 from superopt.core.verify import VerificationWarning
+from superopt.egraph.limits import Limits, StopReason
+from superopt.extract.target import available_targets
 
 __all__ = ["superopt", "Optimized", "Limits", "StopReason", "available_targets", "VerificationWarning"]

@@ -12,17 +12,19 @@ import numpy as np
 
 from superopt import numerics as numerics_mode
 from superopt.cache import enable_jax_cache, open_store
+from superopt.core import lazy
 from superopt.core.ir import pretty
-from superopt.egraph.runner import Limits
+from superopt.egraph.limits import Limits
 from superopt.extract.memory import parse_bytes
 from superopt.extract.target import load_target
-from superopt.npu_backend import check_precision
 from superopt.pipeline import EXTRACTORS, Specialization, is_key as _is_key, optimize
 from superopt.report import Report
 from superopt.rewrites.rule import RuleSet
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT, RULESETS
 from superopt.workers import executor_name
+
+npu = lazy.module("superopt.npu_backend")   # the NPU's lowering and emulator: loaded for an NPU target
 
 BACKENDS = ("jax",)          # plus "emulator" on an NPU target (its default there), "pallas" on a GPU target
 
@@ -87,7 +89,7 @@ class Optimized:
             raise TypeError(f"superopt: target must be a string such as 'cpu', got {type(target).__name__}")
         tgt = load_target(target)  # an unknown target fails here, listing the valid ones
         self.numerics = numerics_mode.check_mode(numerics)
-        self.precision = check_precision(precision, tgt)
+        self.precision = None if precision is None else npu.check_precision(precision, tgt)
         if extractor not in EXTRACTORS:
             raise ValueError(f"superopt: unknown extractor {extractor!r}; valid: {', '.join(EXTRACTORS)}")
         backends = BACKENDS + (("emulator",) if tgt.npu is not None else ()) \

@@ -18,13 +18,15 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from superopt.core import verify as verification
+from superopt.core import lazy, verify as verification
 from superopt.core.reference import evaluate
 from superopt.egraph.siblings import run_before
 from superopt.extract.traffic import gradient_traffic
-from superopt.lowering.pallas.optimizer import update_groups
-from superopt.lowering.pallas.program import PallasProgram, compare
-from superopt.npu_backend import _differs, on_emulator, on_emulator_in_segments
+
+# Each backend's modules are imported where it first runs: a program that runs on JAX loads neither.
+pallas_optimizer = lazy.module("superopt.lowering.pallas.optimizer")
+pallas_program = lazy.module("superopt.lowering.pallas.program")
+npu = lazy.module("superopt.npu_backend")
 
 
 class Backend(Protocol):
@@ -61,7 +63,7 @@ class PallasBackend:
         return spec.run      # the verified JAX program of the same term
 
     def tolerance(self, expected, actual, spec, args) -> str | None:
-        return compare(spec.term, expected, actual)
+        return pallas_program.compare(spec.term, expected, actual)
 
 
 class NpuEmulatorBackend:
@@ -69,14 +71,14 @@ class NpuEmulatorBackend:
 
     def lower(self, spec, target, check: bool, *, precision=None, example=None):
         if spec.pieces is not None:   # each distinct segment lowered and checked once, on its own shapes
-            return on_emulator_in_segments(spec, target, check, precision=precision)
-        return on_emulator(spec, target, spec.avals, check, precision=precision, example=example)
+            return npu.on_emulator_in_segments(spec, target, check, precision=precision)
+        return npu.on_emulator(spec, target, spec.avals, check, precision=precision, example=example)
 
     def reference(self, spec) -> Callable:
         return spec.reference    # the user's program, as for jax
 
     def tolerance(self, expected, actual, spec, args) -> str | None:
-        return _differs(expected, actual, spec.original, args)
+        return npu._differs(expected, actual, spec.original, args)
 
 
 def _on_pallas(spec, target, check: bool):
@@ -87,7 +89,7 @@ def _on_pallas(spec, target, check: bool):
     report = spec.report
     start = time.perf_counter()
     try:
-        program = PallasProgram(spec.term, target)
+        program = pallas_program.PallasProgram(spec.term, target)
     except Exception as exc:  # a bug here must not take the user's program down: say so and run JAX
         warnings.warn(f"superopt: the Pallas lowering failed ({type(exc).__name__}: {exc}); running JAX",
                       RuntimeWarning, stacklevel=3)
@@ -107,8 +109,8 @@ def _on_pallas(spec, target, check: bool):
     report.backend = "\n".join([program.summary()] + program.describe())
     if report.gradient_traffic:   # as the two programs run here: sibling kernels one launch a group
         original, constant = spec.original, spec.original.constant_nodes()
-        formed = [grp for grps in run_before(original, update_groups(original, constant), constant).values()
-                  for grp in grps]
+        groups = pallas_optimizer.update_groups(original, constant)
+        formed = [grp for grps in run_before(original, groups, constant).values() for grp in grps]
         report.gradient_traffic = (gradient_traffic(original, formed), gradient_traffic(spec.term, program.groups))
     report.stage_seconds["lower-pallas"] = time.perf_counter() - start
     return replace(spec, run=program)

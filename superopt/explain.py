@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from superopt.core.deadline import Deadline
 from superopt.core.ir import Graph, body_str, type_str
 from superopt.egraph.capture import capture
-from superopt.egraph.runner import Limits
+from superopt.egraph.limits import Limits
 from superopt.extract.candidates import candidates
 from superopt.extract.cost import op_breakdown
-from superopt.extract.greedy import program_cost
+from superopt.extract.extraction import program_cost
 from superopt.extract.target import load_target
 from superopt.pipeline import Stages, saturate, schedule_of
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase

@@ -30,13 +30,10 @@ from superopt.core.deadline import Deadline, TimeLimit
 from superopt.core.ir import Graph, body_str, type_str
 from superopt.core.serial import NotSerializable, digest, to_data
 from superopt.egraph.capture import Captured, capture, without_debug_effects
-from superopt.egraph.encode import encode
-from superopt.egraph.frozen import freeze
-from superopt.egraph.isolate import saturate_isolated
-from superopt.egraph.runner import Limits, RunReport, StopReason, saturate as saturate_in_process
+from superopt.egraph.limits import Limits, RunReport, StopReason
 from superopt.extract.cost import op_breakdown
-from superopt.extract.greedy import Extraction, ExtractionError, extract, program_cost
-from superopt.extract.ilp import extract_ilp
+from superopt.extract.errors import ExtractionError
+from superopt.extract.extraction import Extraction, program_cost
 from superopt.extract.memory import peak_memory
 from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import load_target
@@ -154,6 +151,11 @@ def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: D
     in egglog cannot take the caller down). It gets at most half the time left (runner.SATURATION_SHARE).
     `isolated=False` saturates in this process with the whole of `limits` (explain's search for
     alternatives, the benchmarks' probes: they need the time more than the isolation)."""
+    # Imported here: these import egglog, which a call that the cache answers never loads (core/lazy.py).
+    from superopt.egraph.encode import encode
+    from superopt.egraph.frozen import freeze
+    from superopt.egraph.isolate import saturate_isolated
+    from superopt.egraph.runner import saturate as saturate_in_process
     try:
         enc = timer("encode", encode, captured.graph, deadline)
         if isolated:
@@ -177,6 +179,8 @@ def choose(saturated: Saturated, target, extractor: str, memory_budget: int | No
         raise Kept(Outcome.SATURATION_FAILED, f"saturation failed ({run.error})")
 
     def pick(frozen, enc):
+        from superopt.extract.greedy import extract  # these import egglog (see saturate)
+        from superopt.extract.ilp import extract_ilp
         if extractor == "ilp":
             return extract_ilp(frozen, enc, target)
         return extract(frozen, enc, target, memory_budget=memory_budget)

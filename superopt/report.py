@@ -5,7 +5,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 
-from superopt.egraph.runner import RunReport, StopReason
+from superopt.egraph.limits import RunReport, StopReason
 
 # A larger fusion is a real candidate (listed as declined) when its price is within this factor of the
 # kernels chosen instead; one further off is listed as not chosen, with how much slower it is.

@@ -24,12 +24,15 @@ from pathlib import Path
 
 import jax
 
+from superopt.core import lazy
 from superopt.core.ir import Graph
 from superopt.core.serial import NotSerializable, digest, dumps, from_data, to_data
-from superopt.egraph import analysis
-from superopt.egraph.runner import PhaseReport, RunReport, StopReason
-from superopt.egraph.saved import rules_from_data, rules_to_data
+from superopt.egraph.limits import PhaseReport, RunReport, StopReason
 from superopt.rewrites.rule import Rule
+
+# egglog's: imported where compiled rules are read or written, not on a call the cache answers
+analysis = lazy.module("superopt.egraph.analysis")
+saved = lazy.module("superopt.egraph.saved")
 
 # The packages whose files are superopt's code (the folders of the installed layout; pyproject.toml).
 _PACKAGES = ("superopt", "superopt.core", "superopt.egraph", "superopt.rewrites", "superopt.rulesets",
@@ -176,7 +179,7 @@ def adopt_rules(schedule, data: dict) -> bool:
     try:
         if data.get("names") != [r.name for r in rules]:
             return False
-        groups = rules_from_data(data["rules"])
+        groups = saved.rules_from_data(data["rules"])
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
     if len(groups) != len(rules) + 1:
@@ -194,7 +197,7 @@ def compiled_rules(schedule) -> dict | None:
     rules = _rules(schedule)
     try:
         return dict(names=[r.name for r in rules],
-                    rules=rules_to_data([r.egg for r in rules] + [analysis.analysis_rules()]))
+                    rules=saved.rules_to_data([r.egg for r in rules] + [analysis.analysis_rules()]))
     except TypeError:
         return None
 

@@ -5,6 +5,9 @@ import hashlib
 import multiprocessing
 import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -290,3 +293,28 @@ def test_cli_cache_stats_of_an_empty_directory(tmp_path, capsys):
     assert main(["cache", "stats", "--dir", str(tmp_path / "none")]) == 0
     assert "no term store" in capsys.readouterr().out
     assert not (tmp_path / "none").exists()        # looking does not create it
+
+
+_LOADED = ("egglog", "superopt.egraph.terms", "superopt.npu_backend", "superopt.lowering.pallas.program")
+
+
+def test_a_call_the_cache_answers_loads_no_egglog(tmp_path):
+    """The first call in a new process whose cache holds the program imports neither egglog nor a backend's
+    lowering (superopt/core/lazy.py): importing them was most of that call's time. The process that filled
+    the cache did import egglog, so the check can fail."""
+    script = textwrap.dedent(f"""
+        import sys
+        import jax.numpy as jnp
+        from superopt import superopt
+        f = superopt(lambda x: x * 2 + 1, cache={str(tmp_path / "c")!r})
+        assert float(f(jnp.ones((4, 4)))[0, 0]) == 3.0
+        print(f.report.cache.startswith("hit"), [m for m in {_LOADED!r} if m in sys.modules])
+    """)
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip().splitlines()[-1]
+
+    assert run() == "False ['egglog', 'superopt.egraph.terms']"
+    assert run() == "True []"

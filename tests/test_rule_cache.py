@@ -14,7 +14,6 @@ from superopt.cache import Store
 from superopt.core.ir import pretty
 from superopt.egraph import saved
 from superopt.pipeline import schedule_of
-from superopt.rewrites import rule as rule_module
 from superopt.rewrites.schedule import Schedule
 
 
@@ -28,7 +27,7 @@ def fresh(schedule: Schedule) -> Schedule:
 def no_compiling(monkeypatch):
     def refuse(rule):
         raise AssertionError(f"rule {rule.name} was built, not taken from the cache")
-    monkeypatch.setattr(rule_module, "compile_rule", refuse)
+    monkeypatch.setattr("superopt.rewrites.compile.compile_rule", refuse)
 
 
 def test_compiled_rules_come_back_as_the_same_egglog_rules():

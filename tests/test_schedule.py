@@ -5,7 +5,8 @@ import pytest
 from superopt import superopt
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
-from superopt.egraph.runner import BackOff, Limits, Phase, StopReason, saturate
+from superopt.egraph.limits import BackOff, Limits, Phase, StopReason
+from superopt.egraph.runner import saturate
 from superopt.rewrites.pattern import add, mul, tensors
 from superopt.rewrites.rule import RuleSet, rule
 from superopt.rewrites.schedule import Schedule

@@ -29,8 +29,12 @@ from egglog import run as egg_run
 from superopt.core import progress
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import count
-from superopt.egraph.limits import Limits, Phase, PhaseReport, RunReport, StopReason
+from superopt.egraph.limits import SATURATION_SHARE, BackOff, Limits, Phase, PhaseReport, RunReport, StopReason
 from superopt.egraph.signatures import CONSTRUCTORS
+
+# The schedule's data lives in limits.py (no egglog); named here too, where saturation's callers import it.
+__all__ = ["saturate", "rows_per_match", "NODE_SLACK", "SATURATION_SHARE", "BackOff", "Limits", "Phase",
+           "PhaseReport", "RunReport", "StopReason"]
 
 
 def _rows(egraph: EGraph) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 
 from superopt import numerics as numerics_mode
 from superopt.backends import BACKENDS
-from superopt.core import verify as verification
+from superopt.core import lazy, verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
 from superopt.core.ir import Graph, body_str, type_str
 from superopt.core.serial import NotSerializable, digest, to_data
@@ -54,6 +54,14 @@ from superopt.reuse import (
 from superopt.rewrites.schedule import Schedule
 from superopt.segments import split, stitch
 from superopt.workers import executor_name, run_all
+
+# The stages that import egglog, imported where a program is saturated: a call the cache answers loads none.
+encoding = lazy.module("superopt.egraph.encode")
+freezing = lazy.module("superopt.egraph.frozen")
+isolate = lazy.module("superopt.egraph.isolate")
+runner = lazy.module("superopt.egraph.runner")
+greedy = lazy.module("superopt.extract.greedy")
+ilp = lazy.module("superopt.extract.ilp")
 
 # The cost model does not resolve differences of a few percent; a program that is predicted to be
 # less than this much faster is not worth swapping in for the original.
@@ -151,18 +159,13 @@ def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: D
     in egglog cannot take the caller down). It gets at most half the time left (runner.SATURATION_SHARE).
     `isolated=False` saturates in this process with the whole of `limits` (explain's search for
     alternatives, the benchmarks' probes: they need the time more than the isolation)."""
-    # Imported here: these import egglog, which a call that the cache answers never loads (core/lazy.py).
-    from superopt.egraph.encode import encode
-    from superopt.egraph.frozen import freeze
-    from superopt.egraph.isolate import saturate_isolated
-    from superopt.egraph.runner import saturate as saturate_in_process
     try:
-        enc = timer("encode", encode, captured.graph, deadline)
+        enc = timer("encode", encoding.encode, captured.graph, deadline)
         if isolated:
-            run, frozen = timer("saturate", saturate_isolated, enc.egraph, schedule, limits, deadline)
+            run, frozen = timer("saturate", isolate.saturate_isolated, enc.egraph, schedule, limits, deadline)
         else:
-            run = timer("saturate", saturate_in_process, enc.egraph, schedule, limits)
-            frozen = freeze(enc.egraph)
+            run = timer("saturate", runner.saturate, enc.egraph, schedule, limits)
+            frozen = freezing.freeze(enc.egraph)
     except TimeLimit as exc:
         raise Kept(Outcome.TIME_LIMIT, f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)") \
             from None
@@ -179,11 +182,9 @@ def choose(saturated: Saturated, target, extractor: str, memory_budget: int | No
         raise Kept(Outcome.SATURATION_FAILED, f"saturation failed ({run.error})")
 
     def pick(frozen, enc):
-        from superopt.extract.greedy import extract  # these import egglog (see saturate)
-        from superopt.extract.ilp import extract_ilp
         if extractor == "ilp":
-            return extract_ilp(frozen, enc, target)
-        return extract(frozen, enc, target, memory_budget=memory_budget)
+            return ilp.extract_ilp(frozen, enc, target)
+        return greedy.extract(frozen, enc, target, memory_budget=memory_budget)
     try:
         return timer("extract", deadline.bind(pick), saturated.frozen, saturated.encoding)
     except TimeLimit as exc:

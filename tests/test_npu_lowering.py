@@ -310,6 +310,25 @@ def test_report_symbolic_estimate_and_timelines(tmp_path):
         pytest.approx(numeric.cycles / load_target("npu-910b").npu.clock_hz * 1e6)
 
 
+@pytest.mark.parametrize("target", NPUS)
+def test_outputs_alone_are_a_timed_runs_and_leave_its_last_run(target):
+    """`outputs` (emulator.compute: the numerics without the timing, race and deadlock bookkeeping, which the
+    check on random inputs does not need) gives what a timed run gives, bit for bit, over cube and vector
+    stages, and the executable's `last` run stays the timed one (the caller's)."""
+    rng = np.random.default_rng(3)
+    args = (normal(rng, 96, 200), normal(rng, 200, 136, scale=1 / 16), normal(rng, 136))
+    fast = superopt(lambda x, w, b: jax.nn.softmax(jax.nn.relu(x @ w + b), axis=-1), target=target, verify=False)
+    fast(*args)
+    exe = fast.npu
+    timed = exe.run(*args)
+    args = (normal(rng, 96, 200), *args[1:])
+    again, alone = exe.run(*args), exe.outputs(*args)
+    assert exe.last is again and again.cycles == timed.cycles > 0
+    assert len(alone) == len(again.outputs) == 1
+    np.testing.assert_array_equal(alone[0], again.outputs[0])
+    assert not np.array_equal(alone[0], timed.outputs[0])
+
+
 def test_the_unfused_program_lowers_too_and_takes_more_cycles():
     """The same lowering runs the captured program op by op: fusion must save cycles and GM bytes."""
     rng = np.random.default_rng(3)

@@ -122,13 +122,14 @@ def insert_flags(instrs: list) -> list:
 
     for ins in instrs:
         me = (ins.core, ins.queue)
+        reads = [key(ins.core, operand) for operand in ins.reads()]
+        writes = [key(ins.core, operand) for operand in ins.writes()]
         needs: dict = {}
-        for operand in ins.reads():
-            w = last_write.get(key(ins.core, operand))
+        for k in reads:
+            w = last_write.get(k)
             if w and w[:2] != me:
                 needs[w[:2]] = max(needs.get(w[:2], -1), w[2])
-        for operand in ins.writes():
-            k = key(ins.core, operand)
+        for k in writes:
             deps = list(readers[k].items()) + ([(last_write[k][:2], last_write[k][2])] if k in last_write else [])
             for q, pos in deps:
                 if q != me:
@@ -144,10 +145,9 @@ def insert_flags(instrs: list) -> list:
         out.append(ins)
         pos = position[me]
         position[me] += 1
-        for operand in ins.reads():
-            readers[key(ins.core, operand)][me] = pos
-        for operand in ins.writes():
-            k = key(ins.core, operand)
+        for k in reads:
+            readers[k][me] = pos
+        for k in writes:
             last_write[k] = (*me, pos)
             readers[k] = {}
     return out

@@ -201,12 +201,16 @@ def render(rows, first: dict, small: list[dict]) -> list[str]:
 
 
 def replace_section(path: str, lines: list[str]) -> None:
-    with open(path, encoding="utf-8") as f:
-        old = f.read()
+    """Replace this benchmark's section of the markdown file `path` (appended where it has none; the file
+    is created where there is none)."""
+    old = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
     start = old.find(SECTION)
     new = "\n".join(lines).rstrip("\n") + "\n"
     if start < 0:
-        text = old.rstrip("\n") + "\n\n" + new
+        text = (old.rstrip("\n") + "\n\n" if old.strip() else "") + new
     else:
         end = old.find("\n## ", start + len(SECTION))
         text = old[:start] + new + (old[end + 1:] if end >= 0 else "")

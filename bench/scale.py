@@ -200,19 +200,19 @@ def render(rows, first: dict, small: list[dict]) -> list[str]:
     return lines
 
 
-def replace_section(path: str, lines: list[str]) -> None:
-    """Replace this benchmark's section of the markdown file `path` (appended where it has none; the file
-    is created where there is none)."""
+def replace_section(path: str, lines: list[str], section: str = SECTION) -> None:
+    """Replace `section` (this benchmark's, by default) of the markdown file `path` with `lines` (appended where
+    it has none; the file is created where there is none)."""
     old = ""
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             old = f.read()
-    start = old.find(SECTION)
+    start = old.find(section)
     new = "\n".join(lines).rstrip("\n") + "\n"
     if start < 0:
         text = (old.rstrip("\n") + "\n\n" if old.strip() else "") + new
     else:
-        end = old.find("\n## ", start + len(SECTION))
+        end = old.find("\n## ", start + len(section))
         text = old[:start] + new + (old[end + 1:] if end >= 0 else "")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)

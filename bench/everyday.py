@@ -1,0 +1,151 @@
+"""Everyday numeric kernels: small NumPy-style JAX functions of the kinds real code is full of (products and
+their diagonals, traces and sums; reductions that are matrix-vector products; Python loops over rows, stacked
+back; repeated products and sums; quotient and power identities; identities on a known domain), each run by
+superopt on cpu and by jax.jit, interleaved in one process.
+
+    python -m bench.everyday [--samples S] [--output BENCHMARKS.md]
+
+Every axis is 200 (1000 for vectors), float32. Each sample times enough back-to-back calls of one callable
+to take about 20 ms and divides (the per-call cost, dispatch included); the two callables alternate sample
+by sample, so drift hits both alike. The speedup is jax.jit's median per-call time over superopt's. The
+optimization itself (a fresh cache each time: `cache=False`) is timed apart, once per kernel. Replaces its
+section of BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+SECTION = "## Everyday numeric kernels"
+N, V = 200, 1000      # every matrix axis; vectors
+
+
+def kernels():
+    """(name, fn, args): the suite, written for this benchmark."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    rng = np.random.default_rng(0)
+    m = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)   # noqa: E731
+    A, B, C = m(N, N), m(N, N), m(N, N)
+    x = m(N)
+    u, w = m(V), m(V)
+    rows = range(N)
+    return [
+        ("diag-of-product", lambda a, b: jnp.diag(a @ b), (A, B)),
+        ("trace-of-product", lambda a, b: jnp.trace(a @ b), (A, B)),
+        ("sum-of-product", lambda a, b: jnp.sum(a @ b), (A, B)),
+        ("diag-of-gram", lambda a: jnp.diag(a.T @ a), (A,)),
+        ("trace-of-three", lambda a, b, c: jnp.trace(a @ b @ c), (A, B, C)),
+        ("reduce-as-matvec", lambda a, v: jnp.sum(a * v[None, :], axis=1), (A, x)),
+        ("reduce-as-vecmat", lambda a, v: jnp.sum(a * v[:, None], axis=0), (A, x)),
+        ("sum-of-outer", lambda a, b: jnp.sum(jnp.outer(a, b)), (u, w)),
+        ("matvec-chain", lambda a, b, v: (a @ b) @ v, (A, B, x)),
+        ("sum-of-matvecs", lambda a, b, v: a @ v + b @ v, (A, B, x)),
+        ("row-loop-dot", lambda a, v: jnp.stack([jnp.sum(a[i] * v) for i in rows]), (A, x)),
+        ("row-loop-exp", lambda a: jnp.stack([jnp.exp(a[i]) * 2.0 for i in rows]), (A,)),
+        ("column-loop-scale", lambda a, v: jnp.stack([a[:, i] * v[i] for i in rows], axis=1), (A, x)),
+        ("stacked-rows-sum", lambda a: jnp.sum(jnp.stack([a[i] for i in rows]), axis=0), (A,)),
+        ("halves-concatenated", lambda a: jnp.concatenate([a[:N // 2] * 3.0, a[N // 2:] * 3.0]), (A,)),
+        ("repeated-product", lambda v: v * v * v * v, (u,)),
+        ("repeated-sum", lambda v: v + v + v + v, (u,)),
+        ("power-product", lambda v: v ** 2 * v ** 3, (u,)),
+        ("power-of-power", lambda v: (v ** 2) ** 3, (u,)),
+        ("square-of-sum", lambda a, b: a * a + 2.0 * a * b + b * b, (A, B)),
+        ("exp-product", lambda a, b: jnp.exp(a) * jnp.exp(b), (A, B)),
+        ("nested-quotient", lambda a, b, c: a / b / c, (A, B, C)),
+        ("quotient-of-scalings", lambda a, b: (a * 3.0) / (b * 3.0), (A, B)),
+        ("exp-of-log-positive", lambda a: jnp.exp(jnp.log(jnp.exp(a))), (A,)),
+        ("sqrt-squared-nonneg", lambda a: jnp.sqrt(jnp.abs(a)) ** 2, (A,)),
+        ("sqrt-of-square", lambda a: jnp.sqrt(jnp.square(a)), (A,)),
+        ("abs-of-exp", lambda a: jnp.abs(jnp.exp(a)), (A,)),
+        ("relu-of-softplus", lambda a: jnp.maximum(jax.nn.softplus(a), 0.0), (A,)),
+        ("softmax-row-sums", lambda a: jnp.sum(jax.nn.softmax(a, axis=1), axis=1), (A,)),
+        ("variance", lambda v: jnp.mean((v - jnp.mean(v)) ** 2), (u,)),
+        ("normalize-twice", lambda v: (v / jnp.linalg.norm(v)) / jnp.linalg.norm(v / jnp.linalg.norm(v)), (u,)),
+        ("log-of-product", lambda a, b: jnp.log(jnp.exp(a) * jnp.exp(b)), (A, B)),
+    ]
+
+
+def _per_call(fn, args, calls: int) -> float:
+    import jax
+    start = time.perf_counter()
+    out = None
+    for _ in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def measure(samples: int = 7) -> list[dict]:
+    import jax
+    from superopt import superopt
+    rows = []
+    for name, fn, args in kernels():
+        jitted = jax.jit(fn)
+        fast = superopt(fn, cache=False)
+        start = time.perf_counter()
+        jax.block_until_ready(fast(*args))
+        seconds = time.perf_counter() - start
+        jax.block_until_ready(jitted(*args))
+        one = max(_per_call(jitted, args, 3), 1e-7)
+        calls = max(1, int(0.02 / one))
+        times = {"jit": [], "superopt": []}
+        for _ in range(samples):
+            times["jit"].append(_per_call(jitted, args, calls))
+            times["superopt"].append(_per_call(fast, args, calls))
+        r = fast.report
+        jit, so = statistics.median(times["jit"]), statistics.median(times["superopt"])
+        rows.append(dict(name=name, jit=jit, superopt=so, speedup=jit / so, optimize=seconds,
+                         changed=r.kind is not None and r.kind.name == "OPTIMIZED",
+                         why=r.reason or "", calls=calls))
+        print(f"{name:24s} jit {jit * 1e6:9.1f} us  superopt {so * 1e6:9.1f} us  {jit / so:5.2f}x  "
+              f"{'changed' if rows[-1]['changed'] else 'kept: ' + rows[-1]['why'][:60]}  ({seconds:.1f} s)",
+              flush=True)
+    return rows
+
+
+def render(rows: list[dict], samples: int) -> list[str]:
+    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    geo = math.exp(statistics.fmean(math.log(r["speedup"]) for r in rows))
+    changed = [r for r in rows if r["changed"]]
+    slower = [r for r in changed if r["speedup"] < 1 / 1.03]
+    lines = [SECTION, "",
+             f"Run: {when} (UTC), `python -m bench.everyday`, on the 2-core development machine, cpu target. "
+             f"{len(rows)} small kernels written for this benchmark (module doc of `bench/everyday.py`): every axis "
+             f"{N}, vectors {V}, float32. Per-call medians of {samples} interleaved samples, each about 20 ms of "
+             "back-to-back calls; speedup = jax.jit's time over superopt's callable's (its call cost included).", "",
+             f"Geometric-mean speedup over jax.jit: **{geo:.2f}x**. superopt changed {len(changed)} of the "
+             f"{len(rows)}; {len(slower)} of those ran more than 3% slower than jax.jit.", "",
+             "| kernel | jax.jit | superopt | speedup | program | optimizing (first call) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        what = "changed" if r["changed"] else f"original ({_short(r['why'])})"
+        lines.append(f"| {r['name']} | {r['jit'] * 1e6:,.1f} us | {r['superopt'] * 1e6:,.1f} us | "
+                     f"{r['speedup']:.2f}x | {what} | {r['optimize']:.1f} s |")
+    lines.append("")
+    return lines
+
+
+def _short(text: str, width: int = 80) -> str:
+    text = text.replace("|", "/").replace("\n", " ")
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def main(argv=None) -> int:
+    from bench.scale import replace_section
+    ap = argparse.ArgumentParser(prog="python -m bench.everyday", description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=7)
+    ap.add_argument("--output", default="BENCHMARKS.md")
+    ns = ap.parse_args(argv)
+    lines = render(measure(ns.samples), ns.samples)
+    print("\n".join(lines))
+    replace_section(ns.output, lines, SECTION)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -70,19 +70,11 @@ def kernels():
     ]
 
 
-def _per_call(fn, args, calls: int) -> float:
-    import jax
-    start = time.perf_counter()
-    out = None
-    for _ in range(calls):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls
-
-
 def measure(samples: int = 7) -> list[dict]:
     import jax
+    from bench.callcost import per_call
     from superopt import superopt
+    from superopt.report import Outcome
     rows = []
     for name, fn, args in kernels():
         jitted = jax.jit(fn)
@@ -91,16 +83,16 @@ def measure(samples: int = 7) -> list[dict]:
         jax.block_until_ready(fast(*args))
         seconds = time.perf_counter() - start
         jax.block_until_ready(jitted(*args))
-        one = max(_per_call(jitted, args, 3), 1e-7)
+        one = max(per_call(jitted, args, 3), 1e-7)
         calls = max(1, int(0.02 / one))
         times = {"jit": [], "superopt": []}
         for _ in range(samples):
-            times["jit"].append(_per_call(jitted, args, calls))
-            times["superopt"].append(_per_call(fast, args, calls))
+            times["jit"].append(per_call(jitted, args, calls))
+            times["superopt"].append(per_call(fast, args, calls))
         r = fast.report
         jit, so = statistics.median(times["jit"]), statistics.median(times["superopt"])
         rows.append(dict(name=name, jit=jit, superopt=so, speedup=jit / so, optimize=seconds,
-                         changed=r.kind is not None and r.kind.name == "OPTIMIZED",
+                         changed=r.kind is Outcome.OPTIMIZED,
                          why=r.reason or "", calls=calls))
         print(f"{name:24s} jit {jit * 1e6:9.1f} us  superopt {so * 1e6:9.1f} us  {jit / so:5.2f}x  "
               f"{'changed' if rows[-1]['changed'] else 'kept: ' + rows[-1]['why'][:60]}  ({seconds:.1f} s)",

@@ -380,23 +380,25 @@ def compute(program: Program, target: Target, inputs: dict) -> dict:
     depend on the program, not on its data, so a program `emulate` has run once (symbolically, as an
     estimate does) computes the same outputs here, in the same order, faster. Buffer capacity and overflow
     on conversion are checked as there."""
+    m = _machine(program, target, inputs, symbolic=False)
+    m.compute()
+    return {name: m.gm[name] for name, _, _ in program.outputs}
+
+
+def _machine(program: Program, target: Target, inputs: dict | None, symbolic: bool) -> _Machine:
+    """A machine loaded with `program` once its target and buffers check out."""
     if target.npu is None:
         raise EmulatorError(f"target {target.name!r} is not an NPU; the emulator runs npu-910 and npu-910b")
     check_buffers(program, target)
-    m = _Machine(program, target, inputs, symbolic=False)
-    m.compute()
-    return {name: m.gm[name] for name, _, _ in program.outputs}
+    return _Machine(program, target, inputs, symbolic)
 
 
 def emulate(program: Program, target: Target, inputs: dict | None = None, symbolic: bool = False,
             trace: bool = True) -> Result:
     """Run `program` on `target` (an npu target); `inputs` maps GM input names to arrays (not needed when
     `symbolic`). Raises CapacityError / AlignmentError before running, RaceError / DeadlockError while."""
-    if target.npu is None:
-        raise EmulatorError(f"target {target.name!r} is not an NPU; the emulator runs npu-910 and npu-910b")
     start = time.perf_counter()
-    check_buffers(program, target)
-    m = _Machine(program, target, inputs, symbolic)
+    m = _machine(program, target, inputs, symbolic)
     m.run()
     cycles = max(m.free.values(), default=0)
     outputs = {name: (None if symbolic else m.gm[name]) for name, _, _ in program.outputs}

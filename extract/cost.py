@@ -309,9 +309,37 @@ def row_stages(op: str, attrs: tuple, x: Type, out: Type) -> list[tuple[tuple, T
     return [(one_op_body(op, ((last,),), [x], rows), x, rows), (one_op_body(op, (rest,), [rows], out), rows, out)]
 
 
+# Breakdowns already computed, per target: extraction prices the same kernel body many times (each growth
+# step, each e-class that holds it, the greedy pass, the report), and a body's price depends on nothing else.
+# Keyed by the target's id, with the target kept alive beside its table so that the id is not reused.
+MEMO_ENTRIES = 200_000    # past it the tables start again
+_memo: dict[int, tuple[Target, dict]] = {}
+_memo_size = 0
+
+
 def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> Breakdown:
     """The op as one kernel on `target` (a `kernel` node carries its own body); on an NPU, a reduction
-    over several axes as the two kernels the lowering runs (`row_stages`)."""
+    over several axes as the two kernels the lowering runs (`row_stages`). Memoized (`MEMO_ENTRIES`)."""
+    global _memo_size
+    key = (op, attrs, tuple(ins), out)
+    try:
+        hash(key)
+    except TypeError:   # an attribute that does not hash: priced each time
+        return _op_breakdown(op, attrs, ins, out, target)
+    if _memo_size >= MEMO_ENTRIES:
+        _memo.clear()
+        _memo_size = 0
+    entry = _memo.get(id(target))
+    if entry is None or entry[0] is not target:
+        entry = _memo[id(target)] = (target, {})
+    found = entry[1].get(key)
+    if found is None:
+        found = entry[1][key] = _op_breakdown(op, attrs, ins, out, target)
+        _memo_size += 1
+    return found
+
+
+def _op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> Breakdown:
     if op in FREE:
         return NOTHING_RUNS
     if target.kind == "npu" and op in REDUCTIONS and reduces_by_rows(op, attrs, ins[0][0]):

@@ -1,4 +1,6 @@
 """Cost model and DAG-aware extraction."""
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -6,6 +8,7 @@ from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
 from superopt.egraph.runner import Phase, saturate
+from superopt.extract import cost
 from superopt.extract.cost import compute_rate, op_cost
 from superopt.extract.greedy import extract, program_cost
 from superopt.extract.target import available_targets, load_target
@@ -20,6 +23,19 @@ def best(fn, *args):
     enc = encode(captured.graph)
     saturate(enc.egraph, [Phase("algebra", list(ALGEBRA))])
     return captured.graph, extract(freeze(enc.egraph), enc, CPU)
+
+
+def test_a_price_is_remembered_per_target_object_never_across_targets(monkeypatch):
+    """op_breakdown is memoized: the same op on the same target is priced once; a target with other figures
+    (a calibration makes a new Target) is priced afresh, even under the same name; a full table starts again."""
+    args = ("matmul", (), [((64, 64), F32), ((64, 64), F32)], ((64, 64), F32))
+    first = cost.op_breakdown(*args, CPU)
+    assert cost.op_breakdown(*args, CPU) is first
+    slower = dataclasses.replace(CPU, launch_overhead=CPU.launch_overhead + 1e-3)
+    assert slower.name == CPU.name and cost.op_breakdown(*args, slower).time > first.time
+    monkeypatch.setattr(cost, "MEMO_ENTRIES", 1)
+    again = cost.op_breakdown(*args, CPU)
+    assert again == first and again is not first and cost._memo_size == 1
 
 
 def test_matmul_cost_scales_with_flops():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from superopt.core.formats import CUBE_K_PER_CYCLE, CUBE_L0_BLOCK, FRACTAL
 from superopt.core.serial import register
@@ -348,7 +349,14 @@ def gemm_tiles(batch: int, m: int, n: int, k: int, items: tuple, cube_dt: str, t
                keep: int = 4) -> list:
     """The best tilings of a GEMM on the NPU by `gemm_estimate`, fastest first, as (estimate, order, tiles):
     loop order m, n, k; tiles whose buffers fit (`gemm_buffers`, L0C included). Ties go to the fewer
-    bytes moved, then the larger output tile."""
+    bytes moved, then the larger output tile. Remembered: extraction ranks the same GEMM for every kernel
+    that holds it, and the lowering ranks it again (the tiles dicts are shared: read them only)."""
+    return list(_gemm_tiles(batch, m, n, k, tuple(items), cube_dt, target, keep))
+
+
+@lru_cache(maxsize=4096)
+def _gemm_tiles(batch: int, m: int, n: int, k: int, items: tuple, cube_dt: str, target: Target,
+                keep: int) -> tuple:
     ranked = []
     for tm in _edges(m, GEMM_EDGES):
         for tn in _edges(n, GEMM_EDGES):
@@ -359,14 +367,21 @@ def gemm_tiles(batch: int, m: int, n: int, k: int, items: tuple, cube_dt: str, t
                 est = gemm_estimate(batch, m, n, k, tiles, items, cube_dt, target)
                 ranked.append(((est.cycles, est.bytes_moved, -tm * tn, -tk), est, ("m", "n", "k"), tiles))
     ranked.sort(key=lambda r: r[0])
-    return [r[1:] for r in ranked[:keep]]
+    return tuple(r[1:] for r in ranked[:keep])
 
 
 def chain_tiles(batch: int, m: int, n: int, k: int, l: int, items: tuple, cube_dt: str, target: Target,
                 keep: int = 4) -> list:
     """The best tilings of a GEMM chain on the NPU by `chain_estimate`, fastest first, as (estimate, order,
     tiles): loop order m, l, k, n with K whole (the generator copies the A rows and B columns over the
-    whole K anyway) and N whole where it fits; tiles whose buffers fit (`chain_buffers`)."""
+    whole K anyway) and N whole where it fits; tiles whose buffers fit (`chain_buffers`). Remembered, as
+    `gemm_tiles` is."""
+    return list(_chain_tiles(batch, m, n, k, l, tuple(items), cube_dt, target, keep))
+
+
+@lru_cache(maxsize=4096)
+def _chain_tiles(batch: int, m: int, n: int, k: int, l: int, items: tuple, cube_dt: str, target: Target,
+                 keep: int) -> tuple:
     ranked = []
     for tm in _edges(m, CHAIN_EDGES):
         for tl in _edges(l, CHAIN_EDGES):
@@ -378,7 +393,7 @@ def chain_tiles(batch: int, m: int, n: int, k: int, l: int, items: tuple, cube_d
                 ranked.append(((est.cycles, est.bytes_moved, -tm * tl), est, ("m", "l", "k", "n"), tiles))
                 break      # the widest N that fits: narrower ones only add transfers
     ranked.sort(key=lambda r: r[0])
-    return [r[1:] for r in ranked[:keep]]
+    return tuple(r[1:] for r in ranked[:keep])
 
 
 def apart(first: CubeEstimate, second: CubeEstimate, product_bytes: float, target: Target) -> CubeEstimate:

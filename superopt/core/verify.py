@@ -326,6 +326,11 @@ class Scaler:
         self.avals, self.seed, self.buffers = list(avals), seed, buffers
         self._base: list | None = None      # random_args' blocks, for the arguments a pattern leaves alone
         self._parts: dict = {}
+        # The "one" arguments of the pattern being calibrated: their values do not depend on s, so every
+        # step of its bisection reads the same arrays (a model's weights: filling them was a third of the
+        # verification). Not from `buffers`, so releasing a set leaves them; dropped at the next pattern.
+        self._ones: dict = {}
+        self._ones_of: tuple | None = None
 
     def _part(self, index: int):
         if index not in self._parts:
@@ -337,7 +342,12 @@ class Scaler:
 
     def __call__(self, pattern: tuple, s: float) -> list[np.ndarray]:
         out = []
+        if pattern != self._ones_of:
+            self._ones, self._ones_of = {}, pattern
         for index, ((shape, dtype), kind) in enumerate(zip(self.avals, pattern)):
+            if kind == "one" and index in self._ones:
+                out.append(self._ones[index])
+                continue
             if kind is None:
                 if self._base is None:
                     self._base = _random_blocks(self.avals, 1000 + self.seed)
@@ -363,6 +373,10 @@ class Scaler:
                 vals = mag
             if dt != np.float32:   # in float32, |mag| < 1 times at most max: within range already
                 vals = np.clip(vals, -big, big)
+            if kind == "one":
+                self._ones[index] = _filled(vals, shape, dt)
+                out.append(self._ones[index])
+                continue
             out.append(_filled(vals, shape, dt, self.buffers))
         return out
 

@@ -406,7 +406,7 @@ def on_emulator_in_segments(spec, target, check: bool, precision: str | None = N
     report.npu_lines = [f"  npu emulator : {cycles} cycles ({cycles / target.npu.clock_hz * 1e6:.1f} us at "
                         f"{target.npu.clock_hz / 1e9:.2g} GHz) in {len(pieces.segments)} segments, "
                         f"{on_npu} of {len(pieces.distinct)} distinct on the NPU"
-                        + (f"; original program {cycles_before} cycles "
+                        + (f"; {pieces.before} {cycles_before} cycles "
                            f"({cycles_before / max(cycles, 1):.2f}x)" if cycles_before else "")]
     if failed:
         report.npu_lines += [f"    runs as JAX ({sum(count[k] for k in failed)} segments): {_short(why)}"
@@ -420,7 +420,7 @@ def on_emulator_in_segments(spec, target, check: bool, precision: str | None = N
         checked += f" ({hits} of {len(pieces.distinct)} checked in an earlier run: from the cache)"
     report.backend = f"npu emulator ({target.name}, numeric), in segments{checked}"
     npu = SegmentedNpu({k: executables[k] for k in pieces.distinct}, cycles, cycles_before)
-    return dataclasses.replace(spec, run=SegmentedRun(spec.original, pieces.segments, runs), npu=npu)
+    return dataclasses.replace(spec, run=SegmentedRun(pieces.graph, pieces.segments, runs), npu=npu)
 
 
 def _npu_key(pieces, key: str, target, precision: str, check: bool) -> str:

@@ -52,7 +52,7 @@ from superopt.reuse import (
     term_from_entry,
 )
 from superopt.rewrites.schedule import Schedule
-from superopt.segments import split, stitch
+from superopt.segments import seam_windows, split, stitch, unfused
 from superopt.workers import executor_name, run_all
 
 # The stages that import egglog, imported where a program is saturated: a call the cache answers loads none.
@@ -122,6 +122,8 @@ class Pieces:
     chosen: dict
     store: Any = None      # the persistent cache, where backends keep their per-segment results
     fingerprint: str = ""  # what decided the chosen programs besides each segment (superopt/reuse.py)
+    graph: Any = None      # the program the segments are cut from: the captured one, or the stitched one
+    before: str = "original program"   # what each segment's own graph is (the NPU's "before" cycles)
 
 
 def is_key(dtype) -> bool:
@@ -228,7 +230,8 @@ def check(reference: Callable, candidate: Callable, captured: Captured, numerics
 
 
 class Stages:
-    """Runs stages and records each one's seconds (the report's `stage_seconds`)."""
+    """Runs stages and records each one's seconds (the report's `stage_seconds`; a stage run twice, such as
+    the cache look-up of segments and of seams, adds up)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -238,7 +241,7 @@ class Stages:
         try:
             return fn(*args)
         finally:
-            self.seconds[name] = time.perf_counter() - start
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 def reference_program(captured: Captured) -> Callable:
@@ -470,14 +473,15 @@ class SegmentJob:
 
 
 def optimize_segment(job: SegmentJob) -> dict:
-    """Optimize one segment as a program of its own: the checker draws its canonical arguments and compares
-    it with the segment as captured. Its cache entry (None where it has none), and its run, outcome, reason
-    and stage seconds."""
-    graph = job.graph
+    """Optimize one segment (or seam window) as a program of its own: the checker draws its canonical
+    arguments and compares it with the segment as given, and it must be predicted cheaper than that (a
+    window: with its kernels). Its cache entry (None where it has none), and its run, outcome, reason and
+    stage seconds."""
+    graph = unfused(job.graph)   # a seam window's kernels (the segments' fusions) are searched again
     args = sorted((n for n in graph.nodes if n.op == "arg"), key=lambda n: n.attrs[0])
     captured = Captured(graph, None, None, tuple((n.shape, n.dtype) for n in args))
     timer = Stages()
-    cost_before, _ = program_cost(graph, job.search.target)
+    cost_before, _ = program_cost(job.graph, job.search.target)   # what the window costs as it was chosen
     run, outcome, reason, chosen, _ = _optimize_program(captured, lower(graph), job.search, timer, cost_before,
                                                         job.rules)
     built = compiled_rules(job.search.schedule) if job.rules is None else None
@@ -485,60 +489,87 @@ def optimize_segment(job: SegmentJob) -> dict:
                 reason=reason, seconds=timer.seconds, rules=built)
 
 
-def _segmented(captured: Captured, segments: list, search: Search, store, executor: str | None,
-               timer: Stages, call: Deadline) -> Specialization:
-    """Optimize each distinct segment once (from the cache, or in worker processes), stitch the chosen
-    segments into one program, and build its report."""
+def _optimize_distinct(distinct: dict, search: Search, store, executor: str | None, timer: Stages,
+                       call: Deadline, label: str) -> tuple[dict, list]:
+    """Each distinct segment of `distinct` (by key) optimized once, from the cache where it has the result,
+    else in worker processes, the results stored: ({key: (run, outcome, reason, chosen, program)}, the
+    segments that were optimized here). `label` names them in the stage seconds ("segments", "seams")."""
     fp = search.fingerprint()
-    distinct = {s.key: s for s in segments}
     results: dict = {}
-
-    def look_up():
-        for key, seg in distinct.items():
-            found = _cached(store, digest(fp, key), "segment", seg.graph)
-            if found is not None:
-                results[key] = found
-    if call.expired():
-        return _kept_for_time(captured, search, timer, "segment")
     if store is not None:
+        def look_up():
+            for key, seg in distinct.items():
+                found = _cached(store, digest(fp, key), "segment", seg.graph)
+                if found is not None:
+                    results[key] = found
         timer("cache", look_up)
     misses = [seg for key, seg in distinct.items() if key not in results]
-    # Limits.seconds bounds the whole call: the segments share what capture and splitting left of it, and
-    # one that runs out of it runs as captured, beside the others' results (the best found in the time).
-    if misses and call.expired():
-        return _kept_for_time(captured, search, timer, "cache" if store is not None else "segment")
+    if not misses:
+        return results, misses
+    call.check("cache" if store is not None else label)
+    # Limits.seconds bounds the whole call: the segments share what is left of it, and one that runs out of
+    # it runs as captured, beside the others' results (the best found in the time).
     each = dataclasses.replace(search, limits=dataclasses.replace(search.limits, seconds=max(call.left(), 1e-3)))
     rules = None
-    if misses and store is not None:   # workers get the compiled rules from here, rather than each building them
+    if store is not None:   # workers get the compiled rules from here, rather than each building them
         timer("rules", prepare_rules, search.schedule, store)
         rules = compiled_rules(search.schedule)
-    jobs = [SegmentJob(seg.graph, each, rules) for seg in misses]
-    done = timer("segments", run_all, optimize_segment, jobs, executor)
-    if store is not None and misses:
+    done = timer(label, run_all, optimize_segment, [SegmentJob(seg.graph, each, rules) for seg in misses], executor)
+    if store is not None:
         save_rules(search.schedule, store, next((out["rules"] for out in done if out["rules"]), None))
     for seg, out in zip(misses, done):
         for stage, seconds in out["seconds"].items():
-            timer.seconds[f"{stage} (segments)"] = timer.seconds.get(f"{stage} (segments)", 0.0) + seconds
+            timer.seconds[f"{stage} ({label})"] = timer.seconds.get(f"{stage} ({label})", 0.0) + seconds
         found = None
         if out["entry"] is not None:
             if store is not None:
                 store.put(digest(fp, seg.key), "segment", out["entry"])
             found = _from_entry(out["entry"], seg.graph)
         results[seg.key] = found or (run_from_data(out["run"]), Outcome[out["outcome"]], out["reason"], None, None)
+    return results, misses
 
-    def program_of(seg):
-        run, outcome, reason, chosen, _ = results[seg.key]
-        return chosen.graph if outcome is Outcome.OPTIMIZED else seg.graph
-    stitched = timer("stitch", stitch, captured.graph, segments, {key: program_of(seg) for key, seg in distinct.items()})
-    run = combined_run([results[key][0] for key in distinct])
+
+def _runs(distinct: dict, results: dict) -> dict:
+    """The program each distinct segment runs: its chosen program where one was found, else itself."""
+    return {key: results[key][3].graph if results[key][1] is Outcome.OPTIMIZED else seg.graph
+            for key, seg in distinct.items()}
+
+
+def _segmented(captured: Captured, segments: list, search: Search, store, executor: str | None,
+               timer: Stages, call: Deadline) -> Specialization:
+    """Optimize each distinct segment once (from the cache, or in worker processes), stitch the chosen
+    segments into one program, optimize the windows around its seams, and build its report."""
+    fp = search.fingerprint()
+    distinct = {s.key: s for s in segments}
+    if call.expired():
+        return _kept_for_time(captured, search, timer, "segment")
+    try:
+        results, misses = _optimize_distinct(distinct, search, store, executor, timer, call, "segments")
+    except TimeLimit as exc:
+        return _kept_for_time(captured, search, timer, exc.stage)
+    chosen_programs = _runs(distinct, results)
+    starts: list = []
+    stitched = timer("stitch", stitch, captured.graph, segments, chosen_programs, starts)
+    runs = [results[key][0] for key in distinct]
     outcomes = [results[key][1] for key in distinct]
+    declined = [d for key in distinct if results[key][3] is not None for d in results[key][3].declined]
+    pieces = Pieces(segments, distinct, chosen_programs, store, fp, captured.graph)
+    seams = _seams(stitched, starts, search, store, executor, timer, call)
+    if seams is not None:   # a window was changed: the program runs as the seams' pieces
+        windows, found, seams_note = seams
+        runs += [found[key][0] for key in windows.windows]
+        outcomes.append(Outcome.OPTIMIZED)
+        declined += [d for key in windows.windows if found[key][3] is not None for d in found[key][3].declined]
+        chosen_pieces = {p.key: p.graph for p in windows.pieces} | _runs(windows.windows, found)
+        stitched = timer("stitch", stitch, windows.graph, windows.pieces, chosen_pieces)
+        pieces = Pieces(windows.pieces, {p.key: p for p in windows.pieces}, chosen_pieces, store, fp, windows.graph,
+                        "the program before its seams' rewrites")
     tgt = search.target
     costs = program_cost(captured.graph, tgt)
     cost_before = costs[0]
     chosen = None
     if Outcome.OPTIMIZED in outcomes:
         cost, node_costs = program_cost(stitched, tgt)
-        declined = [d for key in distinct if results[key][3] is not None for d in results[key][3].declined]
         chosen = Extraction(stitched, cost, node_costs, f"{search.extractor}, per segment", declined)
         try:
             worth_it(chosen, cost_before, (), None)
@@ -548,16 +579,41 @@ def _segmented(captured: Captured, segments: list, search: Search, store, execut
     else:
         first = next(results[key] for key in distinct)
         outcome, reason = first[1], f"in all {len(distinct)} distinct segments; the first: {first[2]}"
-    spec = _specialization(captured, search, timer, run, outcome, reason, chosen, costs=costs)
-    runs = {key: program_of(seg) if outcome is Outcome.OPTIMIZED else seg.graph for key, seg in distinct.items()}
-    spec.pieces = Pieces(segments, distinct, runs, store, fp)
+    spec = _specialization(captured, search, timer, combined_run(runs), outcome, reason, chosen, costs=costs)
+    if outcome is not Outcome.OPTIMIZED:   # each segment runs as captured
+        pieces = Pieces(segments, distinct, {key: seg.graph for key, seg in distinct.items()}, store, fp,
+                        captured.graph)
+    spec.pieces = pieces
     hits = len(distinct) - len(misses)
     timed_out = sum(results[seg.key][1] is Outcome.TIME_LIMIT for seg in misses)
     spec.report.segments = (f"{len(segments)} ({len(distinct)} distinct: {len(misses)} optimized"
                             f"{' on ' + executor_name(executor) + ' workers' if len(misses) > 1 else ''}, "
                             f"{hits} from the cache"
-                            + (f"; {timed_out} ran out of time and run as captured" if timed_out else "") + ")")
+                            + (f"; {timed_out} ran out of time and run as captured" if timed_out else "") + ")"
+                            + (f"; {seams[2]}" if seams is not None else ""))
     return spec
+
+
+def _seams(stitched: Graph, starts: list, search: Search, store, executor: str | None, timer: Stages,
+           call: Deadline) -> tuple | None:
+    """The windows around the stitched program's seams (segments.seam_windows), each distinct one
+    optimized once: (the seams, their results, what the report says of them), or None where no window
+    was changed (none was cut, none gained, or the call's time ran out before them: the stitched program
+    as it is, the best found in the time)."""
+    seams = timer("seams", seam_windows, stitched, starts)
+    if seams is None or call.expired():
+        return None
+    try:
+        found, misses = _optimize_distinct(seams.windows, search, store, executor, timer, call, "seams")
+    except TimeLimit:
+        return None
+    changed = [key for key in seams.windows if found[key][1] is Outcome.OPTIMIZED]
+    if not changed:
+        return None
+    n = sum(p.key in seams.windows for p in seams.pieces)
+    note = (f"{n} seams in {len(seams.windows)} distinct windows ({len(misses)} optimized, "
+            f"{len(seams.windows) - len(misses)} from the cache), {len(changed)} changed")
+    return seams, found, note
 
 
 def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reason: str, chosen: Extraction | None,

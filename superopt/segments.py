@@ -19,9 +19,12 @@ what it computes. Two segments that compute the same thing from different weight
 canonical graph and the same `key`, a content hash of that graph's data (superopt/core/serial.py), which
 is also their key in the persistent cache. Weights closed over by the program are inputs like any other.
 
-Seams. Rewrites never cross a cut: a fusion or re-association that spans two segments is not searched.
-Cuts are where the fewest values cross, which between layers is the residual stream alone, so what is lost
-is an elementwise op fused across the boundary at most; docs/design.md ("Segments") says so.
+Seams. A rewrite that spans a cut (a fusion across a layer boundary, a product chain whose middle value is
+all that crosses) is not searched within the segments. So once they are stitched, `seam_windows` cuts the
+stitched program again: around each cut a window of about `SEAM_NODES` ops on either side, and
+between windows the rest of each segment as it was chosen. The windows are optimized as segments are (each
+distinct one once; a layered model's seams are one window), and stitched in where one was changed;
+docs/design.md ("Segments") says what that costs.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ MAX_PERIOD = 4096    # the longest period looked for (a layer of this many ops; 
 PERIODS_TRIED = 64   # segment lengths compared, shortest first
 SEGMENT_COST = 16    # a segment's fixed cost to optimize, in nodes (splitting, `_score`)
 REPEATS = 0.5        # a program repeats itself at a period where this share of its nodes equal the period's next
+SEAM_NODES = 12     # ops a seam window takes on either side of a cut (a kernel's body counts; at most a third)
 
 _LEAVES = flagged("leaf")
 _COPIED = CONST_LEAVES - {"const"}    # leaves whose value is in their attributes: copied into a segment
@@ -207,9 +211,10 @@ def _segment(graph: Graph, nodes: list[int], last: dict[int, int]) -> Segment:
     return Segment(nodes, inputs, outputs, canonical, digest(dumps(to_data(canonical))))
 
 
-def stitch(graph: Graph, segments: list[Segment], chosen: dict[str, Graph]) -> Graph:
+def stitch(graph: Graph, segments: list[Segment], chosen: dict[str, Graph], starts: list | None = None) -> Graph:
     """`graph` with each segment replaced by `chosen[segment.key]`, a program of the segment's canonical
-    arguments and outputs (the segment's own canonical graph where it was not changed)."""
+    arguments and outputs (the segment's own canonical graph where it was not changed). Where `starts` is
+    a list, the id in the stitched program of each segment's first node is appended to it."""
     out = Graph(consts=list(graph.consts), n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
     ids: dict[int, int] = {}
     prologue = _prologue(graph)
@@ -218,6 +223,8 @@ def stitch(graph: Graph, segments: list[Segment], chosen: dict[str, Graph]) -> G
         if node.op in _LEAVES or i in prologue:
             ids[i] = out.add(Node(node.op, tuple(ids[j] for j in node.inputs), node.attrs, node.shape, node.dtype))
     for seg in segments:
+        if starts is not None:
+            starts.append(len(out.nodes))
         program = chosen[seg.key]
         local: dict[int, int] = {}
         for k, node in enumerate(program.nodes):
@@ -231,5 +238,80 @@ def stitch(graph: Graph, segments: list[Segment], chosen: dict[str, Graph]) -> G
             local[k] = out.add(Node(node.op, tuple(local[j] for j in node.inputs), attrs, node.shape, node.dtype))
         for o, p in zip(seg.outputs, program.outputs):
             ids[o] = local[p]
+    out.outputs = [ids[o] for o in graph.outputs]
+    return out
+
+
+@dataclass
+class Seams:
+    """The stitched program cut again around its seams (`seam_windows`)."""
+    graph: Graph              # the stitched program
+    pieces: list[Segment]     # its computed nodes in order: the segments' middles and the windows between them
+    windows: dict             # the distinct windows, by key
+
+
+def seam_windows(stitched: Graph, starts: list[int]) -> Seams | None:
+    """`stitched` (the segments' chosen programs put together, `starts` their first node ids, from
+    `stitch`) cut into pieces that cover its computed nodes in order: a window around each seam, the nodes
+    that make `SEAM_NODES` ops from the end of the segment before it and as many from the start of the
+    one after it, counting the ops of a kernel's body (at least one node, at most a third of either
+    segment's nodes, so the middles are kept), and the middles between windows.
+    None where no seam has a window (a segment too short to lend one nodes)."""
+    prologue = _prologue(stitched)
+    computed = [i for i in stitched.live() if stitched.nodes[i].op not in _LEAVES and i not in prologue]
+    bounds = [next((k for k, i in enumerate(computed) if i >= start), len(computed)) for start in starts]
+    spans = [(a, b) for a, b in zip(bounds, bounds[1:] + [len(computed)]) if b > a]
+    def ops(k: int) -> int:   # the ops node k stands for: a kernel, those of its body
+        node = stitched.nodes[computed[k]]
+        return sum(n.op != "arg" for n in node.attrs[0]) if node.op == "kernel" else 1
+
+    def reach(positions) -> int:   # how many of `positions` (from the cut outwards) make SEAM_NODES ops
+        taken = total = 0
+        for k in positions:
+            if total >= SEAM_NODES:
+                break
+            taken, total = taken + 1, total + ops(k)
+        return taken
+
+    cuts = []   # (window start, window end) positions into `computed`
+    for (a0, b0), (a1, b1) in zip(spans, spans[1:]):
+        left = min(reach(range(b0 - 1, a0 - 1, -1)), (b0 - a0) // 3)
+        right = min(reach(range(a1, b1)), (b1 - a1) // 3)
+        if left and right:
+            cuts.append((b0 - left, a1 + right))
+    if not cuts:
+        return None
+    last = _last_readers(stitched)
+    pieces, windows, at = [], {}, 0
+    for start, end in cuts:
+        if start > at:
+            pieces.append(_segment(stitched, computed[at:start], last))
+        window = _segment(stitched, computed[start:end], last)
+        pieces.append(window)
+        windows.setdefault(window.key, window)
+        at = end
+    if at < len(computed):
+        pieces.append(_segment(stitched, computed[at:], last))
+    return Seams(stitched, pieces, windows)
+
+
+def unfused(graph: Graph) -> Graph:
+    """`graph` with each kernel node replaced by the ops of its body: the same values, in the term language
+    the e-graph encodes (a chosen program's kernels are extraction's, and a seam window is cut from chosen
+    programs). `graph` itself where it has no kernel."""
+    if not any(node.op == "kernel" for node in graph.nodes):
+        return graph
+    out = Graph(consts=list(graph.consts), opaque=list(graph.opaque), n_args=graph.n_args,
+                hidden_outputs=graph.hidden_outputs)
+    ids: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.op != "kernel":
+            ids[i] = out.add(Node(node.op, tuple(ids[j] for j in node.inputs), node.attrs, node.shape, node.dtype))
+            continue
+        body: dict[int, int] = {}
+        for k, inner in enumerate(node.attrs[0]):   # `arg` k of a body is the kernel's input k
+            body[k] = ids[node.inputs[inner.attrs[0]]] if inner.op == "arg" else \
+                out.add(Node(inner.op, tuple(body[j] for j in inner.inputs), inner.attrs, inner.shape, inner.dtype))
+        ids[i] = body[len(node.attrs[0]) - 1]
     out.outputs = [ids[o] for o in graph.outputs]
     return out

@@ -15,7 +15,7 @@ from superopt.core.ir import pretty
 from superopt.core.serial import NotSerializable, dumps, from_data, to_data
 from superopt.egraph.capture import capture
 from superopt.lowering.jax import lower
-from superopt.segments import MIN_SEGMENT, split, stitch
+from superopt.segments import MIN_SEGMENT, SEAM_NODES, seam_windows, split, stitch, unfused
 
 
 def layer(p, x):
@@ -82,6 +82,70 @@ def test_a_small_program_is_not_split():
     assert split(capture(lambda a, b: (a @ b) * 2 + 1, (jnp.ones((4, 4)), jnp.ones((4, 4)))).graph) is None
     ps, x = params(1)
     assert split(capture(model, (ps, x)).graph) is None   # one layer: nothing repeats, not large
+
+
+def test_seam_windows_cover_the_stitched_program_and_stitch_back_exactly():
+    """Around each cut a window of both segments' ends; the windows and the middles between them cover the
+    stitched program's computed nodes once each, in order, and stitching them as they are changes nothing."""
+    ps, x = params(4)
+    graph = capture(model, (ps, x)).graph
+    segments = split(graph)
+    starts: list = []
+    stitched = stitch(graph, segments, {s.key: s.graph for s in segments}, starts)
+    assert len(starts) == len(segments) and starts == sorted(starts)
+    seams = seam_windows(stitched, starts)
+    windows = [p for p in seams.pieces if p.key in seams.windows]
+    assert len(windows) == len(segments) - 1 and len(seams.windows) == 1   # one distinct seam
+    side = min(SEAM_NODES, len(segments[1].nodes) // 3)   # each op its own node: no kernel in these programs
+    assert side > 0 and all(len(w.nodes) == 2 * side for w in windows)
+    covered = [i for p in seams.pieces for i in p.nodes]
+    assert covered == sorted(covered) and len(covered) == sum(len(s.nodes) for s in segments)
+    for w, start in zip(windows, starts[1:]):   # each window straddles its cut
+        assert w.nodes[0] < start <= w.nodes[-1]
+    again = stitch(stitched, seams.pieces, {p.key: p.graph for p in seams.pieces})
+    flat = jax.tree_util.tree_leaves((ps, x))
+    for a, b in zip(lower(graph)(*flat), lower(again)(*flat)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_chosen_program_unfused_has_no_kernel_and_computes_the_same(tmp_path):
+    ps, x = params(1)
+    spec = superopt(model, cache=False).compile(ps, x)
+    assert "kernel" in spec.report.ops_after, spec.report.ops_after
+    plain = unfused(spec.term)
+    assert not any(n.op == "kernel" for n in plain.nodes)
+    flat = jax.tree_util.tree_leaves((ps, x))
+    for a, b in zip(lower(spec.term)(*flat), lower(plain)(*flat)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+def test_a_rewrite_across_a_seam_is_found_in_its_window(tmp_path):
+    """Each layer transposes its input and its result: the two transposes meeting at a cut cancel, which
+    no segment can see alone. The window around the seam finds it, and a new optimization reads it back."""
+    def layer(x, w):
+        h = x.T @ w
+        for _ in range(12):
+            h = jnp.tanh(h) * 0.5 + h
+        return h.T
+
+    def chain(ws, x):
+        for w in ws:
+            x = layer(x, w)
+        return x
+    ws = [jax.random.normal(jax.random.PRNGKey(i), (16, 16)) / 4 for i in range(4)]
+    x = jax.random.normal(jax.random.PRNGKey(9), (16, 16))
+    fast = superopt(chain, cache=tmp_path, rulesets=("algebra", "layout"))
+    got = outputs(fast, ws, x)
+    report = fast.report
+    assert report.ops_before["transpose"] == 8 and report.ops_after.get("transpose", 0) == 2, report.ops_after
+    assert report.segments.endswith("3 seams in 1 distinct windows (1 optimized, 0 from the cache), 1 changed"), \
+        report.segments
+    for a, b in zip(got, outputs(jax.jit(chain), ws, x)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+    again = superopt(chain, cache=tmp_path, rulesets=("algebra", "layout")).compile(ws, x)
+    assert "(0 optimized, 1 from the cache), 1 changed" in again.report.segments
+    assert not any(k.startswith("saturate") for k in again.report.stage_seconds)
+    assert pretty(again.term) == fast.term
 
 
 def test_programs_round_trip_through_data_exactly():

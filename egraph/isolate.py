@@ -8,13 +8,18 @@ The parent waits until the time limit plus 10% and kills the child then; the chi
 capped at its size at the fork plus `Limits.memory`. Under a call's deadline (`superopt/core/deadline.py`)
 the time limit is the smaller of `Limits.seconds` and `SATURATION_SHARE` of the time left once the
 rules are compiled (compiling them is the first call's cost in a process), so the stages after
-saturation keep the rest. A child that is killed, runs out of memory or
+saturation keep the rest. Where that deadline counts CPU time (a segment's search), so does the child:
+its runner's limits are in its own CPU time, the kernel stops it at the limit plus 10% and a second of
+CPU time (RLIMIT_CPU, SIGXCPU; the second is for freezing and sending what it reached), and the parent
+waits `CPU_WALL_SLACK` times as long in wall-clock time before it kills it, for a machine that gives it
+less than a core. A child that is killed, runs out of memory or
 crashes yields a report with that stop reason and an error, and no e-graph: the caller keeps the
 original program.
 """
 from __future__ import annotations
 
 import faulthandler
+import math
 import os
 import pickle
 import resource
@@ -32,9 +37,10 @@ from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
 from superopt.core.deadline import Deadline
 from superopt.egraph.limits import SATURATION_SHARE, Limits, RunReport, StopReason
-from superopt.egraph.runner import NODE_SLACK, saturate
+from superopt.egraph.runner import NODE_SLACK, saturate, use_cpu_time
 
 _HEADER = struct.Struct("<Q")
+CPU_WALL_SLACK = 3   # a child limited in CPU time is killed after this many times its limit in wall-clock time
 
 
 def portable(view: FrozenEGraph) -> FrozenEGraph:
@@ -70,6 +76,7 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     if deadline is not None:
         deadline.check("saturate")
         limits = replace(limits, seconds=max(min(limits.seconds, deadline.share(SATURATION_SHARE)), 1e-3))
+    cpu = deadline is not None and deadline.counts_cpu
     start = time.perf_counter()
     read_fd, write_fd = os.pipe()
     errors = tempfile.TemporaryFile()
@@ -78,10 +85,10 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
         pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; coverage is not collected there
         os.close(read_fd)
-        _child(egraph, schedule, limits, write_fd, errors.fileno())
+        _child(egraph, schedule, limits, write_fd, errors.fileno(), cpu)
     os.close(write_fd)
     bar = progress.task("saturate", transient=True)
-    deadline = start + limits.seconds * NODE_SLACK
+    deadline = start + (_cpu_cap(limits) * CPU_WALL_SLACK if cpu else limits.seconds * NODE_SLACK)
     try:
         while True:
             message = _receive(read_fd, deadline)
@@ -105,14 +112,17 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     if timed_out:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:   # its CPU time ran out
+        timed_out = True
     errors.seek(0)
     stderr = errors.read().decode(errors="replace").strip()
     errors.close()
     report = RunReport(StopReason.ERROR, seconds=seconds)
     if timed_out:
         report.stop_reason = StopReason.TIME_LIMIT
-        report.error = (f"saturation did not stop within its time limit plus 10% "
-                        f"({limits.seconds * NODE_SLACK:.3g} s): the child process running egglog was killed")
+        within = f"CPU time limit plus 10% and 1 s ({_cpu_cap(limits):.3g} s)" if cpu else \
+            f"time limit plus 10% ({limits.seconds * NODE_SLACK:.3g} s)"
+        report.error = f"saturation did not stop within its {within}: the child process running egglog was killed"
     elif (message is not None and message[0] == "memory") or "memory allocation" in stderr:
         report.stop_reason = StopReason.MEMORY_LIMIT
         report.error = f"saturation ran out of its memory limit ({limits.memory / 2**30:.3g} GiB)"
@@ -126,14 +136,19 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     return report, None
 
 
-def _child(egraph, schedule, limits: Limits, write_fd: int, errors_fd: int) -> None:  # pragma: no cover
-    """Saturate, freeze and send; never returns (os._exit skips the parent's exit handlers)."""
+def _child(egraph, schedule, limits: Limits, write_fd: int, errors_fd: int,
+           cpu: bool = False) -> None:  # pragma: no cover
+    """Saturate, freeze and send; never returns (os._exit skips the parent's exit handlers). With `cpu`,
+    the limits count this process's CPU time."""
     try:
         os.dup2(errors_fd, 2)
         sys.stderr = open(2, "w", closefd=False)
         if faulthandler.is_enabled():  # a crash's Python traceback goes with the rest of the child's errors
             faulthandler.enable(sys.stderr)
         _cap_memory(limits.memory)
+        if cpu:
+            use_cpu_time()
+            _cap_cpu(_cpu_cap(limits))
 
         def send(message) -> None:
             payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -167,6 +182,22 @@ def _cap_memory(extra: int) -> None:  # pragma: no cover - runs in the child
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _cpu_cap(limits: Limits) -> float:
+    """The CPU seconds after which the kernel stops a child limited in CPU time."""
+    return limits.seconds * NODE_SLACK + 1.0
+
+
+def _cap_cpu(seconds: float) -> None:  # pragma: no cover - runs in the child
+    """Have the kernel stop this process (SIGXCPU) once it has used `seconds` of CPU time (whole seconds,
+    rounded up: the kernel counts no finer)."""
+    soft = max(1, math.ceil(time.process_time() + seconds))
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))  # no core file
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 def _receive(fd: int, deadline: float):

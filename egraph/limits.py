@@ -15,16 +15,24 @@ class Limits:
     rest; where the time runs out before a program is verified, the original program runs and the report
     names the stage that ran out ("kept original: time limit (extract: ...)"). Run directly
     (`saturate`), the smaller of `seconds` and `saturation_seconds` bounds the run. `iterations` and
-    `nodes` bound saturation, `memory` its child process."""
+    `nodes` bound saturation, `memory` its child process.
+
+    A program optimized in segments (superopt/segments.py): each segment's search, its saturation and
+    its extraction's optional work, is bounded by `segment_seconds` of CPU time (of the process that
+    optimizes it and of its saturating child), with saturation's share and `saturation_seconds` counted
+    in CPU time too, so that a loaded machine does not change what a segment finds; a search cut short
+    keeps the best program it found, which is lowered and verified as always. `seconds` still bounds
+    the whole call in wall-clock time."""
     iterations: int = 16    # a reshape moves one op along an elementwise chain per iteration: a training
                             # step's Adam updates saturate the algebra phase in 13
     nodes: int = 60_000     # rows in all tables: e-nodes plus their shape and dtype rows
     seconds: float = 60.0   # the whole call; a BERT-base layer takes about 8 s on 2 cores
     saturation_seconds: float = 8.0
+    segment_seconds: float = 30.0   # CPU seconds for one segment's search; a BERT-base layer's takes about 6
     memory: int = 4 << 30   # bytes saturation may allocate; enforced in a child process (egraph/isolate.py)
 
     def __post_init__(self):
-        for name in ("iterations", "nodes", "seconds", "saturation_seconds", "memory"):
+        for name in ("iterations", "nodes", "seconds", "saturation_seconds", "segment_seconds", "memory"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
 

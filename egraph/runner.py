@@ -17,6 +17,10 @@ overruns, memory, a crash in egglog) need a child process: `egraph/isolate.py`.
 Back-off works as egg's BackoffScheduler does, between steps: a rule that matched more than its limit
 in one step sits out the next `ban_length` steps, and each ban doubles both numbers for that rule. This
 keeps associativity and commutativity from crowding out every other rule.
+
+Time is wall-clock time, or this process's CPU time where `use_cpu_time()` was called: the child that
+saturates a segment's e-graph (`egraph/isolate.py`) counts what it computes, not what a loaded machine
+takes from it, so its limits give the same e-graph at any load.
 """
 from __future__ import annotations
 
@@ -40,6 +44,19 @@ __all__ = ["saturate", "rows_per_match", "NODE_SLACK", "SATURATION_SHARE", "Back
 def _rows(egraph: EGraph) -> int:
     """Rows in every table (e-nodes plus analysis rows): cheap, and what memory grows with."""
     return sum(n for _, n in egraph.all_function_sizes())
+
+
+_clock = time.perf_counter   # wall-clock time; `use_cpu_time` makes it the process's CPU time
+
+
+def use_cpu_time() -> None:
+    """Count the time limits of later runs in this process in CPU time (`time.process_time`)."""
+    global _clock
+    _clock = time.process_time
+
+
+def _now() -> float:
+    return _clock()
 
 
 NODE_SLACK = 1.1          # one rule application may take the e-graph at most this far past the node limit
@@ -96,14 +113,14 @@ class _PhaseRunner:
         updated, matches = False, {}
         rows = step_start = _rows(self.egraph)
         for rule in active:
-            start = time.perf_counter()
+            start = _now()
             if rows * GUARD_FROM > self.node_limit:
                 changed, per_decl, held = self.bounded(rule, step_start)
             else:
                 result = self.egraph.run(self.ruleset_of(rule))
                 changed, held = result.updated, False
                 per_decl = {key: n for key, n in result.num_matches_per_rule.items() if key in self.name_of}
-            self.report.rule_seconds[rule.name] += time.perf_counter() - start
+            self.report.rule_seconds[rule.name] += _now() - start
             if held:  # at worst its matches would take the e-graph past the node limit
                 return updated, matches, StopReason.NODE_LIMIT
             self.seen.update(per_decl)
@@ -112,7 +129,7 @@ class _PhaseRunner:
             rows = _rows(self.egraph)
             if rows > self.node_limit:
                 return updated, matches, StopReason.NODE_LIMIT
-            now = time.perf_counter()
+            now = _now()
             if now - phase_start > self.limits.seconds or now - self.run_start > self.run_limits.seconds:
                 return updated, matches, StopReason.TIME_LIMIT
         return updated, matches, None
@@ -140,7 +157,7 @@ class _PhaseRunner:
         return updated, per_decl, False
 
     def run(self) -> PhaseReport:
-        start, report, backoff = time.perf_counter(), self.report, self.phase.backoff
+        start, report, backoff = _now(), self.report, self.phase.backoff
         while True:
             if report.iterations >= self.limits.iterations:
                 report.stop_reason = StopReason.ITERATION_LIMIT
@@ -169,11 +186,11 @@ class _PhaseRunner:
             if _rows(self.egraph) > self.node_limit:
                 report.stop_reason = StopReason.NODE_LIMIT
                 break
-            now = time.perf_counter()
+            now = _now()
             if now - start > self.limits.seconds or now - self.run_start > self.run_limits.seconds:
                 report.stop_reason = StopReason.TIME_LIMIT
                 break
-        report.seconds = time.perf_counter() - start
+        report.seconds = _now() - start
         return report
 
 
@@ -184,7 +201,7 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
     `on_step(phase name, iteration, iteration limit)` is called after each step."""
     phases = list(getattr(schedule, "phases", schedule))
     limits = replace(limits, seconds=min(limits.seconds, limits.saturation_seconds))
-    start = time.perf_counter()
+    start = _now()
     egraph.set_report_level(bindings.TimeOnly())
     report = RunReport(StopReason.SATURATED)
     bar = progress.task("saturate", transient=True)   # a no-op unless the caller shows progress bars
@@ -214,5 +231,5 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
         report.enodes, report.eclasses = count(egraph)
     finally:
         bar.close()
-    report.seconds = time.perf_counter() - start
+    report.seconds = _now() - start
     return report

@@ -6,17 +6,17 @@ A node whose cost set would contain its own class would make a cycle and is neve
 depend on constants only are computed once when the program is built, so they cost nothing per call.
 
 Under a call's deadline (`superopt/core/deadline.py`), the optional work (growing kernels, trying producers
-computed once) stops when `OPTIONAL_SHARE` of the time left at the start of extraction is spent,
-keeping what it found; the greedy choice itself raises `TimeLimit("extract")` once the deadline passes.
+computed once) stops when `OPTIONAL_SHARE` of the search's time left at the start of extraction is spent
+(`current_search`: a segment's CPU-time budget, else the call's), keeping what it found; the greedy choice
+itself raises `TimeLimit("extract")` only once the call's deadline passes.
 """
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from dataclasses import dataclass
 
-from superopt.core.deadline import Deadline, current
+from superopt.core.deadline import Deadline, current, current_search
 from superopt.core.ir import CycleError, Graph, Node, body_str, hoistable, postorder, type_str
 from superopt.core.ops import on_npu
 from superopt.egraph.encode import Encoding, decode
@@ -135,10 +135,8 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
     program whose peak memory (`extract/memory.py`) is above it is re-extracted with the largest
     intermediates recomputed in their consumers instead of stored, cheapest recompute per byte first.
     Under a call's deadline, optional work stops early and the choice raises `TimeLimit` (module doc)."""
-    deadline = current()
-    optional_until = time.perf_counter() + deadline.share(OPTIONAL_SHARE) if deadline.seconds != math.inf \
-        else math.inf
-    fz = expand(fz, enc.conv_params, target, stop_at=optional_until)
+    optional = current_search().part(OPTIONAL_SHARE)
+    fz = expand(fz, enc.conv_params, target, stop=optional)
     own = {n: c for n, c in node_costs(fz, enc, target).items() if n not in exclude}
     nodes = [n for cls in fz.classes.values() for n in cls]
     parents: dict = {}
@@ -155,7 +153,7 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
 
     choice, no_recompute, shared = share_producers(fz, choose,
                                                    lambda ch: program_cost(_build(fz, enc, ch)[0], target)[0],
-                                                   stop_at=optional_until)
+                                                   stop=optional)
 
     def remat_choose(no_store=frozenset()) -> dict:   # budget rounds keep the producers computed once
         return choose(no_store | shared, no_recompute)
@@ -169,7 +167,7 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
     cost, per_node = program_cost(graph, target)
     hoisted = _hoisted(choice)
     method = f"greedy ({fz.growth_cut} kernels grew less: growth budget spent)" if fz.growth_cut else "greedy"
-    if time.perf_counter() >= optional_until:
+    if optional.expired():
         method += f"; kernel growth and sharing trials stopped at {OPTIONAL_SHARE:.0%} of the time left"
     return Extraction(graph, cost, per_node, method=method,
                       declined=declined_fusions(fz, choice, own, target, hoisted), memory=memory)
@@ -203,7 +201,7 @@ def _choose(fz: FrozenEGraph, nodes: list, own: dict, parents: dict) -> dict:
 MAX_SHARING_TRIALS = 24  # re-extractions that try a producer computed once, most used first
 
 
-def share_producers(fz: FrozenEGraph, choose, cost, stop_at: float = math.inf) -> tuple[dict, frozenset, frozenset]:
+def share_producers(fz: FrozenEGraph, choose, cost, stop: Deadline | None = None) -> tuple[dict, frozenset, frozenset]:
     """Greedy choice, plus the producers it should compute once: (choice, no_recompute, no_store).
 
     Each class's choice is cheapest for that class alone, so every consumer of a matmul may prefer
@@ -214,8 +212,8 @@ def share_producers(fz: FrozenEGraph, choose, cost, stop_at: float = math.inf) -
     extract again with no kernel recomputing it, and with each stored orientation in turn as the only
     one stored, and keep the cheapest if the whole program's cost (`cost(choice)`) is lower.
     `choose(no_store=, no_recompute=)` extracts with no e-node loading a class in `no_store` and no
-    kernel recomputing one in `no_recompute`. Trials stop at `stop_at` (a `time.perf_counter()`
-    reading), keeping the best choice found."""
+    kernel recomputing one in `no_recompute`. Trials stop at `stop` (a deadline), keeping the best
+    choice found."""
     choice = choose()
     if not fz.recomputes:
         return choice, frozenset(), frozenset()
@@ -245,7 +243,7 @@ def share_producers(fz: FrozenEGraph, choose, cost, stop_at: float = math.inf) -
         return groups
 
     best, no_recompute, no_store, tried, refused = cost(choice), frozenset(), frozenset(), 0, set()
-    while tried < MAX_SHARING_TRIALS and time.perf_counter() < stop_at:
+    while tried < MAX_SHARING_TRIALS and not (stop is not None and stop.expired()):
         # after a kept trial, a producer refused before may pay (its consumers changed): try it again
         group = next((g for g in producers(choice) if g not in refused), None)
         if group is None:
@@ -257,7 +255,7 @@ def share_producers(fz: FrozenEGraph, choose, cost, stop_at: float = math.inf) -
             options += [group - {c} for c in stored]
         found = None
         for forbid in options:
-            if tried == MAX_SHARING_TRIALS or time.perf_counter() >= stop_at:
+            if tried == MAX_SHARING_TRIALS or (stop is not None and stop.expired()):
                 break
             tried += 1
             try:

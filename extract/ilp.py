@@ -10,9 +10,8 @@ the ILP is never worse than greedy; without a solution in the time limit it fall
 from __future__ import annotations
 
 import math
-import time
 
-from superopt.core.deadline import current
+from superopt.core.deadline import current, current_search
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
 from superopt.core.ir import hoistable
@@ -54,8 +53,8 @@ def _reachable(fz: FrozenEGraph, typed) -> set:
 
 def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: float = 10.0) -> Extraction:
     deadline = current()   # the call's (superopt/core/deadline.py): growth, greedy and HiGHS share what is left
-    fz = expand(fz, enc.conv_params, target, stop_at=time.perf_counter() + deadline.share(OPTIONAL_SHARE / 2)
-                if deadline.seconds != math.inf else math.inf)  # kernels as concrete variants, each with a fixed cost
+    # kernels as concrete variants, each with a fixed cost
+    fz = expand(fz, enc.conv_params, target, stop=current_search().part(OPTIONAL_SHARE / 2))
     greedy = extract_greedy(fz, enc, target)
     time_limit = max(min(time_limit, deadline.share(OPTIONAL_SHARE)), 1e-3)
     try:

@@ -15,10 +15,10 @@ each of them while one that they load is computed once: the cost decides.
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from types import SimpleNamespace
 
+from superopt.core.deadline import Deadline
 from superopt.egraph.encode import decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
 from superopt.core.ir import CycleError, Node, hoistable, postorder
@@ -44,13 +44,13 @@ KERNEL_FLOOR = 6_000
 class GrowthBudget:
     """Body nodes that kernel growth may still build in one expansion (`GROWTH_BUDGET`)."""
 
-    def __init__(self, kernels: int, total: int | None = None, stop_at: float = math.inf):
+    def __init__(self, kernels: int, total: int | None = None, stop: Deadline | None = None):
         self.left, self.kernels, self.cut = GROWTH_BUDGET if total is None else total, kernels, 0
-        self.stop_at = stop_at   # a time.perf_counter() reading: growth stops there (the call's deadline)
+        self.stop = stop   # growth stops at this deadline (a part of the search's: superopt/core/deadline.py)
         self.timed_out = False
 
     def out_of_time(self) -> bool:
-        if not self.timed_out and self.stop_at != math.inf and time.perf_counter() >= self.stop_at:
+        if not self.timed_out and self.stop is not None and self.stop.expired():
             self.timed_out = True
         return self.timed_out
 
@@ -419,11 +419,11 @@ def _next_to_inline(fz: FrozenEGraph, order: dict, build, root, inline: dict, pr
     return best
 
 
-def expand(fz: FrozenEGraph, conv_params, target: Target, stop_at: float = math.inf) -> FrozenEGraph:
+def expand(fz: FrozenEGraph, conv_params, target: Target, stop: Deadline | None = None) -> FrozenEGraph:
     """A view of `fz` where every `kernel` e-node is replaced by its concrete variants and the Scalar
     classes are gone (the variants carry their bodies). Views without kernels are returned as they are.
-    At `stop_at` (a `time.perf_counter()` reading) growth stops: each kernel left keeps the bodies
-    grown so far, at least its root's own op, and counts in `growth_cut`."""
+    At `stop` (a deadline) growth stops: each kernel left keeps the bodies grown so far, at least its
+    root's own op, and counts in `growth_cut`."""
     scalar = {cls for cls, nodes in fz.classes.items() if nodes and nodes[0].fn in SCALAR_FNS}
     if not scalar:
         return fz
@@ -431,7 +431,7 @@ def expand(fz: FrozenEGraph, conv_params, target: Target, stop_at: float = math.
     view = FrozenEGraph(shapes=fz.shapes, dtypes=fz.dtypes, outputs=fz.outputs)
     order = inline_order(fz, types)
     budget = GrowthBudget(sum(1 for nodes in fz.classes.values() for n in nodes if n.fn == "kernel" and not n.args),
-                          stop_at=stop_at)
+                          stop=stop)
     for cls, nodes in fz.classes.items():
         if cls in scalar:
             continue

@@ -155,6 +155,13 @@ def schedule_of(rulesets, numerics: str) -> tuple[Schedule, list[str]]:
     return numerics_mode.restrict(schedule, numerics), numerics_mode.left_out(schedule, numerics)
 
 
+def ran_out(exc: TimeLimit, limits: Limits) -> str:
+    """The report's reason for a time limit: the call's, or a segment search's CPU time."""
+    if exc.cpu:
+        return f"time limit ({exc.stage}: the segment's {exc.seconds:g} s of CPU time ran out)"
+    return f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)"
+
+
 def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: Deadline,
              timer: "Stages", isolated: bool = True) -> Saturated:
     """Encode the captured program and saturate it in a child process (hard time and memory limits; a crash
@@ -169,14 +176,14 @@ def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: D
             run = timer("saturate", runner.saturate, enc.egraph, schedule, limits)
             frozen = freezing.freeze(enc.egraph)
     except TimeLimit as exc:
-        raise Kept(Outcome.TIME_LIMIT, f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)") \
-            from None
+        raise Kept(Outcome.TIME_LIMIT, ran_out(exc, limits)) from None
     return Saturated(run, frozen, enc)
 
 
 def choose(saturated: Saturated, target, extractor: str, memory_budget: int | None, deadline: Deadline,
-           limits: Limits, timer: "Stages") -> Extraction:
-    """Extract the cheapest program from the saturated e-graph under `target`'s cost model."""
+           limits: Limits, timer: "Stages", search: Deadline | None = None) -> Extraction:
+    """Extract the cheapest program from the saturated e-graph under `target`'s cost model: its optional
+    work within `search` (default: `deadline`), the choice within `deadline`."""
     run = saturated.run
     if saturated.frozen is None:
         if run.stop_reason is StopReason.TIME_LIMIT:
@@ -188,10 +195,9 @@ def choose(saturated: Saturated, target, extractor: str, memory_budget: int | No
             return ilp.extract_ilp(frozen, enc, target)
         return greedy.extract(frozen, enc, target, memory_budget=memory_budget)
     try:
-        return timer("extract", deadline.bind(pick), saturated.frozen, saturated.encoding)
+        return timer("extract", deadline.bind(pick, search=search), saturated.frozen, saturated.encoding)
     except TimeLimit as exc:
-        raise Kept(Outcome.TIME_LIMIT, f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)") \
-            from None
+        raise Kept(Outcome.TIME_LIMIT, ran_out(exc, limits)) from None
     except ExtractionError as exc:
         raise Kept(Outcome.EXTRACTION_FAILED, str(exc)) from None
 
@@ -345,10 +351,12 @@ def _whole(captured: Captured, search: Search, timer: Stages, store=None) -> tup
 
 
 def _optimize_program(captured: Captured, reference: Callable, search: Search, timer: Stages,
-                      cost_before: float, rules=None) -> tuple:
+                      cost_before: float, rules=None, segment: bool = False) -> tuple:
     """Saturate, choose, lower to JAX and check against `reference`: (run report, outcome, reason, the
     extraction (None where none was made or the program is kept whole), the lowered program or None).
-    `rules`, a store or a parent's data, is where the compiled rules may come from (reuse.prepare_rules)."""
+    `rules`, a store or a parent's data, is where the compiled rules may come from (reuse.prepare_rules).
+    A `segment`'s search (saturation, extraction's optional work) is bounded by `Limits.segment_seconds`
+    of CPU time; the best program it found is lowered and verified within the call's time."""
     tgt, limits, numerics = search.target, search.limits, search.numerics
     deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
     original = captured.graph
@@ -359,9 +367,10 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
         deadline.check("capture")
         if rules is not None:
             timer("rules", prepare_rules, search.schedule, rules)
-        saturated = saturate(captured, search.schedule, limits, deadline, timer)
+        looking = Deadline.cpu(limits.segment_seconds, also=deadline) if segment else deadline
+        saturated = saturate(captured, search.schedule, limits, looking, timer)
         run = saturated.run
-        chosen = choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer)
+        chosen = choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer, looking)
         worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), search.memory_budget)
         # A changed program is returned only if it was verified before the deadline; else the original runs.
         for stage_name, step in (("extract", None), ("lower", lambda: lower(chosen.graph))):
@@ -378,7 +387,7 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
     except Kept as kept:
         outcome, reason = kept.outcome, kept.reason
     except TimeLimit as exc:   # the original is always correct; no unverified program is returned
-        outcome, reason = Outcome.TIME_LIMIT, f"time limit ({exc.stage}: the call's {limits.seconds:g} s ran out)"
+        outcome, reason = Outcome.TIME_LIMIT, ran_out(exc, limits)
     return run, outcome, reason, None if outcome is Outcome.KEPT_WHOLE else chosen, None
 
 
@@ -483,7 +492,7 @@ def optimize_segment(job: SegmentJob) -> dict:
     timer = Stages()
     cost_before, _ = program_cost(job.graph, job.search.target)   # what the window costs as it was chosen
     run, outcome, reason, chosen, _ = _optimize_program(captured, lower(graph), job.search, timer, cost_before,
-                                                        job.rules)
+                                                        job.rules, segment=True)
     built = compiled_rules(job.search.schedule) if job.rules is None else None
     return dict(entry=_entry(run, outcome, reason, chosen), run=run_to_data(run), outcome=outcome.name,
                 reason=reason, seconds=timer.seconds, rules=built)

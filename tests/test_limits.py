@@ -2,6 +2,7 @@
 extract, lower and verify; encoding linear in the program's size; a program is returned only if it was
 verified before the deadline, else the original runs and the report names the stage that ran out.
 Speed itself is shown by `bench/limits.py`, not asserted here."""
+import os
 import re
 import time
 
@@ -172,6 +173,61 @@ def test_encode_saturate_and_extract_stop_at_the_deadline():
     with pytest.raises(TimeLimit) as exc:
         Deadline(0.0).bind(extract)(frozen, enc, load_target("cpu"))
     assert exc.value.stage == "extract"
+
+
+def _spin(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_a_cpu_deadline_counts_cpu_time_not_waiting_and_has_its_backstop():
+    """A segment's search is bounded in CPU time (Deadline.cpu): waiting (a loaded machine) does not spend
+    it, computing does; the call's wall-clock deadline behind it (`also`) still stops it, and names itself."""
+    deadline = Deadline.cpu(0.2)
+    time.sleep(0.3)
+    assert not deadline.expired() and deadline.left() > 0.1
+    _spin(0.25)
+    assert deadline.expired()
+    with pytest.raises(TimeLimit, match="CPU-time limit") as exc:
+        deadline.check("saturate")
+    assert exc.value.cpu and exc.value.stage == "saturate"
+    behind = Deadline.cpu(100, also=Deadline(0.0))
+    assert behind.expired() and behind.left() == 0.0
+    with pytest.raises(TimeLimit) as exc:
+        behind.check("extract")
+    assert not exc.value.cpu                     # the wall-clock backstop passed, not the CPU budget
+    part = Deadline.cpu(100).part(0.5)
+    assert part.counts_cpu and 49 < part.seconds <= 50
+    assert Deadline.never().part(0.5).left() == float("inf")
+
+
+def test_saturation_under_a_cpu_deadline_stops_in_cpu_time_with_its_e_graph():
+    """The child counts its own CPU time: a saturation limit in CPU seconds stops the run where it is,
+    and the e-graph reached comes back for extraction (the best found so far)."""
+    graph = capture(chain(300), (X, W)).graph
+    enc = encode(graph)
+    from superopt.egraph.runner import Phase
+    run, frozen = saturate_isolated(enc.egraph, [Phase("algebra", RULESETS["algebra"])],
+                                    Limits(saturation_seconds=0.05), Deadline.cpu(60))
+    assert run.stop_reason is StopReason.TIME_LIMIT and frozen is not None, run
+    extract(frozen, enc, load_target("cpu"))     # a program from what was reached
+
+
+def test_the_kernel_stops_a_saturating_child_at_its_cpu_limit():
+    """Where one egglog call overruns, RLIMIT_CPU stops the child (SIGXCPU) once its CPU time is spent."""
+    import signal
+
+    from superopt.egraph.isolate import _cap_cpu
+    pid = os.fork()
+    if pid == 0:   # pragma: no cover - the child
+        try:
+            _cap_cpu(0.5)
+            _spin(30)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU
 
 
 def test_a_tiny_limit_keeps_the_original_and_says_so():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import ray
 
-from superopt import reuse, superopt
+from superopt import Limits, StopReason, reuse, superopt
 from superopt.cache import Store
 from superopt.core.ir import pretty
 from superopt.core.serial import NotSerializable, dumps, from_data, to_data
@@ -145,6 +145,25 @@ def test_a_rewrite_across_a_seam_is_found_in_its_window(tmp_path):
     again = superopt(chain, cache=tmp_path, rulesets=("algebra", "layout")).compile(ws, x)
     assert "(0 optimized, 1 from the cache), 1 changed" in again.report.segments
     assert not any(k.startswith("saturate") for k in again.report.stage_seconds)
+    assert pretty(again.term) == fast.term
+
+
+def test_a_segments_search_is_bounded_in_cpu_time_and_keeps_the_best_it_found(tmp_path):
+    """Limits.segment_seconds bounds each segment's search in CPU time; saturation_seconds, for a segment,
+    is CPU time too. A search cut short yields the best program found, verified and stored; a budget spent
+    before the search starts leaves the segment as captured, and the report says which limit ran out."""
+    ps, x = params(4)
+    spent = superopt(model, cache=False, limits=Limits(segment_seconds=1e-3)).compile(ps, x).report
+    assert "ran out of time and run as captured" in spent.segments, spent.segments
+    assert "of CPU time ran out" in spent.outcome, spent.outcome
+    fast = superopt(model, cache=tmp_path, limits=Limits(saturation_seconds=0.2))
+    got = outputs(fast, ps, x)
+    report = fast.report
+    assert report.optimized and report.run.stop_reason is StopReason.TIME_LIMIT, (report.outcome, report.run)
+    for a, b in zip(got, outputs(jax.jit(model), ps, x)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+    again = superopt(model, cache=tmp_path, limits=Limits(saturation_seconds=0.2)).compile(ps, x)
+    assert again.report.segments.startswith("4 (1 distinct: 0 optimized, 1 from the cache)"), again.report.segments
     assert pretty(again.term) == fast.term
 
 

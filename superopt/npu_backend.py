@@ -141,13 +141,15 @@ class EmulatorRun:
             self.report.backend += f"; a call ran on JAX: the NPU program {_short(what)}"
 
 
-def on_emulator(spec, target, avals, check: bool, precision: str | None = None, example=None):
+def on_emulator(spec, target, avals, check: bool, precision: str | None = None, example=None,
+                known: dict | None = None):
     """`spec` (an `api.Specialization`) running on the NPU emulator instead of JAX; or `spec` itself,
     JAX running, with the reason in `report.backend`, where the term does not lower or (with `check`)
     the NPU program differs from the user's program on random inputs or on `example`, the flat
     arguments of the call being specialized (module doc). `precision` is the cube's type for float32
     operands: "fp16", "fp32" (a ValueError where `target` has no fp32 rate), or None
-    (`default_precision`)."""
+    (`default_precision`). `known`: the original's outputs on the check's random inputs, by seed, where
+    this process has them already (`verify.remembered`: its verification ran the same inputs)."""
     report = spec.report
     precision = check_precision(precision, target) or default_precision(spec.term, target)
     start = time.perf_counter()
@@ -179,7 +181,7 @@ def on_emulator(spec, target, avals, check: bool, precision: str | None = None, 
     primed = None
     if check:
         start = time.perf_counter()
-        problem, primed = _check(executable, reference, spec, avals, precision, target, types, example)
+        problem, primed = _check(executable, reference, spec, avals, precision, target, types, example, known)
         report.stage_seconds["check-npu"] = time.perf_counter() - start
         if problem:
             warnings.warn(f"superopt: {problem}; the JAX program runs instead", NumericsWarning, stacklevel=4)
@@ -239,16 +241,17 @@ def _concrete(example, avals) -> tuple | None:
 
 
 def _check(executable, reference: _OriginalProgram, spec, avals, precision: str, target, types: list,
-           example: tuple | None = None) -> tuple[str | None, tuple | None]:
+           example: tuple | None = None, known: dict | None = None) -> tuple[str | None, tuple | None]:
     """(None, (example, its outputs)) if the NPU program's outputs agree with the original program's on
     CHECK_SEEDS' random inputs and on `example` (the last this process runs, so the executable's `last`
     run is the caller's), else (the reason the JAX program runs instead, None)."""
     operands = f"{', '.join(types)} cube operands" if types else "no cube stages"
     buffers = verification.Buffers()     # a finished trial's memory goes to the next (a model's are large)
-    trials = [(f"random inputs (seed {seed})", lambda seed=seed: verification.random_args(avals, seed, buffers))
+    trials = [(f"random inputs (seed {seed})", lambda seed=seed: verification.random_args(avals, seed, buffers), seed)
               for seed in CHECK_SEEDS]
     if example is not None:
-        trials.append(("the first call's arguments", lambda: example))
+        trials.append(("the first call's arguments", lambda: example, None))
+    known = known or {}
     # The emulator runs the first set on the other core while this one runs the others, then takes its
     # outputs; none of it where a stage runs on the host, through JAX. The example runs here, last: the
     # executable's `last` run is the caller's.
@@ -259,7 +262,7 @@ def _check(executable, reference: _OriginalProgram, spec, avals, precision: str,
     try:
         if aside is not None:
             stack.enter_context(one_blas_thread())
-        for where, make in order:
+        for where, make, seed in order:
             args = make()
             try:
                 if make is trials[0][1] and aside is not None:
@@ -273,7 +276,7 @@ def _check(executable, reference: _OriginalProgram, spec, avals, precision: str,
                 return f"the NPU program failed on {where}: {type(exc).__name__}: {_short(str(exc))}", None
             if args is example:
                 primed = (example, actual)
-            expected = [np.asarray(o) for o in (spec.reference or reference())(*args)]
+            expected = known[seed] if seed in known else [np.asarray(o) for o in (spec.reference or reference())(*args)]
             problem = _differs(expected, actual, spec.original, args)
             if problem is None:
                 buffers.release(args)
@@ -389,7 +392,7 @@ def on_emulator_in_segments(spec, target, check: bool, precision: str | None = N
         lowered = _from_store(piece, target, precision, check, stored) if stored else None
         hits += lowered is not None
         if lowered is None:
-            lowered = on_emulator(piece, target, avals, check, precision)
+            lowered = on_emulator(piece, target, avals, check, precision, known=verification.remembered(key))
             _store_npu(pieces, key, target, precision, check, lowered)
         runs[key] = lowered.run
         executables[key] = lowered.npu

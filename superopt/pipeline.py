@@ -217,12 +217,13 @@ def worth_it(chosen: Extraction, cost_before: float, peaks: tuple, memory_budget
 
 
 def check(reference: Callable, candidate: Callable, captured: Captured, numerics: str,
-          fired: dict) -> None:
+          fired: dict, remember: str | None = None) -> None:
     """Raise Kept unless `candidate` keeps the numerics contract against `reference` (verify.verify: random
     and adversarial inputs of superopt's own, never the caller's). A candidate that fails to run (a program
     XLA cannot run here) is not returned either."""
     try:
-        problem = verification.verify(reference, candidate, captured.in_avals, captured.graph, numerics)
+        problem = verification.verify(reference, candidate, captured.in_avals, captured.graph, numerics,
+                                      remember=remember)
     except TimeLimit:
         raise
     except Exception as exc:   # noqa: BLE001
@@ -351,12 +352,13 @@ def _whole(captured: Captured, search: Search, timer: Stages, store=None) -> tup
 
 
 def _optimize_program(captured: Captured, reference: Callable, search: Search, timer: Stages,
-                      cost_before: float, rules=None, segment: bool = False) -> tuple:
+                      cost_before: float, rules=None, segment: str | None = None) -> tuple:
     """Saturate, choose, lower to JAX and check against `reference`: (run report, outcome, reason, the
     extraction (None where none was made or the program is kept whole), the lowered program or None).
     `rules`, a store or a parent's data, is where the compiled rules may come from (reuse.prepare_rules).
-    A `segment`'s search (saturation, extraction's optional work) is bounded by `Limits.segment_seconds`
-    of CPU time; the best program it found is lowered and verified within the call's time."""
+    A `segment`'s (its key's) search (saturation, extraction's optional work) is bounded by
+    `Limits.segment_seconds` of CPU time; the best program it found is lowered and verified within the
+    call's time, the original's outputs on the random sets kept under its key (`verify.remembered`)."""
     tgt, limits, numerics = search.target, search.limits, search.numerics
     deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
     original = captured.graph
@@ -367,7 +369,7 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
         deadline.check("capture")
         if rules is not None:
             timer("rules", prepare_rules, search.schedule, rules)
-        looking = Deadline.cpu(limits.segment_seconds, also=deadline) if segment else deadline
+        looking = Deadline.cpu(limits.segment_seconds, also=deadline) if segment is not None else deadline
         saturated = saturate(captured, search.schedule, limits, looking, timer)
         run = saturated.run
         chosen = choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer, looking)
@@ -380,7 +382,7 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
                 program = timer(stage_name, step)
         if search.check_results:   # on superopt's own inputs: the program's debug prints stay silent
             silent = lower(chosen.graph, effects=False) if chosen.graph.hidden_outputs else program
-            timer("verify", check, reference, silent, captured, numerics, run.fired)
+            timer("verify", check, reference, silent, captured, numerics, run.fired, segment)
             if deadline.expired():
                 raise Kept(Outcome.TIME_LIMIT, f"time limit (verify: the call's {limits.seconds:g} s ran out)")
         return run, Outcome.OPTIMIZED, "", chosen, program
@@ -479,6 +481,7 @@ class SegmentJob:
     graph: Graph
     search: Search
     rules: dict | None = None   # the compiled rules as data (reuse.compiled_rules), where the parent has them
+    key: str = ""               # the segment's key (segments.Segment.key)
 
 
 def optimize_segment(job: SegmentJob) -> dict:
@@ -492,7 +495,7 @@ def optimize_segment(job: SegmentJob) -> dict:
     timer = Stages()
     cost_before, _ = program_cost(job.graph, job.search.target)   # what the window costs as it was chosen
     run, outcome, reason, chosen, _ = _optimize_program(captured, lower(graph), job.search, timer, cost_before,
-                                                        job.rules, segment=True)
+                                                        job.rules, segment=job.key)
     built = compiled_rules(job.search.schedule) if job.rules is None else None
     return dict(entry=_entry(run, outcome, reason, chosen), run=run_to_data(run), outcome=outcome.name,
                 reason=reason, seconds=timer.seconds, rules=built)
@@ -523,7 +526,8 @@ def _optimize_distinct(distinct: dict, search: Search, store, executor: str | No
     if store is not None:   # workers get the compiled rules from here, rather than each building them
         timer("rules", prepare_rules, search.schedule, store)
         rules = compiled_rules(search.schedule)
-    done = timer(label, run_all, optimize_segment, [SegmentJob(seg.graph, each, rules) for seg in misses], executor)
+    jobs = [SegmentJob(seg.graph, each, rules, seg.key) for seg in misses]
+    done = timer(label, run_all, optimize_segment, jobs, executor)
     if store is not None:
         save_rules(search.schedule, store, next((out["rules"] for out in done if out["rules"]), None))
     for seg, out in zip(misses, done):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import ray
 
-from superopt import Limits, StopReason, reuse, superopt
+from superopt import Limits, StopReason, npu_backend, reuse, superopt
 from superopt.cache import Store
 from superopt.core.ir import pretty
 from superopt.core.serial import NotSerializable, dumps, from_data, to_data
@@ -278,6 +278,32 @@ def test_on_the_npu_each_distinct_segment_is_lowered_and_checked_once():
     # Under an outer trace the stitched program runs as JAX.
     traced = jax.jit(lambda ps, x: fast(ps, x))(ps, x)
     np.testing.assert_allclose(np.asarray(traced), got[0], rtol=1e-3, atol=1e-3)
+
+
+def test_the_npu_check_takes_the_originals_outputs_from_the_segments_verification(monkeypatch):
+    """The segment's verification ran the original on the random inputs the NPU check draws (seeds 0 and
+    1), in this process: the check compares with those outputs instead of running the original again,
+    two runs fewer than when it has none, and it accepts the same program."""
+    runs, asked = [], []
+    real_lower, real_remembered = npu_backend.lower, npu_backend.verification.remembered
+
+    def counted(graph, *args, **kwargs):
+        program = real_lower(graph, *args, **kwargs)
+        return lambda *flat: runs.append(graph) or program(*flat)
+
+    def remembered(key):
+        asked.append(sorted(real_remembered(key)))
+        return real_remembered(key)
+    monkeypatch.setattr(npu_backend, "lower", counted)
+    monkeypatch.setattr(npu_backend.verification, "remembered", remembered)
+    ps, x = params(3)
+    spec = superopt(model, "npu-910b", cache=False).compile(ps, x)
+    with_known = len(runs)
+    assert asked == [[0, 1]] and spec.report.backend.startswith("npu emulator"), (asked, spec.report.backend)
+    monkeypatch.setattr(npu_backend.verification, "remembered", lambda key: {})
+    runs.clear()
+    again = superopt(model, "npu-910b", cache=False).compile(ps, x)
+    assert len(runs) == with_known + 2 and again.report.backend == spec.report.backend
 
 
 def test_a_segment_checked_on_the_npu_is_not_checked_again_from_the_cache(tmp_path):

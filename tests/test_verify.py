@@ -321,20 +321,20 @@ def test_verification_of_large_arguments_still_catches_a_wrong_program():
 
 def test_a_calibration_reads_its_unscaled_arguments_once_and_releasing_a_set_keeps_them():
     """Scaler: an argument a pattern leaves at "one" does not depend on s, so every step of the pattern's
-    bisection gets the same array, with the values a fresh Scaler gives; a set handed back to the buffers
-    does not hand that array out again, and the next pattern builds its own."""
+    bisection gets the same array, with the values a fresh Scaler gives; handing a step's set back to the
+    buffers keeps that array out of them until the next pattern, which returns it."""
     avals = [((1 << 19,), "float32"), ((1 << 19,), "float32")]     # 2 MB each: from the buffers
     buffers = V.Buffers()
     scaler = V.Scaler(avals, buffers=buffers)
     first = scaler(("one", "up"), 0.5)
     scaler.release(first)
     second = scaler(("one", "up"), 0.25)
-    assert second[0] is first[0]
+    assert second[0] is first[0] and buffers.holds(first[0])
     np.testing.assert_array_equal(second[0], V.Scaler(avals)(("one", "up"), 0.9)[0])
     assert not np.array_equal(second[1], V.Scaler(avals)(("one", "up"), 0.5)[1])   # scaled: s matters
     scaler.release(second)
-    again = scaler(("up", "up"), 0.25)     # the buffers hand out what was released, never the kept array
-    assert all(a is not first[0] and not np.shares_memory(a, first[0]) for a in again)
-    other = scaler(("up", "one"), 0.5)
-    assert other[1] is not first[0]
-    np.testing.assert_array_equal(first[0], V.Scaler(avals)(("one", "up"), 0.1)[0])   # never written over
+    third = scaler(("one", "up"), 0.75)    # the released "up" buffer is reused; the kept one is not
+    assert third[0] is first[0] and not np.shares_memory(third[1], first[0])
+    scaler.release(third)
+    scaler(("up", "one"), 0.5)             # the next pattern: the kept array goes back to the buffers
+    assert not buffers.holds(first[0])

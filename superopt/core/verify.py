@@ -71,6 +71,10 @@ class Buffers:
         self._lent[id(out)] = raw
         return out
 
+    def holds(self, array) -> bool:
+        """Whether `array` is out on loan from these buffers (handed out and not taken back)."""
+        return id(array) in self._lent
+
     def release(self, arrays) -> None:
         """Take back the arrays of a finished set: nothing may read them afterwards (an output that
         aliases an input included); arrays this did not hand out are ignored."""
@@ -328,7 +332,8 @@ class Scaler:
         self._parts: dict = {}
         # The "one" arguments of the pattern being calibrated: their values do not depend on s, so every
         # step of its bisection reads the same arrays (a model's weights: filling them was a third of the
-        # verification). Not from `buffers`, so releasing a set leaves them; dropped at the next pattern.
+        # verification). `release` keeps them; they go back to the buffers at the next pattern, or when
+        # the caller hands the pattern's last set back to the buffers itself.
         self._ones: dict = {}
         self._ones_of: tuple | None = None
 
@@ -343,10 +348,13 @@ class Scaler:
     def __call__(self, pattern: tuple, s: float) -> list[np.ndarray]:
         out = []
         if pattern != self._ones_of:
+            if self.buffers is not None:
+                self.buffers.release(list(self._ones.values()))
             self._ones, self._ones_of = {}, pattern
         for index, ((shape, dtype), kind) in enumerate(zip(self.avals, pattern)):
-            if kind == "one" and index in self._ones:
-                out.append(self._ones[index])
+            kept = self._ones.get(index) if kind == "one" else None
+            if kept is not None and (self.buffers is None or self.buffers.holds(kept)):
+                out.append(kept)
                 continue
             if kind is None:
                 if self._base is None:
@@ -373,16 +381,16 @@ class Scaler:
                 vals = mag
             if dt != np.float32:   # in float32, |mag| < 1 times at most max: within range already
                 vals = np.clip(vals, -big, big)
-            if kind == "one":
-                self._ones[index] = _filled(vals, shape, dt)
-                out.append(self._ones[index])
-                continue
             out.append(_filled(vals, shape, dt, self.buffers))
+            if kind == "one":
+                self._ones[index] = out[-1]
         return out
 
     def release(self, args: list) -> None:
+        """Hand a set back to the buffers, but for the pattern's "one" arguments (the next step reads them)."""
         if self.buffers is not None:
-            self.buffers.release(args)
+            kept = {id(a) for a in self._ones.values()}
+            self.buffers.release([a for a in args if id(a) not in kept])
 
 
 def scaled_args(avals, pattern: tuple, s: float, seed: int = 0) -> list[np.ndarray]:
@@ -504,7 +512,26 @@ def input_sets(avals, numerics: str = "strict", trials: int = 2,
         yield f"{kind} inputs", special_args(avals, kind, buffers=buffers)
 
 
-def verify(reference, candidate, avals, original, numerics: str = "strict", trials: int = 2) -> str | None:
+# The original's outputs on the random sets of the last few verifications, by the key of the program
+# verified (`verify(remember=)`): the NPU check of a segment runs the same sets (random_args, seeds 0
+# and 1) against the same original in this process, and takes them from here rather than run it again.
+REMEMBERED = 4
+_remembered: dict[str, dict[int, list]] = {}
+
+
+def remembered(key: str | None) -> dict[int, list]:
+    """{seed: the original's outputs on random_args(avals, seed)} of the verification of `key`, or {}."""
+    return dict(_remembered.get(key, {})) if key else {}
+
+
+def _remember(key: str, seed: int, outputs: list) -> None:
+    if key not in _remembered and len(_remembered) >= REMEMBERED:
+        del _remembered[next(iter(_remembered))]
+    _remembered.setdefault(key, {})[seed] = outputs
+
+
+def verify(reference, candidate, avals, original, numerics: str = "strict", trials: int = 2,
+           remember: str | None = None) -> str | None:
     """None if `candidate` keeps the numerics contract against `reference` (the original program, as
     jax.jit runs it) on every input set of the mode, else a description naming the set.
 
@@ -514,7 +541,8 @@ def verify(reference, candidate, avals, original, numerics: str = "strict", tria
     the random sets and the zeros set, whose inputs are finite (+-0, subnormals, +-1): NaN and inf inputs
     and near-overflow ones are left out, since a re-associated or factored product may turn an inf into a
     NaN or overflow where the original does not; and a set on which one program overflowed is skipped
-    (`judge`). NaN positions, zeros, subnormals and finite values are still compared."""
+    (`judge`). NaN positions, zeros, subnormals and finite values are still compared. With `remember`
+    (a key of the original program), its outputs on the random sets are kept for `remembered`."""
     if numerics not in MODES:
         raise ValueError(f"unknown numerics mode {numerics!r}; valid: {', '.join(MODES)}")
 
@@ -525,8 +553,11 @@ def verify(reference, candidate, avals, original, numerics: str = "strict", tria
         return f"{problem}, on {where}" if problem else None
 
     buffers = Buffers()          # a set's memory goes to the next once it is judged
-    for where, args in input_sets(avals, numerics, trials, buffers):
-        problem = check(where, args)
+    for n, (where, args) in enumerate(input_sets(avals, numerics, trials, buffers)):
+        expected = _outputs(reference, args)
+        if remember is not None and n < trials:   # the random sets come first, seed n
+            _remember(remember, n, expected)
+        problem = check(where, args, expected)
         if problem:
             return problem
         buffers.release(args)

@@ -28,6 +28,7 @@ docs/design.md ("Segments") says what that costs.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,8 +65,7 @@ def split(graph: Graph) -> list[Segment] | None:
     optimized whole. Raises NotSerializable for a program with opaque primitives (never split or cached)."""
     if graph.opaque:
         raise NotSerializable("a program with opaque primitives is not split")
-    prologue = _prologue(graph)
-    computed = [i for i in graph.live() if graph.nodes[i].op not in _LEAVES and i not in prologue]
+    computed = _computed(graph)
     if len(computed) < 2 * MIN_SEGMENT:
         return None
     last = _last_readers(graph)
@@ -139,6 +139,12 @@ def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
         windows = {sig[a:a + length].tobytes(): min(length, n - a) for a in range(0, n, length)}
         return _score([range(w) for w in windows.values()])
     return min(lengths, key=lambda length: (cost(length), length))
+
+
+def _computed(graph: Graph) -> list[int]:
+    """The live nodes the segments are made of, in program order: neither leaves nor the prologue."""
+    prologue = _prologue(graph)
+    return [i for i in graph.live() if graph.nodes[i].op not in _LEAVES and i not in prologue]
 
 
 def _prologue(graph: Graph) -> set[int]:
@@ -257,10 +263,10 @@ def seam_windows(stitched: Graph, starts: list[int]) -> Seams | None:
     one after it, counting the ops of a kernel's body (at least one node, at most a third of either
     segment's nodes, so the middles are kept), and the middles between windows.
     None where no seam has a window (a segment too short to lend one nodes)."""
-    prologue = _prologue(stitched)
-    computed = [i for i in stitched.live() if stitched.nodes[i].op not in _LEAVES and i not in prologue]
-    bounds = [next((k for k, i in enumerate(computed) if i >= start), len(computed)) for start in starts]
+    computed = _computed(stitched)   # ids in increasing order
+    bounds = [bisect_left(computed, start) for start in starts]
     spans = [(a, b) for a, b in zip(bounds, bounds[1:] + [len(computed)]) if b > a]
+
     def ops(k: int) -> int:   # the ops node k stands for: a kernel, those of its body
         node = stitched.nodes[computed[k]]
         return sum(n.op != "arg" for n in node.attrs[0]) if node.op == "kernel" else 1

@@ -1,9 +1,14 @@
-"""Shape and dtype analyses as egglog rules, for the nodes rewrite rules create.
+"""Shape, dtype and sign analyses as egglog rules, for the nodes rewrite rules create.
 
 The encoder sets `shape` and `dtype` of every captured node from the jaxpr; these rules derive them for
 new nodes. Both tables have no merge, so a rule whose result disagrees with the captured types makes the
 run fail loudly rather than yield a wrong program. Where a result needs a loop over dimensions
 (transpose, slice, pad, reduce), one rule per rank is generated, up to `MAX_RANK`.
+
+The sign analysis (`nonneg`: no element below -0; NaN and +inf allowed) is a relation, derived from ops that
+give such values (exp, abs, sqrt, a square, an even power, a literal >= 0) and ops that keep them (sums,
+products, min and max, reductions, views), for rules that hold on a known domain to use as a predicate
+(`exp(log(x)) = x` where x >= 0).
 """
 from __future__ import annotations
 
@@ -16,8 +21,8 @@ from superopt.core.formats import FORMATS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, conv,
     conv_int32, convert,
-    dtype, fractal_matmul, integer_pow, iota, lit, matmul, pack, pad, pool, reduce, reshape, scan, select, shape, slice_, tcons,
-    tnil, transpose, unary, unpack,
+    dtype, fractal_matmul, integer_pow, iota, keeps_nonneg_op, lit, matmul, nonneg, nonneg_op, pack, pad,
+    pair_nonneg_op, pool, reduce, reshape, scan, select, shape, slice_, tcons, tnil, transpose, unary, unpack,
 )
 
 MAX_RANK = 6
@@ -126,12 +131,43 @@ def _concat_rules():
                eq(s).to(shape(x)), eq(d).to(dtype(x))).then(set_(shape(z)).to(s.set(k, e)), set_(dtype(z)).to(d))
 
 
+# The sign analysis's op tables. Unary ops whose every result is >= -0 or NaN (sqrt(-0) is -0, of a negative
+# NaN); unary ops that keep such a value so (log1p(-0) = -0, tanh(+inf) = 1); binary ops of two such
+# operands that give one (a sum, a product: 0 * inf is NaN; not a quotient, x / -0 is -inf).
+NONNEG_OPS = ("exp", "exp2", "abs", "sqrt", "logistic", "cosh")
+KEEPS_NONNEG_OPS = ("log1p", "tanh", "sinh", "expm1", "floor", "ceil", "round", "sign", "erf", "atan", "asinh")
+PAIR_NONNEG_OPS = ("add", "mul", "max", "min")
+SIGN_REDUCTIONS = ("reduce_sum", "reduce_prod", "reduce_min")   # not reduce_max: its empty reduction is -inf
+
+
+def _sign_rules():
+    yield rule(eq(z).to(unary(op, x)), nonneg_op(op)).then(nonneg(z))
+    yield rule(eq(z).to(unary(op, x)), keeps_nonneg_op(op), nonneg(x)).then(nonneg(z))
+    yield rule(eq(z).to(binary(op, x, y)), pair_nonneg_op(op), nonneg(x), nonneg(y)).then(nonneg(z))
+    yield rule(eq(z).to(binary(String("mul"), x, x))).then(nonneg(z))
+    yield rule(eq(z).to(binary(String("max"), x, y)), nonneg(y)).then(nonneg(z))
+    yield rule(eq(z).to(binary(String("max"), x, y)), nonneg(x)).then(nonneg(z))
+    yield rule(eq(z).to(integer_pow(x, k)), eq(k % i64(2)).to(i64(0))).then(nonneg(z))
+    yield rule(eq(z).to(integer_pow(x, k)), k >= i64(0), nonneg(x)).then(nonneg(z))
+    yield rule(eq(z).to(lit(v, d)), v >= f64(0.0)).then(nonneg(z))
+    for name in SIGN_REDUCTIONS:
+        yield rule(eq(z).to(reduce(String(name), x, p)), nonneg(x)).then(nonneg(z))
+    yield rule(eq(z).to(reshape(x, s)), nonneg(x)).then(nonneg(z))
+    yield rule(eq(z).to(broadcast(x, s, p)), nonneg(x)).then(nonneg(z))
+    yield rule(eq(z).to(transpose(x, p)), nonneg(x)).then(nonneg(z))
+    yield rule(eq(z).to(slice_(x, s, t, p)), nonneg(x)).then(nonneg(z))
+    yield rule(eq(z).to(convert(x, d)), nonneg(x), float_dtype(d)).then(nonneg(z))
+    yield rule(eq(z).to(select(w, x, y)), nonneg(x), nonneg(y)).then(nonneg(z))
+
+
 def facts():
     """Ground facts the analyses need, registered once per e-graph."""
     bool_ops = flagged("bool_result")
     floats = ("float16", "bfloat16", "float32", "float64")
     return [float_dtype(String(f)) for f in floats] + [bool_result_op(String(o)) for o in sorted(bool_ops)] + [
-        same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops)]
+        same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops)] + [
+        nonneg_op(String(o)) for o in NONNEG_OPS] + [keeps_nonneg_op(String(o)) for o in KEEPS_NONNEG_OPS] + [
+        pair_nonneg_op(String(o)) for o in PAIR_NONNEG_OPS]
 
 
 _adopted: list = []   # the analysis rules as read back from the cache (superopt/reuse.py), if built so
@@ -142,7 +178,8 @@ def analysis_rules() -> tuple:
     """The analysis rules: those adopted from the cache, or built now (building them is a tenth of a second)."""
     if _adopted:
         return _adopted[0]
-    return (*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(), *_packing_rules())
+    return (*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(), *_packing_rules(),
+            *_sign_rules())
 
 
 def adopt(rules: tuple) -> None:

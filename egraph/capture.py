@@ -290,6 +290,17 @@ def _inlined_body(eqn):
     return closed
 
 
+def _platform_branch(platforms) -> int:
+    """The index `platform_index` gives on the platform JAX runs programs on: the first entry naming it,
+    else the entry None (every other platform)."""
+    here = jax.default_backend()
+    names = {here} | ({"cuda", "rocm"} if here == "gpu" else set())
+    for k, entry in enumerate(platforms):
+        if entry is not None and names & set(entry):
+            return k
+    return next(k for k, entry in enumerate(platforms) if entry is None)
+
+
 @dataclass
 class _Flat:
     """A program with its call bodies inlined (`_flatten`)."""
@@ -323,7 +334,15 @@ def _flatten(closed) -> _Flat:
             bind(fresh, value)
         for eqn in jaxpr.eqns:
             ins = [atom(v) for v in eqn.invars]
+            if eqn.primitive.name == "platform_index" and len(eqn.outvars) == 1:
+                # Where JAX's own code picks an implementation per platform (jnp.diagonal, say), the branch
+                # of the platform the program runs on is the program.
+                env[eqn.outvars[0]] = jcore.Literal(_platform_branch(eqn.params["platforms"]),
+                                                    eqn.outvars[0].aval)
+                continue
             body = _inlined_body(eqn)
+            if body is None and eqn.primitive.name == "cond" and isinstance(ins[0], jcore.Literal):
+                body, ins = eqn.params["branches"][int(ins[0].val)], ins[1:]
             if body is not None:
                 for k, v in enumerate(ins):
                     if isinstance(v, jcore.Literal):
@@ -605,6 +624,34 @@ def _dot_general(b, eqn, ins):
     return mm
 
 
+def _gather(b, eqn, ins):
+    """A gather of single elements at positions known when the program is built, in an arithmetic
+    progression of the operand's flat order (jnp.diagonal, a strided pick): a view of the flattened operand
+    sliced with a stride. Any other gather stays opaque."""
+    from superopt.core.reference import evaluate
+    dn, operand, indices = eqn.params["dimension_numbers"], b.graph.nodes[ins[0]], ins[1]
+    rank = len(operand.shape)
+    if tuple(eqn.params["slice_sizes"]) != (1,) * rank or tuple(dn.offset_dims) or \
+            tuple(dn.collapsed_slice_dims) != tuple(range(rank)) or tuple(dn.start_index_map) != tuple(range(rank)) \
+            or getattr(dn, "operand_batching_dims", ()) or not operand.shape:
+        return None
+    if indices not in b.graph.constant_nodes_of(indices):
+        return None
+    probe = Graph(nodes=b.graph.nodes, outputs=[indices], consts=b.graph.consts)
+    where = np.asarray(evaluate(probe, ())[0]).reshape(-1, rank)
+    if where.shape[0] < 2 or (where < 0).any() or (where >= np.asarray(operand.shape)).any():
+        return None
+    flat = np.ravel_multi_index(tuple(where.T), operand.shape)
+    step = int(flat[1] - flat[0])
+    if step < 1 or not np.array_equal(flat, flat[0] + step * np.arange(len(flat))):
+        return None
+    n = math.prod(operand.shape)
+    line = b.node("reshape", (ins[0],), (), (n,), operand.dtype)
+    picked = b.node("slice", (line,), ((int(flat[0]),), (int(flat[-1]) + 1,), (step,)), (len(flat),), operand.dtype)
+    out = _out(eqn)
+    return picked if tuple(out.shape) == (len(flat),) else b.node("reshape", (picked,), (), out)
+
+
 def _from_table(op: Op) -> Callable:
     """The handler of a primitive an op table entry captures: its `capture` hook names the op and attrs."""
     def handler(b, eqn, ins):
@@ -618,7 +665,7 @@ _HANDLERS: dict[str, Callable] = {
     "integer_pow": _integer_pow, "select_n": _select_n, "transpose": _transpose, "reshape": _reshape,
     "squeeze": _squeeze, "broadcast_in_dim": _broadcast, "convert_element_type": _convert,
     "concatenate": _concat, "stack": _stack, "add_any": _add_any, "slice": _slice, "pad": _pad, "iota": _iota,
-    "conv_general_dilated": _conv, "dot_general": _dot_general,
+    "conv_general_dilated": _conv, "dot_general": _dot_general, "gather": _gather,
 }
 
 

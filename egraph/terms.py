@@ -155,6 +155,11 @@ output = relation("output", i64, Tensor, egg_fn="output")
 bool_result_op = relation("bool_result_op", String, egg_fn="bool_result_op")
 float_dtype = relation("float_dtype", String, egg_fn="float_dtype")
 same_dtype_op = relation("same_dtype_op", String, egg_fn="same_dtype_op")
+# Sign analysis (egraph/analysis.py): no element of the tensor is below -0 (each is +-0, positive, +inf or NaN).
+nonneg = relation("nonneg", Tensor, egg_fn="nonneg")
+nonneg_op = relation("nonneg_op", String, egg_fn="nonneg_op")            # gives such elements from any input
+keeps_nonneg_op = relation("keeps_nonneg_op", String, egg_fn="keeps_nonneg_op")  # from such an input
+pair_nonneg_op = relation("pair_nonneg_op", String, egg_fn="pair_nonneg_op")     # from two such operands
 # Conv params (an id into the encoding's table) whose output features and kernel output features are
 # both the last axis (NHWC / HWIO): a per-channel vector broadcast on the last axis scales both alike.
 conv_channels_last = relation("conv_channels_last", i64, egg_fn="conv_channels_last")

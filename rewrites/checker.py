@@ -16,6 +16,11 @@ Values, by the rule's `numerics` (rewrites/rule.py):
   or as close to the float64 value as the original; the one allowed difference is a result within
   rounding tolerance of the dtype's largest finite value that rounds to inf of the same sign on one
   side only (`_range_edge`).
+- "order" rules (the same products summed in another order) see the same values as "rounding" rules but
+  the magnitudes near the range's top: finite magnitudes stop at the square root of the largest value
+  over 64, so that no partial sum of the checker's few products can overflow in either order, the one
+  difference their label allows. NaN, +-inf, -0 and subnormals, which every order propagates alike,
+  stay; the sides are compared as "rounding" sides are.
 - "reals" rules (legal only under numerics="fast") see moderate finite values, since they may differ
   where an intermediate overflows; they must still be equal over the reals, up to rounding.
 Literal constants are drawn as the e-graph holds them: values of the rule's dtype (what capture
@@ -189,6 +194,8 @@ class _Generator:
         self.hints: dict = {}     # tensor leaf key -> rank
         self.dtype_hints: dict = {}
         self.row_vectors: set = set()  # leaves that broadcast as one row ([1, N]) where a matrix is wanted
+        self.column_vectors: set = set()  # ... as one column ([N, 1])
+        self.nonneg: set = set()       # leaves drawn >= -0 (their magnitudes: NaN, +inf and zeros kept)
         ints = []
         cast_targets = {t for lhs, _ in rule.pairs for t in _cast_targets(lhs)}
         for lhs, _ in rule.pairs:
@@ -209,6 +216,11 @@ class _Generator:
                 self.dtype_hints[self.key(args[0])] = args[1].value
             if name == "row_vector" and _is_leaf(args[0]):
                 self.row_vectors.add(self.key(args[0]))
+            if name == "column_vector" and _is_leaf(args[0]):
+                self.column_vectors.add(self.key(args[0]))
+            if name == "nonneg" and _is_leaf(args[0]):
+                self.nonneg.add(self.key(args[0]))
+        self.diagonals = {tuple(args[:3]) for name, args in rule.when if name == "main_diagonal"}
 
     def key(self, p):
         return p if isinstance(p, Var) else (p.fn, evaluate(p.args[0], self.env))
@@ -254,6 +266,8 @@ class _Generator:
         t = (t[0], self.dtype_hints.get(k, t[1]))
         if k in self.row_vectors and len(t[0]) == 2:
             t = ((1, t[0][1]), t[1])
+        if k in self.column_vectors and len(t[0]) == 2:
+            t = ((t[0][0], 1), t[1])
         if rank is not None and len(t[0]) != rank:
             raise Reject(f"{p!r} must have rank {rank}")
         self.types[k] = t
@@ -321,6 +335,13 @@ class _Generator:
             self.gen(a[0], (tuple(inner), self.dtype))
             return shape, self.dtype
         if p.fn == "reshape":
+            if shape is None and isinstance(a[1], Var) and a[1] not in self.env and self.draw(st.booleans()):
+                # the operand first, the target one of its reshapes (a flattening, say)
+                inner, dt = self.gen(a[0], None)
+                n = math.prod(inner)
+                target = self.draw(st.sampled_from([(n,), inner, (1,) + inner]))
+                self.env[a[1]] = target
+                return target, dt
             shape = tuple(self.vec(a[1], lambda: shape if shape is not None else self.shape()))
             n = math.prod(shape)
             choices = [shape, (n,), (1,) + shape, tuple(d for d in shape if d != 1)]
@@ -408,6 +429,14 @@ class _Generator:
                     bounds.append(tuple(evaluate(v, stubs)))
                 except (KeyError, IllTyped) as exc:
                     raise Reject(f"slice bound: {exc}") from exc
+            if bounds == [None, None, None] and tuple(a[1:4]) in self.diagonals:
+                # a main-diagonal slice (predicate main_diagonal): of a flattened square matrix
+                n = math.isqrt(xs[0]) if len(xs) == 1 else 0
+                if n * n != (xs[0] if len(xs) == 1 else -1) or n == 0:
+                    raise Reject("a main diagonal is taken of a flattened square matrix")
+                bounds = [(0,), (n * n,), (n + 1,)]
+                for v, b in zip(a[1:4], bounds):
+                    self.env[v] = b
             start = bounds[0] or self.vec(a[1], lambda: [self.draw(st.integers(0, n - 1)) if n else 0 for n in xs])
             limit = bounds[1] or self.vec(a[2], lambda: [self.draw(st.integers(b + 1, n)) if n else 0
                                                          for b, n in zip(start, xs)])
@@ -419,6 +448,11 @@ class _Generator:
             if want is not None and out[0] != want[0]:
                 raise Reject("slice result shape")
             return out
+        if p.fn == "iota":
+            shape = tuple(self.vec(a[1], lambda: shape if shape is not None else self.shape(lo=1)))
+            if not 0 <= evaluate(a[0], self.env) < len(shape):
+                raise Reject("iota dimension")
+            return shape, evaluate(a[2], self.env)
         raise Reject(f"the checker cannot generate bindings for {p.fn!r} yet")
 
     def stubs(self) -> dict:
@@ -431,6 +465,8 @@ class _Generator:
         for k, (shape, dtype) in sorted(self.types.items(), key=lambda kv: str(kv[0])):
             drawn = _arrays if math.prod(shape) <= DRAWN_ELEMENTS else _large_arrays
             self.env[k] = self.draw(drawn(shape, dtype, numerics))
+            if k in self.nonneg:   # -0 stays: it is >= -0
+                self.env[k] = np.where(self.env[k] == 0, self.env[k], np.abs(self.env[k]))
 
 
 def _inner_of(gen: _Generator, shape: tuple) -> tuple:
@@ -625,14 +661,15 @@ def _list_items(p) -> list:
     return items
 
 
-def _extremes(dtype: str) -> list[float]:
+def _extremes(dtype: str, numerics: str = "rounding") -> list[float]:
     """The values of a float dtype that break rules: NaN, +-inf, -0, subnormals, the smallest normal,
     the largest finite value, values near half of it and near its square root (where a square or a
-    product of two overflows), each with both signs."""
+    product of two overflows), each with both signs. For an "order" rule, no magnitude above the square
+    root over 64 (module doc)."""
     info, dt = ml_dtypes.finfo(dtype), np.dtype(dtype)
     big, root = float(info.max), math.sqrt(float(info.max))
-    magnitudes = [float(info.smallest_subnormal), 3 * float(info.smallest_subnormal), float(info.tiny),
-                  root / 2, root, 2 * root, big / 2, big / 1.5, big]
+    large = [root / 64] if numerics == "order" else [root / 2, root, 2 * root, big / 2, big / 1.5, big]
+    magnitudes = [float(info.smallest_subnormal), 3 * float(info.smallest_subnormal), float(info.tiny), *large]
     out = [0.0, -0.0, math.nan, math.inf, -math.inf]
     for m in magnitudes:
         exact = float(np.asarray(m).astype(dt).astype(np.float64))   # as the dtype holds it
@@ -646,7 +683,7 @@ def _literals(dtype: str, numerics: str):
     constant), which `FLOATS` has (1e-3, say)."""
     if numerics == "reals":
         return st.sampled_from(FLOATS)
-    return st.one_of(st.sampled_from(FLOATS), st.sampled_from(_extremes(dtype)))
+    return st.one_of(st.sampled_from(FLOATS), st.sampled_from(_extremes(dtype, numerics)))
 
 
 def _arrays(shape, dtype: str, numerics: str):
@@ -663,7 +700,7 @@ def _arrays(shape, dtype: str, numerics: str):
         elements = st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-4, 4, width=32))
     else:  # ordinary values twice as often as extremes, so a matmul also sees finite sums
         ordinary = st.one_of(st.sampled_from([1.0, -1.0, 2.0, 0.5]), st.floats(-100, 100, width=32))
-        elements = st.one_of(st.sampled_from(_extremes(dtype)), ordinary, ordinary)
+        elements = st.one_of(st.sampled_from(_extremes(dtype, numerics)), ordinary, ordinary)
     return st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)).map(
         lambda xs: np.array(xs, dtype=np.float64).astype(np.dtype(dtype)).reshape(shape))
 
@@ -718,7 +755,7 @@ def _one_case(rule, draw) -> tuple[dict, str | None]:
         if rule.numerics == "exact":
             problem = _inexact(left, right)
         else:
-            if rule.numerics == "rounding":
+            if rule.numerics in ("rounding", "order"):
                 right = _range_edge(left, right)
             problem = mismatch(left, right)
             if problem:

@@ -194,6 +194,24 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
     Predicate("long_last_axis", (TENSOR,), "the tensor's last axis has more than one element",
               lambda c, t: [[c.shape(t)[c.rank(t) - 1] > E.i64(1)]] if c.rank(t) else [],
               lambda t: np.ndim(t) > 0 and np.shape(t)[-1] > 1, lambda t: _keyed(t)),
+    Predicate("nonneg", (TENSOR,), "no element is below -0 (each is +-0, positive, +inf or NaN), as the sign "
+              "analysis derives it (egraph/analysis.py)",
+              lambda c, t: [[T.nonneg(c.expr(t))]], lambda t: not np.any(np.asarray(t, dtype=np.float64) < 0)),
+    Predicate("column_vector", (TENSOR,), "a rank-2 tensor with one column (a per-row vector, as broadcast)",
+              lambda c, t: [[E.eq(c.shape(t).length()).to(E.i64(2)), E.eq(c.shape(t)[E.i64(1)]).to(E.i64(1))]],
+              lambda t: np.ndim(t) == 2 and np.shape(t)[1] == 1),
+    Predicate("square", (TENSOR,), "a rank-2 tensor with as many rows as columns",
+              lambda c, t: [[E.eq(c.shape(t)[E.i64(0)]).to(c.shape(t)[E.i64(1)])]] if c.rank(t) == 2 else [],
+              lambda t: np.ndim(t) == 2 and np.shape(t)[0] == np.shape(t)[1], lambda t: _keyed(t)),
+    Predicate("main_diagonal", (VEC, VEC, VEC, TENSOR), "a slice (start, limit, strides) of a square matrix "
+              "flattened that takes its main diagonal: from 0 to its size, every (columns + 1)-th element",
+              lambda c, p, q, t, m: [[E.eq(c.shape(m)[E.i64(0)]).to(c.shape(m)[E.i64(1)]),
+                                      E.eq(c.expr(p)).to(_vec([0])),
+                                      E.eq(c.expr(q)).to(_vec([c.shape(m)[E.i64(0)] * c.shape(m)[E.i64(1)]])),
+                                      E.eq(c.expr(t)).to(_vec([c.shape(m)[E.i64(1)] + E.i64(1)]))]]
+              if c.rank(m) == 2 else [],
+              lambda p, q, t, m: np.ndim(m) == 2 and np.shape(m)[0] == np.shape(m)[1] and tuple(p) == (0,)
+              and tuple(q) == (np.size(m),) and tuple(t) == (np.shape(m)[1] + 1,), lambda p, q, t, m: _keyed(m)),
     Predicate("fills_blocks", (VEC, FORMAT), "shape s divides into the blocks of format f: packing it adds "
               "no padding, so unpacking and packing again gives back the same tensor",
               _fills_blocks_egg, _fills_blocks_py, lambda s, f: _keyed(s)),

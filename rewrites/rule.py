@@ -22,6 +22,13 @@ may round to +-inf in one program and not in the other.
                +-inf, -0, subnormals, the dtype's largest value, values near its square root) and every
                literal constant the rule can bind, they are finite, NaN and inf at the same elements
                (the range edge above aside). Legal by default.
+  "order"    - the same products, summed in another order or grouping (a contraction may also fuse a
+               product into its sum): the same real function, differing by rounding, finite, NaN and
+               inf at the same elements except where a partial sum overflows in one order and not in the
+               other, which needs terms whose magnitudes add up past the dtype's largest finite value.
+               XLA fixes no order for a sum either (jax.jit sums a row as its vectorizer and fusion
+               decide), so the contract leaves that edge to the order (README.md). Legal by default; the
+               checker draws every value of "rounding" but magnitudes near the range's top.
   "reals"    - equal over the reals only: may change where results overflow, underflow or are NaN
                (re-association, distribution, moving a scale across a sum). Legal only with
                numerics="fast"; in strict mode the schedule drops these rules.
@@ -40,7 +47,7 @@ from superopt.rewrites.pattern import SCALAR, TENSOR, Pattern, variables
 
 compiler = lazy.module("superopt.rewrites.compile")   # egglog: imported where a rule is first compiled
 
-NUMERICS = ("exact", "rounding", "reals")
+NUMERICS = ("exact", "rounding", "order", "reals")
 _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

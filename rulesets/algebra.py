@@ -14,6 +14,7 @@ from superopt.rewrites.rule import RuleSet, multi_rule, rule, when
 
 x, y, z, w = tensors("x y z w")
 p, q, s, t = vecs("p q s t")
+lo, hi, step = vecs("lo hi step")
 (d,) = dtypes("d")
 (op,) = ops("op")
 c1, c2 = floats("c1 c2")
@@ -42,12 +43,13 @@ def _merge_shared_lhs(leaf, n: int):
 def _by_rows(op_name: str, dtype: str | None = None):
     """A full reduction = the reduction of its row reductions. The rows are a row kernel, which takes the
     elementwise ops before it (an unscale, an is-finite check, a square) on chip. Sums are restricted to
-    f32, whose row sums XLA also keeps in f32; in f16 or bf16 the rounded row sums lose accuracy."""
+    f32, whose row sums XLA also keeps in f32; in f16 or bf16 the rounded row sums lose accuracy. A sum
+    regrouped so adds the same terms in another order ("order")."""
     whole = reduce(op_name, x, p)
     return rule(f"{op_name.replace('_', '-')}-all-by-rows", whole,
                 reduce(op_name, reshape(reduce(op_name, x, last_axis_of(x)), set_last(shape_of(x), 1)), p),
                 when("all_axes", p, x), when("long_last_axis", x), *([when("has_dtype", x, dtype)] if dtype else []),
-                numerics="reals" if op_name == "reduce_sum" else "exact",
+                numerics="order" if op_name == "reduce_sum" else "exact",
                 doc=f"{op_name}(x) over all axes = {op_name} of the row {op_name}s of x")
 
 
@@ -60,6 +62,10 @@ def _fold(op_name: str, symbol: str, attribute: str, *conditions):
     return rule(f"fold-{op_name}", binary(op_name, lit(c1, d), lit(c2, d)), lit(folded, d),
                 when("float_dtype", d), *conditions, when("fold_in_range", folded, d), numerics="rounding",
                 doc=f"c1 {symbol} c2 -> one literal, a normal number of the dtype")
+
+
+# jnp.trace's mask: row index == column index
+_EYE = binary("eq", app("iota", 0, s, "int32"), app("iota", 1, s, "int32"))
 
 
 ALGEBRA = RuleSet("algebra", {
@@ -101,6 +107,45 @@ ALGEBRA = RuleSet("algebra", {
         rule("conv-scale-rhs", conv(x, mul(y, lit(c1, d)), k), mul(conv(x, y, k), lit(c1, d)),
              when("has_dtype", x, d), when("has_dtype", y, d), two_way=True, numerics="reals",
              doc="conv(x, y*c) <-> conv(x, y)*c, scalar c"),
+    ],
+    # A reduction of a product that reads a part of it: the products it needs, summed ("order": the same
+    # products a dot adds, in another grouping). float32 only, where XLA's dot and its row sums both add
+    # in float32.
+    "products": [
+        rule("diagonal-of-matmul", slice_(reshape(matmul(x, y, "float32"), s), lo, hi, step),
+             reduce("reduce_sum", mul(x, transpose(y, (1, 0))), (1,)),
+             when("rank", x, 2), when("rank", y, 2), when("has_dtype", x, "float32"), when("has_dtype", y, "float32"),
+             when("main_diagonal", lo, hi, step, matmul(x, y, "float32")), numerics="order",
+             doc="diag(x@y) -> the row sums of x * y^T: n*k products instead of n*n*k"),
+        rule("trace-of-matmul", reduce("reduce_sum", select(_EYE, broadcast(lit(0.0, "float32"), s, ()),
+                                                            matmul(x, y, "float32")), p),
+             reduce("reduce_sum", mul(x, transpose(y, (1, 0))), p),
+             when("rank", x, 2), when("rank", y, 2), when("has_dtype", x, "float32"), when("has_dtype", y, "float32"),
+             when("square", matmul(x, y, "float32")), when("all_axes", p, matmul(x, y, "float32")),
+             numerics="order", doc="trace(x@y) (jnp.trace: the sum of the product where row = column) -> "
+                                   "the sum of x * y^T"),
+    ],
+    # Sums of broadcast products that are matrix-vector products: the same products, added by a dot.
+    "matvec": [
+        rule("row-sums-of-scaled-rows", reduce("reduce_sum", mul(x, y), (1,)),
+             reshape(matmul(x, transpose(y, (1, 0)), "float32"), shape_of(reduce("reduce_sum", mul(x, y), (1,)))),
+             when("rank", x, 2), when("row_vector", y), when("has_dtype", x, "float32"),
+             when("has_dtype", y, "float32"), numerics="order", doc="sum(x * v[None, :], axis=1) -> x @ v"),
+        rule("column-sums-of-scaled-columns", reduce("reduce_sum", mul(x, y), (0,)),
+             reshape(matmul(transpose(y, (1, 0)), x, "float32"), shape_of(reduce("reduce_sum", mul(x, y), (0,)))),
+             when("rank", x, 2), when("column_vector", y), when("has_dtype", x, "float32"),
+             when("has_dtype", y, "float32"), numerics="order", doc="sum(x * v[:, None], axis=0) -> v @ x"),
+    ],
+    # Identities on a known domain: the sign analysis (egraph/analysis.py) proves x >= -0 (NaN allowed).
+    "domain": [
+        rule("exp-of-log-of-nonneg", unary("exp", unary("log", x)), x, when("nonneg", x), numerics="rounding",
+             doc="exp(log(x)) -> x where x >= 0 (log(0) = -inf and exp(-inf) = 0; inf and NaN stay)"),
+        rule("square-of-sqrt-of-nonneg", integer_pow(unary("sqrt", x), 2), x, when("nonneg", x), numerics="rounding",
+             doc="sqrt(x)**2 -> x where x >= 0"),
+        rule("abs-of-nonneg", unary("abs", x), x, when("nonneg", x), numerics="rounding",
+             doc="|x| -> x where x >= 0 (|-0| is +0: a zero's sign only)"),
+        rule("relu-of-nonneg", binary("max", x, lit(0.0, d)), x, when("nonneg", x), numerics="rounding",
+             doc="max(x, 0) -> x where x >= 0 (max(-0, 0) is +0: a zero's sign only; NaN stays NaN)"),
     ],
     "shape": [
         rule("reshape-of-reshape", reshape(reshape(x, s), t), reshape(x, t), doc="reshape(reshape(x)) -> reshape(x)"),

@@ -5,10 +5,13 @@ Every rule says in which sense its two sides are equal (`Rule.numerics`, rewrite
   "rounding" - the same real function, differing by rounding only: finite, NaN and inf in the same places
                for every input (the checker proves it on NaN, +-inf, -0, subnormals and values near the
                dtype's largest);
+  "order"    - the same products summed in another order or grouping: as "rounding", except where a
+               partial sum overflows in one order and not the other (terms adding up past the dtype's
+               largest value), an order XLA does not fix either;
   "reals"    - equal over the reals only: such a rewrite can overflow where the original does not (or the
                other way round), so it may turn a finite result into inf.
 
-`numerics="strict"` (the default) runs the first two kinds only, so every program superopt returns keeps the
+`numerics="strict"` (the default) runs the first three kinds only, so every program superopt returns keeps the
 contract of README.md ("Numerics contract"). `numerics="fast"` also runs "reals" rules, and the report lists
 each one that fired.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 from superopt.rewrites.schedule import Phase, Schedule
 
 MODES = ("strict", "fast")
-LEGAL = {"strict": ("exact", "rounding"), "fast": ("exact", "rounding", "reals")}
+LEGAL = {"strict": ("exact", "rounding", "order"), "fast": ("exact", "rounding", "order", "reals")}
 
 
 def check_mode(numerics) -> str:

@@ -91,6 +91,14 @@ FIRES = {
     "div-sqrt-as-rsqrt": (lambda a, b: a / jnp.sqrt(jnp.abs(b)), (A, B)),
     "recip-sqrt": (lambda a: 1.0 / jnp.sqrt(jnp.abs(a)), (A,)),
     "reduce-sum-scale": (lambda a: jnp.sum(a * 3.0, axis=1), (A,)),
+    "diagonal-of-matmul": (lambda a, b: jnp.diag(a @ b.T), (A, A)),
+    "trace-of-matmul": (lambda a, b: jnp.trace(a @ b.T), (A, A)),
+    "row-sums-of-scaled-rows": (lambda a, v: jnp.sum(a * v[None, :], axis=1), (A, V[:, 0])),
+    "column-sums-of-scaled-columns": (lambda a, v: jnp.sum(a * v[:, None], axis=0), (A, V[:, 0])),
+    "exp-of-log-of-nonneg": (lambda a: jnp.exp(jnp.log(jnp.exp(a))), (A,)),
+    "square-of-sqrt-of-nonneg": (lambda a: jnp.sqrt(jnp.abs(a)) ** 2, (A,)),
+    "abs-of-nonneg": (lambda a: jnp.abs(jnp.exp(a)), (A,)),
+    "relu-of-nonneg": (lambda a: jnp.maximum(a * a, 0.0), (A,)),
     "reduce-sum-all-by-rows": (lambda a: jnp.sum(a * 0.5), (A,)),
     "reduce-max-all-by-rows": (lambda a: jnp.max(jnp.abs(a)), (A,)),
     "reduce-min-all-by-rows": (lambda a: jnp.min(a + 1.0), (A,)),
@@ -153,3 +161,19 @@ def test_inexact_cast_round_trip_is_not_removed():
     _, enc, _ = saturated(fn, (A,))
     graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
     assert graph.op_counts().get("convert", 0) == 2
+
+
+DOMAIN = ("exp-of-log-of-nonneg", "square-of-sqrt-of-nonneg", "abs-of-nonneg", "relu-of-nonneg")
+
+
+def test_domain_rules_fire_only_where_the_sign_analysis_proves_the_domain():
+    # nothing says a (an argument), a - 1 or a + b is >= 0: no domain rule applies
+    for fn in (lambda a: jnp.abs(a) * 2.0, lambda a: jnp.exp(jnp.log(a)), lambda a: jnp.maximum(a - 1.0, 0.0),
+               lambda a: jnp.sqrt(a + A) ** 2):
+        _, _, report = saturated(fn, (A,))
+        assert not any(report.matches.get(name, 0) for name in DOMAIN), report.fired
+    # exp(a) >= 0 and a * a >= 0, so their product, its transpose and its column sums are: |.| goes
+    _, enc, report = saturated(lambda a: jnp.abs(jnp.sum(jnp.exp(a).T * (a * a), axis=0)), (A,))
+    assert report.matches["abs-of-nonneg"] > 0, report.fired
+    graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
+    assert "abs" not in graph.op_counts()

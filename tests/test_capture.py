@@ -6,6 +6,7 @@ import pytest
 from jax import lax
 
 from superopt import superopt
+from superopt.core.ir import pretty
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.lowering.jax import lower
@@ -168,3 +169,15 @@ def test_deep_program_has_no_recursion_limit():
     assert len(captured.graph.live()) > 2000
     encode(captured.graph)  # one let per op: no RecursionError
     np.testing.assert_allclose(lower(captured.graph)(jnp.ones(4))[0], chain(jnp.ones(4)), rtol=1e-5)
+
+
+def test_a_diagonal_is_a_strided_slice_and_other_gathers_stay_opaque():
+    """jnp.diagonal picks its implementation per platform (a gather here): captured for the platform the
+    program runs on, the gather of positions in arithmetic progression is a view sliced with a stride."""
+    m = jnp.asarray(np.arange(35, dtype=np.float32).reshape(5, 7))
+    for fn in (jnp.diag, lambda x: jnp.diagonal(x, 2), lambda x: jnp.diagonal(x, -3), lambda x: jnp.diag(x @ x.T)):
+        graph = capture(fn, (m,)).graph
+        assert not graph.opaque and "slice" in graph.op_counts(), pretty(graph)
+        np.testing.assert_array_equal(np.asarray(lower(graph)(m)[0]), np.asarray(jax.jit(fn)(m)))
+    picked = capture(lambda x: x[jnp.array([0, 3, 1])], (m,)).graph     # not a progression: a gather
+    assert [op.name for op in picked.opaque] == ["gather"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from superopt import superopt
+from superopt import numerics, superopt
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
@@ -75,9 +75,11 @@ def test_the_same_rule_labelled_reals_is_sound_over_the_reals():
     assert check_rule(_assoc("reals"), examples=60).sound
 
 
-def test_a_regrouped_sum_can_turn_inf_into_nan():
-    """Why reduce-sum-all-by-rows stays "reals": the sum of [[max, max], [-max, -max]] is inf taken in
-    order and NaN taken by rows (inf + -inf), far from the range-edge exception."""
+def test_a_regrouped_sum_differs_only_where_its_terms_add_up_past_the_range():
+    """Why the regrouping rules are "order", not "rounding": the sum of [[max, max], [-max, -max]] is inf
+    taken in order and NaN taken by rows (inf + -inf), a partial sum overflowing in one order only: the
+    contract's edge for "order" rules. The order check, which draws every value but the magnitudes whose
+    sums can overflow, finds nothing else."""
     big = np.finfo(np.float32).max
     r = ALGEBRA["reduce-sum-all-by-rows"]
     lhs, rhs = r.pairs[0]
@@ -85,15 +87,19 @@ def test_a_regrouped_sum_can_turn_inf_into_nan():
     with np.errstate(all="ignore"):
         left, right = np.asarray(evaluate(lhs, env)), np.asarray(evaluate(rhs, env))
     assert np.isposinf(left) and np.isnan(right)
-    assert r.numerics == "reals"
+    assert r.numerics == "order"
+    for name in ("reduce-sum-all-by-rows", "diagonal-of-matmul", "trace-of-matmul"):
+        assert check_rule(ALGEBRA[name], examples=60).sound, name
 
 
-def test_every_rule_legal_in_strict_mode_is_labelled_exact_or_rounding():
+def test_strict_mode_runs_exact_rounding_and_order_rules_and_never_reals():
     labels = {r.numerics for rs in RULESETS.values() for r in rs}
-    assert labels <= {"exact", "rounding", "reals"}
-    fast_only = {r.name for rs in RULESETS.values() for r in rs if r.numerics == "reals"}
+    assert labels <= {"exact", "rounding", "order", "reals"}
+    fast_only = {r.name for rs in RULESETS.values() for r in rs if not numerics.legal(r, "strict")}
+    assert fast_only == {r.name for rs in RULESETS.values() for r in rs if r.numerics == "reals"}
     assert {"matmul-assoc", "matmul-scale-lhs", "conv-scale-lhs", "reduce-sum-scale"} <= fast_only
-    assert not {"fold-add", "fold-max", "matmul-int8", "conv-int8", "div-sqrt-as-rsqrt"} & fast_only
+    assert not {"fold-add", "fold-max", "matmul-int8", "conv-int8", "div-sqrt-as-rsqrt",
+                "diagonal-of-matmul", "reduce-sum-all-by-rows"} & fast_only
 
 
 # ---- the range predicates: the bound admitted, one past it refused ----

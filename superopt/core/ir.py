@@ -135,6 +135,16 @@ class Graph:
                 constant.add(i)
         return constant
 
+    def constant_nodes_of(self, root: int) -> set[int]:
+        """Of `root` and the nodes it reads, those computable from constants alone (`constant_nodes`, for
+        one node of a graph still being built)."""
+        order = postorder([root], lambda i: self.nodes[i].inputs)
+        constant: set[int] = set()
+        for i in order:
+            if hoistable(self.nodes[i].op, [j in constant for j in self.nodes[i].inputs]):
+                constant.add(i)
+        return constant
+
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for i in self.live():

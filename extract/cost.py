@@ -32,10 +32,13 @@ def size(t: Type) -> int:
 
 def flops(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:
     """The op's arithmetic (its op table entry's `flops`), an element of a transcendental op counted as
-    `target.transcendental_flops`. An op not in the table is an error naming it."""
+    `target.transcendental_flops`, an element of a reduction as `target.reduction_flops`. An op not in the
+    table is an error naming it."""
     spec = lookup(op)
     work = spec.flops(attrs, ins, out)
-    return work * target.transcendental_flops if spec.has("transcendental") else work
+    if spec.has("transcendental"):
+        return work * target.transcendental_flops
+    return work * target.reduction_flops if op in REDUCTIONS else work
 
 
 MATRIX_DTYPES = frozenset({"float16", "bfloat16"})  # what tensor cores and the cube take at their peak

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from superopt.core.ir import Graph
 from superopt.extract.cost import op_cost
 from superopt.extract.target import Target
+from superopt.extract.xla import xla_cost
 
 
 @dataclass
@@ -21,7 +22,10 @@ class Extraction:
 
 
 def program_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
-    """Cost of a captured program under the same model (constant sub-terms hoisted), per live node."""
+    """Cost of a program under the same model (constant sub-terms hoisted), per live node. On a CPU, as
+    XLA runs it, in its own fusions (extract/xla.py); elsewhere each op or kernel node as one kernel."""
+    if target.kind == "cpu":
+        return xla_cost(graph, target)
     constant = graph.constant_nodes()
     costs = []
     for i in graph.live():
@@ -29,3 +33,11 @@ def program_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
         ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
         costs.append(0.0 if i in constant else op_cost(node.op, node.attrs, ins, (node.shape, node.dtype), target))
     return sum(costs), costs
+
+
+def as_run(chosen: Extraction, target: Target) -> Extraction:
+    """`chosen` with its cost as the program runs (`program_cost`): on a CPU, where XLA fuses what
+    extraction's kernels fuse and more, the price the decision to change the program compares."""
+    if target.kind == "cpu":
+        chosen.cost = program_cost(chosen.graph, target)[0]
+    return chosen

@@ -57,6 +57,7 @@ class Target:
     mem_bandwidth: float      # bytes/s between global memory and the compute units
     launch_overhead: float    # seconds per kernel
     transcendental_flops: float = 20.0
+    reduction_flops: float = 1.0      # flops an element of a reduction costs (XLA's CPU reductions: several)
     matrix_flops: float = 0.0  # FLOP/s of the matrix unit (tensor core, cube) in f16/bf16; 0: none
     gpu: GpuSpec | None = None
     npu: NpuSpec | None = None

@@ -27,13 +27,13 @@ from superopt import numerics as numerics_mode
 from superopt.backends import BACKENDS
 from superopt.core import lazy, verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
-from superopt.core.ir import Graph, body_str, type_str
+from superopt.core.ir import Graph, body_str, type_str, unfused
 from superopt.core.serial import NotSerializable, digest, to_data
 from superopt.egraph.capture import Captured, capture, without_debug_effects
 from superopt.egraph.limits import Limits, RunReport, StopReason
 from superopt.extract.cost import op_breakdown
 from superopt.extract.errors import ExtractionError
-from superopt.extract.extraction import Extraction, program_cost
+from superopt.extract.extraction import Extraction, as_run, program_cost
 from superopt.extract.memory import peak_memory
 from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import load_target
@@ -52,7 +52,7 @@ from superopt.reuse import (
     term_from_entry,
 )
 from superopt.rewrites.schedule import Schedule
-from superopt.segments import seam_windows, split, stitch, unfused
+from superopt.segments import seam_windows, split, stitch
 from superopt.workers import executor_name, run_all
 
 # The stages that import egglog, imported where a program is saturated: a call the cache answers loads none.
@@ -372,7 +372,8 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
         looking = Deadline.cpu(limits.segment_seconds, also=deadline) if segment is not None else deadline
         saturated = saturate(captured, search.schedule, limits, looking, timer)
         run = saturated.run
-        chosen = choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer, looking)
+        chosen = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer,
+                               looking), tgt)
         worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), search.memory_budget)
         # A changed program is returned only if it was verified before the deadline; else the original runs.
         for stage_name, step in (("extract", None), ("lower", lambda: lower(chosen.graph))):

@@ -301,23 +301,3 @@ def seam_windows(stitched: Graph, starts: list[int]) -> Seams | None:
     return Seams(stitched, pieces, windows)
 
 
-def unfused(graph: Graph) -> Graph:
-    """`graph` with each kernel node replaced by the ops of its body: the same values, in the term language
-    the e-graph encodes (a chosen program's kernels are extraction's, and a seam window is cut from chosen
-    programs). `graph` itself where it has no kernel."""
-    if not any(node.op == "kernel" for node in graph.nodes):
-        return graph
-    out = Graph(consts=list(graph.consts), opaque=list(graph.opaque), n_args=graph.n_args,
-                hidden_outputs=graph.hidden_outputs)
-    ids: dict[int, int] = {}
-    for i, node in enumerate(graph.nodes):
-        if node.op != "kernel":
-            ids[i] = out.add(Node(node.op, tuple(ids[j] for j in node.inputs), node.attrs, node.shape, node.dtype))
-            continue
-        body: dict[int, int] = {}
-        for k, inner in enumerate(node.attrs[0]):   # `arg` k of a body is the kernel's input k
-            body[k] = ids[node.inputs[inner.attrs[0]]] if inner.op == "arg" else \
-                out.add(Node(inner.op, tuple(body[j] for j in inner.inputs), inner.attrs, inner.shape, inner.dtype))
-        ids[i] = body[len(node.attrs[0]) - 1]
-    out.outputs = [ids[o] for o in graph.outputs]
-    return out

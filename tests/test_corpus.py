@@ -12,6 +12,7 @@ from hypothesis import given, strategies as st
 
 from corpus import CORPUS, make_args
 from superopt import superopt
+from superopt.core.ir import pretty
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
@@ -26,7 +27,8 @@ _built: dict[str, tuple] = {}
 
 
 def _programs(prog):
-    """(optimized callable, forced extraction, captured round trip), built once per program."""
+    """(optimized callable, forced extraction, captured round trip, the fused programs per target, the forced
+    extraction's graph), built once per program."""
     if prog.name not in _built:
         args = make_args(prog, 0)
         optimized = superopt(prog.fn)
@@ -39,7 +41,7 @@ def _programs(prog):
         saturate(enc.egraph, [Phase("fusion", list(RULESETS["fusion"]))], Limits())
         frozen = freeze(enc.egraph)
         kernels = [lower(extract(frozen, enc, load_target(t)).graph) for t in FUSION_TARGETS]
-        _built[prog.name] = (optimized, lower(forced.graph), lower(captured.graph), kernels)
+        _built[prog.name] = (optimized, lower(forced.graph), lower(captured.graph), kernels, forced.graph)
     return _built[prog.name]
 
 
@@ -55,7 +57,7 @@ def _flat(tree):
 def test_superopt_equals_original(prog, seed):
     args = make_args(prog, seed)
     expected = _flat(prog.fn(*args))
-    optimized, forced, roundtrip, kernels = _programs(prog)
+    optimized, forced, roundtrip, kernels, _ = _programs(prog)
     flat_args = jax.tree_util.tree_leaves(args)
     assert compare_outputs(expected, _flat(optimized(*args))) is None
     assert compare_outputs(expected, _flat(forced(*flat_args))) is None
@@ -71,6 +73,10 @@ def test_corpus_is_large_and_varied():
 
 
 def test_some_corpus_programs_are_rewritten():
-    """The corpus exercises the rules: several programs come out different from how they went in."""
+    """The corpus exercises the rules: extracted with the algebra rules, most programs come out different
+    from how they went in, and superopt returns a changed program for some of them on cpu (where most run
+    as XLA fuses them by themselves: extract/xla.py)."""
+    rewritten = [p.name for p in CORPUS if pretty(_programs(p)[4]) != pretty(capture(p.fn, make_args(p, 0)).graph)]
+    assert len(rewritten) >= len(CORPUS) // 2, rewritten
     changed = [p.name for p in CORPUS if _programs(p)[0].report.optimized]
-    assert len(changed) >= 4, changed
+    assert len(changed) >= 2, changed

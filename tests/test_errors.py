@@ -99,7 +99,7 @@ def test_calibrate_refuses_figures_far_below_the_defaults(monkeypatch, capsys):
     assert "shipped defaults" in captured.out and "(0.09x)" in captured.out     # old and new figures
     assert calibrate.cached_calibration() is None
     assert main(["calibrate", "--quick", "--force"]) == 0
-    assert calibrate.cached_calibration()["peak_flops"] == pytest.approx(25.2e9)
+    assert calibrate.cached_calibration()["matrix_flops"] == pytest.approx(25.2e9)
     capsys.readouterr()
     assert main(["calibrate", "--reset"]) == 0
     out = capsys.readouterr().out

@@ -16,6 +16,7 @@ from superopt.extract.greedy import extract
 from superopt.extract.ilp import extract_ilp
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
+from superopt.report import Outcome
 from superopt.rewrites.checker import check_rule
 from superopt.rewrites.functions import when
 from superopt.rewrites.pattern import kernel, reduce, sarg, scalars, shape_of, srow, tensors, vecs
@@ -244,7 +245,8 @@ def test_seed_001_add_mul_relu_fuses_on_910b_while_the_ub_fits(row, one_kernel):
 
 def test_one_program_extracts_to_a_different_term_on_each_target():
     """(a @ b)^T next to relu((c + d) * e) centered on its rows' means, with rows of 8192 f32:
-    - cpu: no coalescing penalty and no on-chip capacity limit in the roofline, so both fuse completely;
+    - cpu: XLA fuses the chain and folds the transpose into the dot by itself, so a program fused by hand
+      is priced as XLA runs it (extract/xla.py), gains nothing, and the original runs;
     - gpu-h100: a transposed epilogue makes the matmul's stores strided, so the transpose of the result
       stays out of the matmul kernel (B^T @ A^T instead; reading a transposed operand tile is free), while the elementwise chain is one kernel (few registers);
     - npu-910b: the chain does not fit the Unified Buffer fused (a box of whole 32 KB rows, a buffer per
@@ -270,14 +272,12 @@ def test_one_program_extracts_to_a_different_term_on_each_target():
     def fused_ops(graph):
         return [set(ops_in(k)) for k in kernels(graph)]
 
-    assert {"matmul", "transpose"} in [s & {"matmul", "transpose"} for s in fused_ops(graphs["cpu"])]
-    assert {"add", "mul", "max"} in [s & {"add", "mul", "max"} for s in fused_ops(graphs["cpu"])]
+    assert reports["cpu"].kind is Outcome.NO_GAIN and not kernels(graphs["cpu"]), reports["cpu"].outcome
 
     def transposed_write(k):   # a transpose applied to the matmul's result inside the kernel
         body = k.attrs[0]
         return any(n.op == "transpose" and body[n.inputs[0]].op == "matmul" for n in body)
 
-    assert any(transposed_write(k) for k in kernels(graphs["cpu"]))
     # a transposed operand read (a prologue) is fine for a tiled matmul; a transposed write is not
     assert not any(transposed_write(k) for k in kernels(graphs["gpu-h100"]))
     assert any({"add", "mul", "max"} <= s for s in fused_ops(graphs["gpu-h100"]))
@@ -334,11 +334,13 @@ def weight_gradient_consumers(x, g, p):
 def test_a_weight_gradient_is_computed_once_for_all_its_consumers(monkeypatch):
     import superopt.extract.greedy as greedy
     args = (normal(128, 256), normal(128, 512), normal(256, 512))
-    shared, _ = fused(weight_gradient_consumers, args, "cpu")
+    # gpu-h100, where the per-class choices recompute the product in each consumer (on cpu, whose general
+    # units are slower than its GEMM, they already share it)
+    shared, _ = fused(weight_gradient_consumers, args, "gpu-h100")
     assert _matmuls(shared.graph) == 1
     assert_same(weight_gradient_consumers, args, shared.graph)
     monkeypatch.setattr(greedy, "MAX_SHARING_TRIALS", 0)   # per-class greedy choices alone
-    alone, _ = fused(weight_gradient_consumers, args, "cpu")
+    alone, _ = fused(weight_gradient_consumers, args, "gpu-h100")
     assert _matmuls(alone.graph) > 1 and shared.cost < alone.cost
 
 

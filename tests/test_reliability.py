@@ -103,7 +103,9 @@ def _with_specials(x: np.ndarray) -> np.ndarray:
 ], ids=["matmul-chain", "elementwise", "softmax", "matmul-epilogue"])
 def test_nan_and_inf_propagate_exactly_as_in_the_original(fn, shapes):
     args = [_with_specials(RNG.standard_normal(s).astype(np.float32)) for s in shapes]
-    fast = superopt(fn)
+    # A GPU target: its model prices these fusions (on cpu XLA makes them by itself and the original runs);
+    # the rewritten program runs here, through JAX.
+    fast = superopt(fn, target="gpu-h100")
     with np.errstate(all="ignore"):
         expected, actual = _flat(jax.jit(fn)(*args)), _flat(fast(*args))
     assert fast.report.optimized, fast.report.outcome   # a rewritten program, not the original
@@ -336,7 +338,9 @@ def test_the_same_input_gives_the_same_term_and_report_across_processes_and_hash
     first, second = _fingerprints([1, 2])
     assert first == second
     report = json.loads(first)
-    assert set(report) == set(TARGETS) and all(r["outcome"] == "optimized" for r in report.values())
+    assert set(report) == set(TARGETS)
+    # rewritten on the GPU and NPU targets; on cpu XLA fuses this program by itself (extract/xla.py)
+    assert all(report[t]["outcome"] == "optimized" for t in ("gpu-h100", "npu-910b"))
 
 
 def test_the_same_input_gives_the_same_term_and_report_in_one_process():

@@ -153,6 +153,35 @@ class Graph:
         return counts
 
 
+def unfused(graph: Graph, origin: dict | None = None) -> Graph:
+    """`graph` with each kernel node replaced by the ops of its body: the same values, in the term language
+    the e-graph encodes (a chosen program's kernels are extraction's, and a seam window is cut from chosen
+    programs). `graph` itself where it has no kernel. `origin`, where given, is filled with each new node's
+    node of `graph` (a body's ops: their kernel)."""
+    if not any(node.op == "kernel" for node in graph.nodes):
+        if origin is not None:
+            origin.update((i, i) for i in range(len(graph.nodes)))
+        return graph
+    out = Graph(consts=list(graph.consts), opaque=list(graph.opaque), n_args=graph.n_args,
+                hidden_outputs=graph.hidden_outputs)
+    ids: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.op != "kernel":
+            ids[i] = out.add(Node(node.op, tuple(ids[j] for j in node.inputs), node.attrs, node.shape, node.dtype))
+            if origin is not None:
+                origin[ids[i]] = i
+            continue
+        body: dict[int, int] = {}
+        for k, inner in enumerate(node.attrs[0]):   # `arg` k of a body is the kernel's input k
+            body[k] = ids[node.inputs[inner.attrs[0]]] if inner.op == "arg" else \
+                out.add(Node(inner.op, tuple(body[j] for j in inner.inputs), inner.attrs, inner.shape, inner.dtype))
+            if origin is not None and inner.op != "arg":
+                origin[body[k]] = i
+        ids[i] = body[len(node.attrs[0]) - 1]
+    out.outputs = [ids[o] for o in graph.outputs]
+    return out
+
+
 def type_str(node: Node) -> str:
     short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int32": "i32",
              "int8": "i8", "int64": "i64", "uint8": "u8", "bool": "bool", "int16": "i16", "uint32": "u32"}

@@ -1,0 +1,74 @@
+"""A program on the cpu target is priced as XLA runs it, in its own fusions (extract/xla.py): fusing an
+elementwise chain by hand gains nothing there, a value read twice is written once, a transpose is folded
+into the dot that reads it. And superopt keeps the original where the only change is such a fusion."""
+import jax.numpy as jnp
+import numpy as np
+
+from superopt import superopt
+from superopt.core.ir import Graph, Node
+from superopt.egraph.capture import capture
+from superopt.extract.cost import op_cost
+from superopt.extract.extraction import program_cost
+from superopt.extract.target import load_target
+from superopt.extract.xla import fusions, xla_cost
+from superopt.report import Outcome
+
+CPU = load_target("cpu")
+M = jnp.ones((256, 256), jnp.float32)
+
+
+def graph(fn, *args) -> Graph:
+    return capture(fn, args).graph
+
+
+def test_an_elementwise_chain_is_one_loop_priced_as_one_kernel():
+    g = graph(lambda a, b: jnp.exp(a) * b + 1.0, M, M)
+    loops = fusions(g)
+    assert len(loops) == 1
+    (root, members), = loops.items()
+    assert root == g.outputs[0] and [g.nodes[i].op for i in members] == ["exp", "mul", "add"]
+    # The same chain as one kernel node: the same price (XLA fuses the original as the kernel would).
+    body = (Node("arg", (), (0,), (256, 256), "float32"), Node("arg", (), (1,), (256, 256), "float32"),
+            Node("lit", (), (1.0,), (), "float32"), Node("exp", (0,), (), (256, 256), "float32"),
+            Node("mul", (3, 1), (), (256, 256), "float32"), Node("add", (4, 2), (), (256, 256), "float32"))
+    kernel = Graph(n_args=2)
+    a = kernel.add(Node("arg", (), (0,), (256, 256), "float32"))
+    b = kernel.add(Node("arg", (), (1,), (256, 256), "float32"))
+    kernel.outputs = [kernel.add(Node("kernel", (a, b), (body,), (256, 256), "float32"))]
+    assert xla_cost(kernel, CPU)[0] == program_cost(g, CPU)[0]
+    # And it is cheaper than three kernels, each writing its result out.
+    separate = sum(op_cost(g.nodes[i].op, g.nodes[i].attrs,
+                           [(g.nodes[j].shape, g.nodes[j].dtype) for j in g.nodes[i].inputs],
+                           (g.nodes[i].shape, g.nodes[i].dtype), CPU) for i in members)
+    assert program_cost(g, CPU)[0] < separate
+
+
+def test_a_value_read_twice_ends_its_loop_and_a_reduction_takes_its_producer():
+    twice = graph(lambda a: (lambda e: e * e.sum())(jnp.exp(a)), M)
+    loops = fusions(twice)
+    ops = sorted(tuple(twice.nodes[i].op for i in members) for members in loops.values())
+    # exp is read by the multiply and the sum: written once; the sum is its own loop, the multiply another.
+    assert ops == [("exp",), ("mul",), ("reduce_sum",)] or ops == [("exp",), ("broadcast", "mul"), ("reduce_sum",)]
+    once = graph(lambda a: jnp.sum(jnp.exp(a) * 2.0, axis=1), M)
+    assert [[once.nodes[i].op for i in m] for m in fusions(once).values()] == [["exp", "mul", "reduce_sum"]]
+
+
+def test_a_transpose_read_by_a_dot_is_free_and_costs_are_per_live_node():
+    plain = graph(lambda a, b: a @ b, M, M)
+    turned = graph(lambda a, b: a.T @ b, M, M)
+    assert program_cost(turned, CPU)[0] == program_cost(plain, CPU)[0]
+    # XLA emits (a @ b).T as b.T @ a.T: no pass over the result either.
+    assert program_cost(graph(lambda a, b: (a @ b).T, M, M), CPU)[0] == program_cost(plain, CPU)[0]
+    total, costs = program_cost(turned, CPU)
+    assert len(costs) == len(turned.live()) and np.isclose(sum(costs), total)
+    # Read by an elementwise op instead, the transpose is part of that loop, and walks its operand across
+    # cache lines: dearer than the plain elementwise loop.
+    assert program_cost(graph(lambda a, b: a.T + b, M, M), CPU)[0] > program_cost(graph(lambda a, b: a + b, M, M),
+                                                                                  CPU)[0]
+
+
+def test_a_fusion_xla_makes_by_itself_is_not_an_optimization_on_cpu():
+    fn = lambda a, b: (a * 3.0) / (b * 3.0)   # noqa: E731
+    fast = superopt(fn, cache=False)
+    np.testing.assert_array_equal(np.asarray(fast(M, M + 1.0)), np.asarray((M * 3.0) / ((M + 1.0) * 3.0)))
+    assert fast.report.kind is not Outcome.OPTIMIZED, str(fast.report)

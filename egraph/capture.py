@@ -66,6 +66,8 @@ class Captured:
     jaxpr: Any = None        # the ClosedJaxpr of the flat function traced (the reference program is built
                              # from it: fn is not traced again)
     kept_whole: str = ""     # why the program is one opaque node the optimizer must not change, or ""
+    traced: Graph | None = None   # the program as traced, where `graph` is it re-rolled (superopt/reroll.py): what
+                                  # the optimized program is priced and reported against
 
 
 class KeepWhole(Exception):

@@ -28,6 +28,7 @@ from superopt.backends import BACKENDS
 from superopt.core import lazy, verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
 from superopt.core.ir import Graph, body_str, type_str, unfused
+from superopt.core.reference import evaluate as evaluate_reference
 from superopt.core.serial import NotSerializable, digest, to_data
 from superopt.egraph.capture import Captured, capture, without_debug_effects
 from superopt.egraph.limits import Limits, RunReport, StopReason
@@ -40,6 +41,7 @@ from superopt.extract.target import load_target
 from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.jax import lower
 from superopt.report import Outcome, Report
+from superopt.reroll import reroll, rerolled_note
 from superopt.reuse import (
     combined_run,
     compiled_rules,
@@ -222,7 +224,7 @@ def check(reference: Callable, candidate: Callable, captured: Captured, numerics
     and adversarial inputs of superopt's own, never the caller's). A candidate that fails to run (a program
     XLA cannot run here) is not returned either."""
     try:
-        problem = verification.verify(reference, candidate, captured.in_avals, captured.graph, numerics,
+        problem = verification.verify(reference, candidate, captured.in_avals, traced(captured), numerics,
                                       remember=remember)
     except TimeLimit:
         raise
@@ -251,12 +253,34 @@ class Stages:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
+def traced(captured: Captured) -> Graph:
+    """The program as traced: what an optimized program is priced and reported against (`captured.graph` is
+    what the search starts from, its loops over rows re-rolled: superopt/reroll.py)."""
+    return captured.traced if captured.traced is not None else captured.graph
+
+
 def reference_program(captured: Captured) -> Callable:
     """The user's program as jax.jit runs it, from the jaxpr capture traced (fn is not traced again), with
     output-less effects (debug prints) left out: superopt runs it on its own inputs, which the user's
     callbacks must never see."""
     closed = without_debug_effects(captured.jaxpr)
     return jax.jit(lambda *flat: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat))
+
+
+# A program traced this long from a Python loop that re-rolling batched (superopt/reroll.py) takes XLA seconds
+# to compile: 5.8 s for a 200-row loop of exp (1,200 ops) on the development machine, where superopt's own
+# evaluator (core/reference.py) runs it in 15 ms. Verification runs it that way instead.
+EVALUATED_REFERENCE_OPS = 500
+
+
+def checking_reference(captured: Captured) -> Callable:
+    """What verification compares a candidate with: the user's program as jax.jit runs it
+    (`reference_program`), or, for a re-rolled program traced longer than EVALUATED_REFERENCE_OPS, the
+    program as traced evaluated op by op in its own dtypes by superopt's reference evaluator."""
+    if captured.traced is None or len(captured.traced.live()) <= EVALUATED_REFERENCE_OPS:
+        return reference_program(captured)
+    graph = captured.traced
+    return lambda *flat: evaluate_reference(graph, flat)
 
 
 def user_program(captured: Captured) -> Callable:
@@ -295,6 +319,10 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     timer = Stages()
     call = Deadline(limits.seconds)   # the whole call's, where it is in segments (each whole run keeps its own)
     captured = timer("capture", capture, fn, args)
+    if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
+        rolled, loops = timer("reroll", reroll, captured.graph)
+        if loops:
+            captured = dataclasses.replace(captured, graph=rolled, traced=captured.graph)
     schedule, left_out = schedule_of(rulesets, numerics)
     search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics)
     segments = key = None
@@ -342,8 +370,8 @@ class Search:
 def _whole(captured: Captured, search: Search, timer: Stages, store=None) -> tuple[Specialization, dict | None]:
     """The captured program optimized whole: the specialization, and the cache entry of its result. The
     compiled rules come from `store` where it has them, and are kept there where it had not."""
-    reference = reference_program(captured)
-    costs = program_cost(captured.graph, search.target)
+    reference = checking_reference(captured)
+    costs = program_cost(traced(captured), search.target)
     run, outcome, reason, chosen, program = _optimize_program(captured, reference, search, timer, costs[0], store)
     if store is not None:
         save_rules(search.schedule, store)
@@ -361,7 +389,7 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
     call's time, the original's outputs on the random sets kept under its key (`verify.remembered`)."""
     tgt, limits, numerics = search.target, search.limits, search.numerics
     deadline = Deadline(limits.seconds)   # one clock: Limits.seconds bounds every stage of the call together
-    original = captured.graph
+    original = traced(captured)
     run, chosen, program = RunReport(StopReason.SATURATED), None, None
     try:
         if captured.kept_whole:
@@ -399,7 +427,7 @@ def _specialization(captured: Captured, search: Search, timer: Stages, run: RunR
                     reference: Callable | None = None, costs: tuple | None = None) -> Specialization:
     """The specialization and its report, from what optimizing (or the cache) gave; `costs` is the
     original's `program_cost` where the caller has it."""
-    original = captured.graph
+    original = traced(captured)
     cost_before, original_costs = costs or program_cost(original, search.target)
     report = build_report(search.target, captured, run, outcome, reason, chosen, cost_before, original_costs,
                           search.numerics, search.left_out, search.schedule, timer.seconds)
@@ -579,7 +607,7 @@ def _segmented(captured: Captured, segments: list, search: Search, store, execut
         pieces = Pieces(windows.pieces, {p.key: p for p in windows.pieces}, chosen_pieces, store, fp, windows.graph,
                         "the program before its seams' rewrites")
     tgt = search.target
-    costs = program_cost(captured.graph, tgt)
+    costs = program_cost(traced(captured), tgt)
     cost_before = costs[0]
     chosen = None
     if Outcome.OPTIMIZED in outcomes:
@@ -635,13 +663,15 @@ def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reas
                  stage_seconds: dict) -> Report:
     """The report, once, from the stages' results: of the chosen program where it runs, else of the original
     (with what extraction found, where it got that far)."""
-    original = captured.graph
+    original = traced(captured)
     if outcome is Outcome.TIME_LIMIT:
         run.stop_reason = StopReason.TIME_LIMIT
     report = Report(tgt.name, run, cost_before=cost_before, cost_after=cost_before, kind=outcome, reason=reason,
                     ops_before=original.op_counts(), numerics=numerics, left_out=left_out,
                     overflow_rewrites=numerics_mode.overflow_rewrites(schedule, run.fired),
                     stage_seconds=stage_seconds)
+    if captured.traced is not None:
+        report.rerolled = rerolled_note(captured.traced, captured.graph)
     if chosen is not None:
         report.extraction, report.declined, report.memory_note = chosen.method, chosen.declined, chosen.memory
     runs = chosen.graph if chosen is not None and outcome is Outcome.OPTIMIZED else original

@@ -104,6 +104,7 @@ class Report:
     overflow_rewrites: dict = field(default_factory=dict)   # "reals" rules that fired (fast mode): name -> matches
     segments: str = ""             # how the program was split, and where each distinct segment's result came from
     cache: str = ""                # "hit" where the whole result came from the persistent cache
+    rerolled: str = ""             # the loops over rows re-rolled before the search (superopt/reroll.py)
 
     @property
     def optimized(self) -> bool:
@@ -169,6 +170,8 @@ class Report:
         changed = sorted(set(self.ops_before) | set(self.ops_after))
         diffs = [f"{op} {self.ops_before.get(op, 0)}->{self.ops_after.get(op, 0)}" for op in changed
                  if self.ops_before.get(op, 0) != self.ops_after.get(op, 0)]
+        if self.rerolled:
+            lines.append(f"  re-rolled    : {self.rerolled}")
         lines.append("  numerics     : " + self._numerics_line())
         lines.append("  ops changed  : " + self._ops_changed(diffs))
         if self.gradient_traffic:

@@ -338,3 +338,16 @@ def test_a_calibration_reads_its_unscaled_arguments_once_and_releasing_a_set_kee
     scaler.release(third)
     scaler(("up", "one"), 0.5)             # the next pattern: the kept array goes back to the buffers
     assert not buffers.holds(first[0])
+
+
+def test_inf_and_nan_trade_places_only_where_the_float64_value_is_beyond_the_range():
+    """The contract's sum edge: a dot rounds each product before adding it, XLA's fused multiply-add loop
+    may not, so where terms overflow one gives NaN and the other inf. Accepted where the float64 value is
+    itself infinite or beyond the dtype's range; a NaN for a finite float64 value is still refused."""
+    from superopt.core.verify import judge
+    e = np.array([np.inf, 1.0, 2.0], np.float32)
+    a = np.array([np.nan, 1.0, 2.0], np.float32)
+    assert judge([e], [a], [np.array([np.inf, 1.0, 2.0])]) is None
+    assert judge([e], [a], [np.array([1e39, 1.0, 2.0])]) is None
+    assert judge([e], [a], [np.array([3.0, 1.0, 2.0])]) is not None          # a finite value: refused
+    assert judge([e], [np.array([5.0, 1.0, 2.0], np.float32)], [np.array([np.inf, 1.0, 2.0])]) is not None

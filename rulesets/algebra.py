@@ -129,12 +129,14 @@ ALGEBRA = RuleSet("algebra", {
     "matvec": [
         rule("row-sums-of-scaled-rows", reduce("reduce_sum", mul(x, y), (1,)),
              reshape(matmul(x, transpose(y, (1, 0)), "float32"), shape_of(reduce("reduce_sum", mul(x, y), (1,)))),
-             when("rank", x, 2), when("row_vector", y), when("has_dtype", x, "float32"),
-             when("has_dtype", y, "float32"), numerics="order", doc="sum(x * v[None, :], axis=1) -> x @ v"),
+             when("rank", x, 2), when("row_vector", y), when("same_shape", x, mul(x, y)),
+             when("has_dtype", x, "float32"), when("has_dtype", y, "float32"), numerics="order",
+             doc="sum(x * v[None, :], axis=1) -> x @ v (x as large as the product: not itself broadcast)"),
         rule("column-sums-of-scaled-columns", reduce("reduce_sum", mul(x, y), (0,)),
              reshape(matmul(transpose(y, (1, 0)), x, "float32"), shape_of(reduce("reduce_sum", mul(x, y), (0,)))),
-             when("rank", x, 2), when("column_vector", y), when("has_dtype", x, "float32"),
-             when("has_dtype", y, "float32"), numerics="order", doc="sum(x * v[:, None], axis=0) -> v @ x"),
+             when("rank", x, 2), when("column_vector", y), when("same_shape", x, mul(x, y)),
+             when("has_dtype", x, "float32"), when("has_dtype", y, "float32"), numerics="order",
+             doc="sum(x * v[:, None], axis=0) -> v @ x (x as large as the product: not itself broadcast)"),
     ],
     # Identities on a known domain: the sign analysis (egraph/analysis.py) proves x >= -0 (NaN allowed).
     "domain": [

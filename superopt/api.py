@@ -81,13 +81,17 @@ class Optimized:
     def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool, extractor: str = "greedy",
                  backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
                  precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
-                 npu_under_trace: str = "jax", filter: bool = False, cache=None, executor: str | None = None):
+                 npu_under_trace: str = "jax", filter: bool = False, cache=None, executor: str | None = None,
+                 tune: bool = False):
         # Every misuse is one line naming the bad value and the valid ones, raised here, before any work.
         if not callable(fn):
             raise TypeError(f"superopt: fn must be callable, got {type(fn).__name__}")
         if not isinstance(target, str):
             raise TypeError(f"superopt: target must be a string such as 'cpu', got {type(target).__name__}")
         tgt = load_target(target)  # an unknown target fails here, listing the valid ones
+        if not isinstance(tune, bool):
+            raise TypeError(f"superopt: tune must be True or False, got {tune!r}")
+        self.tune = tune
         self.numerics = numerics_mode.check_mode(numerics)
         self.precision = None if precision is None else npu.check_precision(precision, tgt)
         if extractor not in EXTRACTORS:
@@ -239,7 +243,7 @@ class Optimized:
             enable_jax_cache(store.directory)
         spec = optimize(program, tuple(abstract), self.target, self.rulesets, self.limits, self.verify,
                         self.extractor, self.backend, self.memory_budget, self.numerics, self.precision,
-                        example=example, store=store, executor=self.executor)
+                        example=example, store=store, executor=self.executor, tune=self.tune)
         return dataclasses.replace(spec, out_keys=dict(out_keys))
 
     # ---- results ----
@@ -335,7 +339,8 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
              limits: Limits | None = None, verify: bool = True, extractor: str = "greedy",
              backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
              precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
-             npu_under_trace: str = "jax", filter: bool = False, cache=None, executor: str | None = None):
+             npu_under_trace: str = "jax", filter: bool = False, cache=None, executor: str | None = None,
+             tune: bool = False):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
 
     The result is a JAX transformation of `fn` (`Optimized`): call it eagerly, or inside `jax.jit`,
@@ -367,11 +372,17 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
     $SUPEROPT_CACHE is "off"), a directory, or False (no cache). A large program is optimized in segments
     (superopt/segments.py), each distinct one once; `executor` is where distinct segments are optimized in
     parallel: "local" (worker processes on this machine) or "ray" (a Ray cluster: $RAY_ADDRESS, else a local
-    Ray instance); None reads $SUPEROPT_EXECUTOR, else "local"."""
+    Ray instance); None reads $SUPEROPT_EXECUTOR, else "local".
+
+    `tune=True` is a measured choice where the cost model may be wrong: a verified program is also timed
+    against the original on this machine (interleaved, medians of 7 samples on superopt's random inputs)
+    and returned only if it is faster by the same 3% the model's prediction must clear; the report says
+    what was measured, and the result is cached with the program (a tuned and an untuned result are
+    different entries)."""
     options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
                    memory_budget=memory_budget, numerics=numerics, precision=precision, static_argnums=static_argnums,
                    static_argnames=static_argnames, donate_argnums=donate_argnums, npu_under_trace=npu_under_trace,
-                   filter=filter, cache=cache, executor=executor)
+                   filter=filter, cache=cache, executor=executor, tune=tune)
     if fn is None:   # the decorator form: check the options now, not at the first call
         Optimized(lambda *args: None, target, **{**options, "limits": Limits() if limits is None else limits})
         return lambda f: superopt(f, target, **options)

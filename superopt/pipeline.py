@@ -204,6 +204,36 @@ def choose(saturated: Saturated, target, extractor: str, memory_budget: int | No
         raise Kept(Outcome.EXTRACTION_FAILED, str(exc)) from None
 
 
+# tune=True: each program is timed in samples of about this many seconds of back-to-back calls
+TUNE_SAMPLE_SECONDS = 0.005
+
+
+def measured(original: Callable, candidate: Callable, captured: Captured, samples: int = 7) -> str:
+    """Time `candidate` against `original` on this machine, interleaved, on superopt's random inputs (the
+    per-call median of `samples` samples, each enough calls to take about TUNE_SAMPLE_SECONDS). Raise
+    Kept unless the candidate is faster by MIN_PREDICTED_GAIN; else the words for the report."""
+    from superopt.timing import interleaved_medians
+    args = verification.random_args(captured.in_avals, 0)
+    for fn in (original, candidate):
+        jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(original(*args))
+    calls = max(1, int(TUNE_SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-7)))
+
+    def repeat(fn):
+        return lambda: [fn(*args) for _ in range(calls)][-1]
+    times = interleaved_medians({"original": repeat(original), "candidate": repeat(candidate)}, repeats=samples)
+    before, after = times["original"] / calls, times["candidate"] / calls
+    words = f"measured here: {_us(after)} per call against the original's {_us(before)} (tune=True)"
+    if after > before * (1 - MIN_PREDICTED_GAIN):
+        raise Kept(Outcome.BELOW_THRESHOLD, words)
+    return words
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f} us"
+
+
 def worth_it(chosen: Extraction, cost_before: float, peaks: tuple, memory_budget: int | None) -> None:
     """Raise Kept unless the chosen program is predicted cheaper by MIN_PREDICTED_GAIN, or it alone meets
     the memory budget (then it wins at any cost)."""
@@ -294,14 +324,15 @@ def user_program(captured: Captured) -> Callable:
 def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check_results: bool,
              extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None,
              numerics: str = "strict", precision: str | None = None, example=None, store=None,
-             executor: str | None = None) -> Specialization:
+             executor: str | None = None, tune: bool = False) -> Specialization:
     """The pipeline for one specialization; never returns a program that disagrees with `fn`. `args` may
     be abstract (`jax.ShapeDtypeStruct` leaves); `example`, the call's concrete flat arguments where
     there are some, is one more input the NPU program is checked on. `store` is the persistent cache
-    (superopt/cache.py; None: none), `executor` where distinct segments are optimized (superopt/workers.py)."""
+    (superopt/cache.py; None: none), `executor` where distinct segments are optimized (superopt/workers.py).
+    `tune`: a verified program is also timed against the original on this machine (`measured`)."""
     tgt = load_target(target)
     spec = _jax_specialization(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics,
-                               store, executor)
+                               store, executor, tune)
     if backend != "jax" and (spec.original.hidden_outputs or spec.report.kind is Outcome.KEPT_WHOLE):
         # Effects run in the user's order only in the JAX program; the other backends check their program on
         # inputs of their own, which the user's callbacks must not see.
@@ -313,7 +344,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
 
 def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits, check_results: bool,
                         extractor: str, memory_budget: int | None, numerics: str, store=None,
-                        executor: str | None = None) -> Specialization:
+                        executor: str | None = None, tune: bool = False) -> Specialization:
     """Capture, then the specialization every backend starts from: optimized whole, from the cache, or in
     segments (superopt/segments.py), each distinct one once."""
     timer = Stages()
@@ -324,7 +355,7 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
         if loops:
             captured = dataclasses.replace(captured, graph=rolled, traced=captured.graph)
     schedule, left_out = schedule_of(rulesets, numerics)
-    search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics)
+    search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune)
     segments = key = None
     if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
         try:
@@ -361,10 +392,12 @@ class Search:
     extractor: str
     memory_budget: int | None
     numerics: str
+    tune: bool = False
 
     def fingerprint(self) -> str:
         return fingerprint(self.target, self.schedule, limits=self.limits, check=self.check_results,
-                           extractor=self.extractor, memory_budget=self.memory_budget, numerics=self.numerics)
+                           extractor=self.extractor, memory_budget=self.memory_budget, numerics=self.numerics,
+                           **({"tune": True} if self.tune else {}))
 
 
 def _whole(captured: Captured, search: Search, timer: Stages, store=None) -> tuple[Specialization, dict | None]:
@@ -414,6 +447,9 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
             timer("verify", check, reference, silent, captured, numerics, run.fired, segment)
             if deadline.expired():
                 raise Kept(Outcome.TIME_LIMIT, f"time limit (verify: the call's {limits.seconds:g} s ran out)")
+        if search.tune:   # both programs without their debug prints: superopt's own inputs
+            quiet = lower(chosen.graph, effects=False) if chosen.graph.hidden_outputs else program
+            chosen.method += "; " + timer("tune", measured, reference_program(captured), quiet, captured)
         return run, Outcome.OPTIMIZED, "", chosen, program
     except Kept as kept:
         outcome, reason = kept.outcome, kept.reason

@@ -72,3 +72,23 @@ def test_a_fusion_xla_makes_by_itself_is_not_an_optimization_on_cpu():
     fast = superopt(fn, cache=False)
     np.testing.assert_array_equal(np.asarray(fast(M, M + 1.0)), np.asarray((M * 3.0) / ((M + 1.0) * 3.0)))
     assert fast.report.kind is not Outcome.OPTIMIZED, str(fast.report)
+
+
+def test_tune_times_the_verified_program_against_the_original_and_keeps_the_faster(tmp_path, monkeypatch):
+    """tune=True: a measured choice on this machine. A diagonal of a product computed without the product is
+    measured faster and returned, the measurement in the report; the same program measured slower (timing
+    faked) runs as the original; tuned and untuned results are separate cache entries."""
+    import superopt.timing as timing
+    a, b = (jnp.asarray(np.random.default_rng(k).standard_normal((128, 128)), jnp.float32) for k in (0, 1))
+    fn = lambda x, y: jnp.diag(x @ y)   # noqa: E731
+    plain = superopt(fn, cache=tmp_path)
+    plain(a, b)
+    tuned = superopt(fn, cache=tmp_path, tune=True)
+    np.testing.assert_allclose(np.asarray(tuned(a, b)), np.asarray(jnp.diag(a @ b)), rtol=1e-4, atol=1e-4)
+    assert tuned.report.cache.startswith("miss"), tuned.report.cache
+    assert tuned.report.kind is Outcome.OPTIMIZED and "measured here" in tuned.report.extraction
+    monkeypatch.setattr(timing, "interleaved_medians", lambda fns, repeats: {"original": 1.0, "candidate": 2.0})
+    slower = superopt(fn, cache=False, tune=True)
+    slower(a, b)
+    assert slower.report.kind is Outcome.BELOW_THRESHOLD
+    assert slower.report.outcome.startswith("kept original: measured here") and "(tune=True)" in slower.report.outcome

@@ -6,10 +6,10 @@ superopt on cpu and by jax.jit, interleaved in one process.
     python -m bench.everyday [--samples S] [--output BENCHMARKS.md]
 
 Every axis is 200 (1000 for vectors), float32. Each sample times enough back-to-back calls of one callable
-to take about 20 ms and divides (the per-call cost, dispatch included); the two callables alternate sample
-by sample, so drift hits both alike. The speedup is jax.jit's median per-call time over superopt's. The
-optimization itself (a fresh cache each time: `cache=False`) is timed apart, once per kernel. Replaces its
-section of BENCHMARKS.md.
+to take about 20 ms and divides (the per-call cost, dispatch included); the callables alternate sample by
+sample, so drift hits all alike. The speedup is jax.jit's median per-call time over superopt's. The
+optimization itself (a fresh cache each time: `cache=False`) is timed apart, once per kernel and mode:
+superopt runs under numerics="strict" (the default) and "fast". Replaces its section of BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -71,6 +71,8 @@ def kernels():
 
 
 def measure(samples: int = 7) -> list[dict]:
+    """Per kernel: jax.jit, superopt under the default numerics="strict" and under numerics="fast", the
+    three callables alternating sample by sample."""
     import jax
     from bench.callcost import per_call
     from superopt import superopt
@@ -78,48 +80,68 @@ def measure(samples: int = 7) -> list[dict]:
     rows = []
     for name, fn, args in kernels():
         jitted = jax.jit(fn)
-        fast = superopt(fn, cache=False)
-        start = time.perf_counter()
-        jax.block_until_ready(fast(*args))
-        seconds = time.perf_counter() - start
+        modes, seconds = {}, {}
+        for mode in ("strict", "fast"):
+            modes[mode] = superopt(fn, cache=False, numerics=mode)
+            start = time.perf_counter()
+            jax.block_until_ready(modes[mode](*args))
+            seconds[mode] = time.perf_counter() - start
         jax.block_until_ready(jitted(*args))
         one = max(per_call(jitted, args, 3), 1e-7)
         calls = max(1, int(0.02 / one))
-        times = {"jit": [], "superopt": []}
+        callables = {"jit": jitted, **modes}
+        times = {k: [] for k in callables}
         for _ in range(samples):
-            times["jit"].append(per_call(jitted, args, calls))
-            times["superopt"].append(per_call(fast, args, calls))
-        r = fast.report
-        jit, so = statistics.median(times["jit"]), statistics.median(times["superopt"])
-        rows.append(dict(name=name, jit=jit, superopt=so, speedup=jit / so, optimize=seconds,
-                         changed=r.kind is Outcome.OPTIMIZED,
-                         why=r.reason or "", calls=calls))
-        print(f"{name:24s} jit {jit * 1e6:9.1f} us  superopt {so * 1e6:9.1f} us  {jit / so:5.2f}x  "
-              f"{'changed' if rows[-1]['changed'] else 'kept: ' + rows[-1]['why'][:60]}  ({seconds:.1f} s)",
-              flush=True)
+            for k, f in callables.items():
+                times[k].append(per_call(f, args, calls))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        row = dict(name=name, jit=med["jit"], calls=calls)
+        for mode, f in modes.items():
+            r = f.report
+            row[mode] = dict(time=med[mode], speedup=med["jit"] / med[mode], optimize=seconds[mode],
+                             changed=r.kind is Outcome.OPTIMIZED, why=r.reason or "")
+        rows.append(row)
+        st, fa = row["strict"], row["fast"]
+        print(f"{name:24s} jit {med['jit'] * 1e6:9.1f} us  strict {st['time'] * 1e6:9.1f} us {st['speedup']:5.2f}x"
+              f"  fast {fa['time'] * 1e6:9.1f} us {fa['speedup']:5.2f}x  "
+              f"{'changed' if st['changed'] else 'kept: ' + st['why'][:50]}  ({st['optimize']:.1f} s)", flush=True)
     return rows
 
 
 def render(rows: list[dict], samples: int) -> list[str]:
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
-    geo = math.exp(statistics.fmean(math.log(r["speedup"]) for r in rows))
-    changed = [r for r in rows if r["changed"]]
-    slower = [r for r in changed if r["speedup"] < 1 / 1.03]
+
+    def summary(mode: str) -> tuple[float, list, list]:
+        geo = math.exp(statistics.fmean(math.log(r[mode]["speedup"]) for r in rows))
+        changed = [r for r in rows if r[mode]["changed"]]
+        return geo, changed, [r for r in changed if r[mode]["speedup"] < 1 / 1.03]
+
     lines = [SECTION, "",
              f"Run: {when} (UTC), `python -m bench.everyday`, on the 2-core development machine, cpu target. "
              f"{len(rows)} small kernels written for this benchmark (module doc of `bench/everyday.py`): every axis "
-             f"{N}, vectors {V}, float32. Per-call medians of {samples} interleaved samples, each about 20 ms of "
-             "back-to-back calls; speedup = jax.jit's time over superopt's callable's (its call cost included).", "",
-             f"Geometric-mean speedup over jax.jit: **{geo:.2f}x**. superopt changed {len(changed)} of the "
-             f"{len(rows)}; {len(slower)} of those ran more than 3% slower than jax.jit.", "",
-             "| kernel | jax.jit | superopt | speedup | program | optimizing (first call) |",
-             "|---|---|---|---|---|---|"]
+             f"{N}, vectors {V}, float32. Per-call medians of {samples} samples, each about 20 ms of back-to-back "
+             "calls, jax.jit and superopt's callables (its call cost included) alternating sample by sample; "
+             "speedup = jax.jit's time over superopt's. superopt runs under the default `numerics=\"strict\"` "
+             "and under `numerics=\"fast\"` (rewrites equal over the reals, such as re-associating or factoring "
+             "a product, which may overflow where the original does not).", ""]
+    for mode in ("strict", "fast"):
+        geo, changed, slower = summary(mode)
+        lines.append(f"- `{mode}`: geometric-mean speedup over jax.jit **{geo:.2f}x**; superopt changed "
+                     f"{len(changed)} of the {len(rows)}, {len(slower)} of those more than 3% slower than jax.jit.")
+    lines += ["", "| kernel | jax.jit | strict | speedup | program (strict) | optimizing | fast | speedup | "
+                  "program (fast) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        what = "changed" if r["changed"] else f"original ({_short(r['why'])})"
-        lines.append(f"| {r['name']} | {r['jit'] * 1e6:,.1f} us | {r['superopt'] * 1e6:,.1f} us | "
-                     f"{r['speedup']:.2f}x | {what} | {r['optimize']:.1f} s |")
+        st, fa = r["strict"], r["fast"]
+        lines.append(f"| {r['name']} | {r['jit'] * 1e6:,.1f} us | {st['time'] * 1e6:,.1f} us | {st['speedup']:.2f}x | "
+                     f"{_what(st)} | {st['optimize']:.1f} s | {fa['time'] * 1e6:,.1f} us | {fa['speedup']:.2f}x | "
+                     f"{_what(fa)} |")
     lines.append("")
     return lines
+
+
+def _what(result: dict) -> str:
+    return "changed" if result["changed"] else f"original ({_short(result['why'], 60)})"
 
 
 def _short(text: str, width: int = 80) -> str:

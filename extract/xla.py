@@ -91,7 +91,7 @@ def xla_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
     origin: dict[int, int] = {}
     flat = unfused(graph, origin)
     loops = fusions(flat)
-    rooted = {k: i for i, members in loops.items() for k in members}
+    rooted = {k for members in loops.values() for k in members}   # every node some loop computes
     share: dict[int, float] = {}
     for i, members in loops.items():
         node = flat.nodes[i]
@@ -99,7 +99,7 @@ def xla_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
             ins = [(flat.nodes[j].shape, flat.nodes[j].dtype) for j in node.inputs]
             seconds = op_cost(node.op, node.attrs, ins, (node.shape, node.dtype), target)
         else:
-            body, ins = _loop_body(flat, members, set(rooted))
+            body, ins = _loop_body(flat, members, rooted)
             seconds = kernel_breakdown(body, ins, (node.shape, node.dtype), target).time
         share[origin[i]] = share.get(origin[i], 0.0) + seconds
     costs = [share.get(i, 0.0) for i in graph.live()]

@@ -128,17 +128,15 @@ class Graph:
 
     def constant_nodes(self) -> set[int]:
         """Live nodes computable from constants alone (see `hoistable`)."""
-        constant: set[int] = set()
-        for i in self.live():
-            node = self.nodes[i]
-            if hoistable(node.op, [j in constant for j in node.inputs]):
-                constant.add(i)
-        return constant
+        return self._constants(self.live())
 
     def constant_nodes_of(self, root: int) -> set[int]:
         """Of `root` and the nodes it reads, those computable from constants alone (`constant_nodes`, for
         one node of a graph still being built)."""
-        order = postorder([root], lambda i: self.nodes[i].inputs)
+        return self._constants(postorder([root], lambda i: self.nodes[i].inputs))
+
+    def _constants(self, order) -> set[int]:
+        """Of the nodes `order` lists (inputs first), those computable from constants alone."""
         constant: set[int] = set()
         for i in order:
             if hoistable(self.nodes[i].op, [j in constant for j in self.nodes[i].inputs]):

@@ -33,10 +33,11 @@ CONSTRUCTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "spow": ((SCALAR, INT), SCALAR), "sbcast": ((SCALAR, VEC), SCALAR), "srow": ((OP, SCALAR), SCALAR),
     "sperm": ((SCALAR, VEC), SCALAR), "smm": ((TENSOR, TENSOR, DTYPE), SCALAR),
     "sconv": ((TENSOR, TENSOR, INT), SCALAR), "schain": ((SCALAR, TENSOR, DTYPE), SCALAR),
+    "sconvchain": ((SCALAR, TENSOR, INT), SCALAR),
 }
 # The tensor constructor each Scalar constructor applies on chip, with the same primitive arguments in
 # the same order (sarg, sbcast and srow load, broadcast and reduce-keeping-the-axis instead).
 SCALAR_AS_TENSOR = {"sunary": "unary", "sbinary": "binary", "sselect": "select", "sconvert": "convert",
                     "spow": "integer_pow", "sperm": "transpose", "smm": "matmul", "sconv": "conv",
-                    "schain": "matmul"}
+                    "schain": "matmul", "sconvchain": "conv"}
 SCALAR_FNS = frozenset(fn for fn, (_, sort) in CONSTRUCTORS.items() if sort == SCALAR)

@@ -138,6 +138,10 @@ def sconv(lhs: Tensor, rhs: Tensor, params: i64Like) -> Scalar:
 def schain(a: Scalar, b: Tensor, dtype: StringLike) -> Scalar:
     """matmul(a, b) whose left operand `a` is computed in the same kernel: with `smm` as `a`, a GEMM chain
     (C = A@B, E = C@D) whose intermediate never leaves the chip; with a softmax between, attention."""
+@function(egg_fn="sconvchain")
+def sconvchain(a: Scalar, rhs: Tensor, params: i64Like) -> Scalar:
+    """conv(a, rhs, params) whose input `a` is computed in the same kernel: with `sconv` as `a`, a
+    convolution chain whose intermediate never leaves the chip."""
 
 
 # ---- analyses: no merge, so a disagreement is an error ----

@@ -28,8 +28,11 @@ from superopt.rewrites.infer import IllTyped, infer
 from superopt.rewrites.pattern import SCALAR_AS_TENSOR, SCALAR_FNS
 
 MAX_VARIANTS = 12                           # per growth; past it only the largest body is kept
-PRODUCERS = frozenset({"smm", "sconv", "schain"})  # compute-heavy: recomputing one in two kernels doubles it
-TENSOR_OPERANDS = {"sarg": (0,), "smm": (0, 1), "sconv": (0, 1), "schain": (1,)}  # children loaded, not computed
+# compute-heavy: recomputing one in two kernels doubles it
+PRODUCERS = frozenset({"smm", "sconv", "schain", "sconvchain"})
+# children loaded, not computed
+TENSOR_OPERANDS = {"sarg": (0,), "smm": (0, 1), "sconv": (0, 1), "schain": (1,), "sconvchain": (1,)}
+CHAINED = frozenset({"schain", "sconvchain"})  # a product whose left operand may come from the body
 LOOKAHEAD = 8                               # inlining candidates compared at each growth step
 # Work bound: body nodes built while growing the kernels of one program. In a long elementwise chain every
 # op is the root of a kernel that could grow through the whole chain, rebuilding its body at each step
@@ -148,8 +151,8 @@ def _emit(b: _Builder, node: ENode, kids: list[int]) -> int:
     fn, a = node.fn, node.args
     if fn == "sarg":
         return b.broadcast(b.load(node.children[0]), a[0])
-    if fn == "schain":
-        return b.apply("matmul", a, [kids[0], b.load(node.children[1])])
+    if fn in CHAINED:
+        return b.apply(SCALAR_AS_TENSOR[fn], a, [kids[0], b.load(node.children[1])])
     if fn in PRODUCERS:
         return b.apply(SCALAR_AS_TENSOR[fn], a, [b.load(c) for c in node.children])
     if fn == "sbcast":
@@ -188,7 +191,7 @@ def inline_order(fz: FrozenEGraph, tensor_types) -> dict:
         kids = [best.get(c) for c in _scalar_children(n)]
         if any(k is None for k in kids):
             return None
-        if n.fn == "schain":  # a matmul that may take its left operand from the body: never worse than loading it
+        if n.fn in CHAINED:  # a product that may take its left operand from the body: never worse than loading it
             load = _load_node(fz, n.children[0])
             kids = [min(kids[0], (loaded(load), 0))] if load is not None else kids
         return (loaded(n) + sum(k[0] for k in kids), 1 + sum(k[1] for k in kids))

@@ -57,6 +57,8 @@ class Nest:
                                   # A, B, C, D, E), as they are in global memory between NPU stages
     direct: bool = True           # chain: the second GEMM reads the first's product as it is (through casts
                                   # only), so the NPU can keep it on chip (else its GEMMs run apart there)
+    patches: bool = False         # chain of two convolutions (the second pointwise): A is the first's patch
+                                  # matrix, which img2col writes and the input is read once per tile of it
 
     def ops(self):
         ext = dict(self.extents)
@@ -157,6 +159,21 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         weights = {"A": _itemsize(a), "B": _itemsize(b)}
         operands = {"A": first.inputs[0], "B": first.inputs[1]}
         dtypes = {"A": a.dtype, "B": b.dtype, "C": first.dtype}
+    elif len(mats) == 2 and body[mats[1]].op == first.op == "conv":
+        second = body[mats[1]]
+        if _strip(body, second.inputs[0], ("convert",)) != mats[0]:
+            raise Untileable("a convolution reads a convolution's result through other ops: they run apart")
+        x, w1, w2 = body[first.inputs[0]], body[first.inputs[1]], body[second.inputs[1]]
+        if not (plain_conv(first, x.shape) and plain_conv(second, first.shape) and pointwise(second, w2.shape)):
+            raise Untileable("a convolution chain fuses where both are NHWC x HWIO without dilation or groups and "
+                             "the second is 1x1 with stride 1")
+        m, k = math.prod(first.shape[:-1]), math.prod(w1.shape[:-1])
+        kind, batch, ext = "chain", 1, {"m": m, "n": second.shape[-1], "k": k, "l": first.shape[-1]}
+        weights = {"A": _itemsize(x) * math.prod(x.shape) / (m * k), "B": _itemsize(w1), "C": _itemsize(first),
+                   "D": _itemsize(w2)}
+        operands = {"A": first.inputs[0], "B": first.inputs[1], "D": second.inputs[1]}
+        dtypes = {"A": x.dtype, "B": w1.dtype, "C": first.dtype, "D": w2.dtype, "E": second.dtype}
+        direct = True
     elif len(mats) == 2 and body[mats[1]].op == "matmul" and first.op == "matmul" \
             and mats[0] in (after[body[mats[1]].inputs[0]] | {body[mats[1]].inputs[0]}):
         second = body[mats[1]]
@@ -171,7 +188,7 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         dtypes = {"A": a.dtype, "B": b.dtype, "C": first.dtype, "D": d.dtype, "E": second.dtype}
         direct = _strip(body, second.inputs[0], ("convert",)) == mats[0]
     else:
-        raise Untileable(f"{len(mats)} matrix ops that are not one chain of two matmuls")
+        raise Untileable(f"{len(mats)} matrix ops that are not one chain of two matmuls or two convolutions")
     result = "E" if kind == "chain" else "C"
     rows = batch * ext["m"] * ext["n"]
     weights[result] = out_bytes / rows
@@ -197,7 +214,25 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         else:
             whole.add("l" if kind == "chain" else "n")
     return Nest(kind, tuple(sorted(ext.items())), batch, tuple(sorted(weights.items())), float(extra),
-                frozenset(whole), online, tuple(sorted(dtypes.items())), direct)
+                frozenset(whole), online, tuple(sorted(dtypes.items())), direct, first.op == "conv" and kind == "chain")
+
+
+def plain_conv(node: Node, lhs_shape: tuple) -> bool:
+    """Whether convolution `node` is a 2-D NHWC x HWIO -> NHWC one without dilation or groups: the form
+    img2col turns into a GEMM."""
+    p = dict(node.attrs[0])
+    spec = p["dimension_numbers"]
+    layout = (tuple(spec.lhs_spec), tuple(spec.rhs_spec), tuple(spec.out_spec))
+    return len(lhs_shape) == 4 and layout == ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)) \
+        and set(p["lhs_dilation"]) | set(p["rhs_dilation"]) == {1} and p["feature_group_count"] == 1 \
+        and p["batch_group_count"] == 1
+
+
+def pointwise(node: Node, rhs_shape: tuple) -> bool:
+    """Whether a plain convolution is 1x1, stride 1, unpadded: a GEMM of its input's rows, no img2col."""
+    p = dict(node.attrs[0])
+    return tuple(rhs_shape[:2]) == (1, 1) and set(p["window_strides"]) == {1} \
+        and all(tuple(pad) == (0, 0) for pad in p["padding"])
 
 
 def _strip(body: tuple, i: int, ops=("convert", "stop_gradient", "broadcast", "reshape")) -> int:
@@ -308,7 +343,7 @@ def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
         # convolution's left operand is counted as the model for every target counts it (read once per
         # output-channel tile), not as the patch matrix img2col writes and the cube reads
         moved = est.bytes_moved
-        if nest.kind == "conv":
+        if nest.kind == "conv" or nest.patches:
             moved = nest.batch * data_movement(*nest.ops(), list(order), ext, tiles, weights)[0]
         return Tiling(tuple(order), tuple((x, tiles[x]) for x in "mnkl" if x in tiles), False,
                       moved + nest.extra_bytes, int(l1), 0.0, (), est)
@@ -327,12 +362,14 @@ def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
         return tuple(out)
     m, n, k, l = (ext[x] for x in "mnkl")
     chain_cube = "float16" if cube == "int8" else cube      # the chain's intermediate is a float product
+    a_item = item(cube) if nest.patches else item(dt["A"])  # a convolution chain reads img2col's patch matrix
     if nest.direct:
-        items = tuple(item(dt[x]) for x in "ABDE")
+        items = (a_item,) + tuple(item(dt[x]) for x in "BDE")
         for est, order, tiles in npu_model.chain_tiles(nest.batch, m, n, k, l, items, chain_cube, target, keep=KEEP):
-            l1 = npu_model.chain_buffers(tiles["m"], tiles["l"], tiles["n"], k, chain_cube, target)["l1_bytes"]
+            l1 = npu_model.chain_buffers(tiles["m"], tiles["l"], tiles["n"], k, chain_cube, target,
+                                         tiles["k"])["l1_bytes"]
             out.append(tiling(order, tiles, est, l1))
-    first = gemms(m, l, k, (item(dt["A"]), item(dt["B"]), item(dt["C"])), cube)
+    first = gemms(m, l, k, (a_item, item(dt["B"]), item(dt["C"])), cube)
     cube2 = npu_model.cube_type(dt["C"], target, dt["D"])
     second = gemms(m, n, l, (item(dt["C"]), item(dt["D"]), item(dt["E"])), cube2)
     if first and second:

@@ -535,7 +535,7 @@ _SCALAR_GEN = {
     "sselect": _gen_select,
     "sconvert": _gen_via("convert", (0, 1)), "spow": _gen_via("integer_pow", (0, 1)),
     "sperm": _gen_via("transpose", (0, 1)), "smm": _gen_via("matmul", (0, 1, 2)), "sconv": _gen_via("conv", (0, 1, 2)),
-    "schain": _gen_via("matmul", (0, 1, 2)),
+    "schain": _gen_via("matmul", (0, 1, 2)), "sconvchain": _gen_via("conv", (0, 1, 2)),
 }
 
 

@@ -30,7 +30,8 @@ _CONSTRUCTOR_FNS = {"arg": T.arg, "const": T.const, "lit": T.lit, "iota": T.iota
                     "kernel": T.kernel, "sarg": T.sarg, "sunary": T.sunary, "sbinary": T.sbinary,
                     "sselect": T.sselect, "sconvert": T.sconvert, "spow": T.spow, "sbcast": T.sbcast,
                     "srow": T.srow, "sperm": T.sperm, "smm": T.smm, "sconv": T.sconv,
-                    "schain": T.schain, "pack": T.pack, "unpack": T.unpack, "fractal_matmul": T.fractal_matmul}
+                    "schain": T.schain, "sconvchain": T.sconvchain, "pack": T.pack, "unpack": T.unpack,
+                    "fractal_matmul": T.fractal_matmul}
 assert set(_CONSTRUCTOR_FNS) == set(CONSTRUCTORS), "every constructor needs an egglog function"
 
 

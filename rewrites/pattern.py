@@ -178,6 +178,7 @@ def sperm(x, perm): return app("sperm", x, perm)
 def smm(a, b, dtype): return app("smm", a, b, dtype)
 def sconv(lhs, rhs, params): return app("sconv", lhs, rhs, params)
 def schain(a, b, dtype): return app("schain", a, b, dtype)
+def sconvchain(a, rhs, params): return app("sconvchain", a, rhs, params)
 def conv(lhs, rhs, params): return app("conv", lhs, rhs, params)
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from superopt.rewrites.pattern import (
     binary, broadcast, conv, convert, dtypes, integer_pow, ints, kernel, matmul, ops, reduce, reshape, sarg,
-    sbcast, sbinary, scalars, schain, sconv, sconvert, select, set_last, shape_of, smm, sperm, spow, srow, sselect,
-    sunary, tensors, transpose, unary, vecs,
+    sbcast, sbinary, scalars, schain, sconv, sconvchain, sconvert, select, set_last, shape_of, smm, sperm, spow, srow,
+    sselect, sunary, tensors, transpose, unary, vecs,
 )
 from superopt.rewrites.rule import RuleSet, rule, when
 
@@ -28,7 +28,7 @@ x, y, z = tensors("x y z")
 p, q, s = vecs("p q s")
 (d,) = dtypes("d")
 (op,) = ops("op")
-(n,) = ints("n")
+n, m = ints("n m")
 
 
 def _load(t, like):
@@ -38,6 +38,7 @@ def _load(t, like):
 
 _unary, _binary = unary(op, x), binary(op, x, y)
 _select, _convert, _pow = select(x, y, z), convert(x, d), integer_pow(x, n)
+_conv = conv(x, z, m)
 
 FUSION = RuleSet("fusion", {
     "lift": [
@@ -66,6 +67,9 @@ FUSION = RuleSet("fusion", {
         rule("chain-left", smm(x, y, d), schain(_load(x, x), y, d),
              doc="a matmul may take its left operand from the kernel's body: inlining a producing matmul "
                  "there makes a GEMM chain, and a softmax between the two makes attention"),
+        rule("chain-conv", sconv(_conv, y, n), sconvchain(_load(_conv, _conv), y, n),
+             doc="a convolution of a convolution's result may take its input from the kernel's body: inlining "
+                 "the producing convolution there makes a convolution chain (3x3 then 1x1, 1x1 then 1x1)"),
     ],
     "inline": [
         rule("inline-load", sarg(kernel(b), s), b, when("shape_is", kernel(b), s),

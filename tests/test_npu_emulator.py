@@ -340,3 +340,24 @@ def test_img2col_in_channel_blocks_when_one_patch_row_does_not_fit_the_ub():
     want = np.stack([padded[i * s:i * s + k, j * s:j * s + k].reshape(-1) for i in range(ho) for j in range(wo)])
     np.testing.assert_array_equal(result.outputs["p"], want.astype(np.float16))
     assert any(isinstance(i, CopyOut) and i.at for i in program.instrs)    # channel blocks, a run per tap
+
+
+@pytest.mark.parametrize("tiles, regime", [
+    ({"m": 64, "l": 96, "k": 128, "n": 64}, "stream"),      # the C tile is one L0C block: K streams
+    ({"m": 32, "l": 96, "k": 320, "n": 64}, "resident"),    # one l tile covers L: each core keeps B and D
+    ({"m": 256, "l": 48, "k": 128, "n": 64}, "whole"),      # two C blocks: A rows and B columns over all K
+])
+def test_gemm_chain_regimes_move_what_the_npu_model_says(tiles, regime):
+    """The three ways the generator runs a chain's first GEMM compute the chain, and the emulator's GM
+    bytes are the NPU model's for the same tiles (the extractor ranks tilings by that model)."""
+    from superopt.extract.models.npu import chain_estimate, resident, streams
+    target = load_target("npu-910b")
+    m, n, k, l = 300, 64, 320, 96
+    steps = {x: -(-e // tiles[x]) for x, e in (("m", m), ("n", n), ("k", k), ("l", l))}
+    stream = streams(tiles["m"], tiles["l"], tiles["k"], k)
+    assert regime == ("stream" if stream else "resident" if resident(1, steps, stream)[0] else "whole")
+    result, want = run_chain(target, 1, m, n, k, l, ("m", "l", "k", "n"), tiles)
+    # C is rounded to fp16 once, as the reference rounds it, but from sums in another order (K tiles)
+    np.testing.assert_allclose(result.outputs["E"], want, rtol=1e-2, atol=1e-3 * np.abs(want).max())
+    est = chain_estimate(1, m, n, k, l, tiles, (4, 4, 4, 4), "float16", target)
+    assert result.gm_bytes == est.bytes_moved

@@ -263,14 +263,25 @@ def gemm_estimate(batch: int, m: int, n: int, k: int, tiles: dict, items: tuple,
                         min(npu.cores, tiles_out), int(cycles))
 
 
-def chain_buffers(tm: int, tl: int, tn: int, k: int, cube_dt: str, target: Target) -> dict | None:
-    """Bytes per on-chip space of a GEMM chain on tiles TM x TL (TN of the second GEMM's N) as the
-    generator allocates them: the A rows and B columns over the whole K, the C tile and two D tiles in
-    L1, two L0 blocks and two accumulator blocks. None where they do not fit."""
+def streams(tm: int, tl: int, tk: int, k: int) -> bool:
+    """Whether a GEMM chain on tiles TM x TL x TK streams K: where the C tile is one L0C block, it
+    accumulates there over K tiles copied into two L1 slots in turn, so L1 holds one K tile of A and B,
+    not their whole K (the generator's choice, `codegen.chain_program`)."""
+    return tk < k and _up(tm) <= CUBE_L0_BLOCK and _up(tl) <= CUBE_L0_BLOCK
+
+
+def chain_buffers(tm: int, tl: int, tn: int, k: int, cube_dt: str, target: Target,
+                  tk: int | None = None) -> dict | None:
+    """Bytes per on-chip space of a GEMM chain on tiles TM x TL (TN of the second GEMM's N, TK of K) as
+    the generator allocates them: the A rows and B columns over the whole K (two slots of one K tile of
+    each where K streams, `streams`), the C tile and two D tiles in L1, two L0 blocks and two
+    accumulator blocks. None where they do not fit."""
     npu, ci = target.npu, _item(cube_dt)
-    tm, tl, tn, kk = _up(tm), _up(tl), _up(tn), _up(k)
+    tk = k if tk is None else tk
+    ab = 2 * (_up(tm) * _up(tk) + _up(tk) * _up(tl)) if streams(tm, tl, tk, k) else (_up(tm) + _up(tl)) * _up(k)
+    tm, tl, tn = _up(tm), _up(tl), _up(tn)
     db = _depth_block(cube_dt)
-    use = {"l1_bytes": (tm * kk + kk * tl + tm * tl + 2 * tl * tn) * ci, "l0a_bytes": 2 * CUBE_L0_BLOCK * db * ci,
+    use = {"l1_bytes": (ab + tm * tl + 2 * tl * tn) * ci, "l0a_bytes": 2 * CUBE_L0_BLOCK * db * ci,
            "l0b_bytes": 2 * db * CUBE_L0_BLOCK * ci, "l0c_bytes": 2 * CUBE_L0_BLOCK * CUBE_L0_BLOCK * 4}
     return use if all(v <= getattr(npu, name) for name, v in use.items()) else None
 
@@ -278,9 +289,12 @@ def chain_buffers(tm: int, tl: int, tn: int, k: int, cube_dt: str, target: Targe
 def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, items: tuple, cube_dt: str,
                    target: Target) -> CubeEstimate:
     """E = (A @ B) @ D (batch x M x N x K x L) on tiles {m, l, k, n}: per (m, l) tile the chip copies the A
-    rows and B columns in K tiles, computes the C tile block by block into L1, then streams D tiles over
-    n and adds each E tile into GM. The batch entries' m tiles are dealt to the cube cores, each taking
-    every l tile of its m tile. `items`: bytes per element of A, B, D and E in GM."""
+    rows and B columns in K tiles, computes the C tile block by block into L1 (or, where K streams, one
+    block accumulated over the K tiles as they arrive), then streams D tiles over n and adds each E tile
+    into GM. The batch entries' m tiles are dealt to the cube cores, each taking
+    every l tile of its m tile. Where one l tile covers L in a chain of one batch entry, every m tile
+    multiplies the same B (and, with one n tile, the same D): each core copies them once and keeps them
+    in L1 (`resident`). `items`: bytes per element of A, B, D and E in GM."""
     npu, ci = target.npu, _item(cube_dt)
     ia, ib, id_, ie = items
     ext = {"m": m, "n": n, "k": k, "l": l}
@@ -294,15 +308,17 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     per_core = _cdiv(mtiles, npu.cores) * steps["l"]
     rows, cols = m / steps["m"], l / steps["l"]
     lat, w1 = npu.dma_latency_cycles, npu.mte1_bytes_per_cycle
-    copy_ab = 2 * steps["k"] * lat + (rows * k * ia + k * cols * ib) / bpc
+    stream = streams(t["m"], t["l"], t["k"], k)
+    keep_b, keep_d = resident(batch, steps, stream)
+    copy_a, copy_b = steps["k"] * lat + rows * k * ia / bpc, steps["k"] * lat + k * cols * ib / bpc
     copy_d = steps["n"] * lat + cols * n * id_ / bpc
     # C = A @ B: one L0C block at a time over the whole K, drained into L1
     cblocks = _cdiv(tm, blk) * _cdiv(tl, blk)
     bm, bl = min(tm, blk), min(tl, blk)
     cdepth = _cdiv(kk, dblk)
     c_mte1 = cblocks * cdepth * (_cdiv(bm * min(dblk, kk) * ci, w1) + _cdiv(min(dblk, kk) * bl * ci, w1))
-    c_cube = cblocks * (cdepth * (bm // FRACTAL) * (bl // FRACTAL) * _cdiv(min(dblk, kk), kstep)
-                        + _cdiv(bm * bl * 4, npu.fixpipe_bytes_per_cycle))
+    c_fix = cblocks * _cdiv(bm * bl * 4, npu.fixpipe_bytes_per_cycle)
+    c_cube = cblocks * cdepth * (bm // FRACTAL) * (bl // FRACTAL) * _cdiv(min(dblk, kk), kstep) + c_fix
     # E += C @ D over n tiles: E blocks over the whole L depth, each added into GM
     eblocks = steps["n"] * _cdiv(tm, blk) * _cdiv(tn, blk)
     bn = min(tn, blk)
@@ -320,21 +336,44 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     e_lead = _cdiv((bm + bn) * min(dblk, tl) * ci, w1)
     d_one = copy_d / steps["n"]
     mte2 = mte1 = cube = 0.0
+    copy_k = 2 * lat + (rows * ia + cols * ib) * t["k"] / bpc    # one K tile of A and of B
+    k_mte1, k_cube = c_mte1 / steps["k"], (c_cube - c_fix) / steps["k"]
+    copied = 0
     for i in range(per_core):
-        mte2 = max(mte2, mte1) + copy_ab
-        start = max(mte2, cube)
-        mte1 = start + c_mte1
-        cube = max(mte1, start + c_lead + c_cube)
+        if stream:    # the K tiles alternate between two L1 slots: a copy waits for the loads two back
+            for _ in range(steps["k"]):
+                mte2 = (max(mte2, mte1) if copied >= 2 else mte2) + copy_k
+                start = max(mte2, cube)
+                mte1 = start + k_mte1
+                cube = max(mte1, start + c_lead + k_cube)
+                copied += 1
+            cube += c_fix
+        else:
+            mte2 = max(mte2, mte1) + copy_a + (copy_b if i == 0 or not keep_b else 0.0)
+            start = max(mte2, cube)
+            mte1 = start + c_mte1
+            cube = max(mte1, start + c_lead + c_cube)
         for j in range(steps["n"]):
-            mte2 = (mte2 if j == 1 or (i == 0 and j < 2) else max(mte2, mte1)) + d_one
+            if i == 0 or not keep_d:
+                mte2 = (mte2 if j == 1 or (i == 0 and j < 2) else max(mte2, mte1)) + d_one
             start = max(mte2, cube)
             mte1 = start + e_lead + e_tile_mte1
             cube = max(mte1, start + e_lead + e_tile_cube)
-    moved = batch * (m * k * ia * steps["l"] + k * l * ib * steps["m"] + l * n * id_ * steps["m"]
-                     + m * n * ie * steps["l"])
+    used = min(npu.cores, mtiles)
+    b_reads, d_reads = (used if keep_b else steps["m"]), (used if keep_d else steps["m"])
+    moved = batch * (m * k * ia * steps["l"] + k * l * ib * b_reads + l * n * id_ * d_reads + m * n * ie * steps["l"])
     cycles = cube
-    return CubeEstimate(moved, int(per_core * (c_cube + e_cube)), int(per_core * (copy_ab + copy_d)),
-                        int(per_core * (c_mte1 + e_mte1)), min(npu.cores, mtiles), int(cycles))
+    copies = per_core * copy_a + (copy_b if keep_b else per_core * copy_b) + (copy_d if keep_d else per_core * copy_d)
+    return CubeEstimate(moved, int(per_core * (c_cube + e_cube)), int(copies), int(per_core * (c_mte1 + e_mte1)),
+                        used, int(cycles))
+
+
+def resident(batch: int, steps: dict, stream: bool) -> tuple[bool, bool]:
+    """(B, D) of a GEMM chain that each core copies into L1 once and keeps for all its m tiles: B where
+    one l tile covers L in a chain of one batch entry and K does not stream, D where one l tile and one
+    n tile cover L and N in a chain of one batch entry."""
+    once = batch == 1 and steps["l"] == 1
+    return once and not stream, once and steps["n"] == 1
 
 
 def _edges(extent: int, edges: tuple) -> list:
@@ -374,7 +413,8 @@ def chain_tiles(batch: int, m: int, n: int, k: int, l: int, items: tuple, cube_d
                 keep: int = 4) -> list:
     """The best tilings of a GEMM chain on the NPU by `chain_estimate`, fastest first, as (estimate, order,
     tiles): loop order m, l, k, n with K whole (the generator copies the A rows and B columns over the
-    whole K anyway) and N whole where it fits; tiles whose buffers fit (`chain_buffers`). Remembered, as
+    whole K anyway) or, where the C tile is one L0C block, K streamed in tiles (`streams`), and N whole
+    where it fits; tiles whose buffers fit (`chain_buffers`). Remembered, as
     `gemm_tiles` is."""
     return list(_chain_tiles(batch, m, n, k, l, tuple(items), cube_dt, target, keep))
 
@@ -385,13 +425,14 @@ def _chain_tiles(batch: int, m: int, n: int, k: int, l: int, items: tuple, cube_
     ranked = []
     for tm in _edges(m, CHAIN_EDGES):
         for tl in _edges(l, CHAIN_EDGES):
-            for tn in sorted({_up(n)} | {e for e in (16, 32, 64, 128) if e < n}, reverse=True):
-                if chain_buffers(tm, tl, tn, k, cube_dt, target) is None:
-                    continue
-                tiles = {"m": min(tm, m), "l": min(tl, l), "k": k, "n": min(tn, n)}
-                est = chain_estimate(batch, m, n, k, l, tiles, items, cube_dt, target)
-                ranked.append(((est.cycles, est.bytes_moved, -tm * tl), est, ("m", "l", "k", "n"), tiles))
-                break      # the widest N that fits: narrower ones only add transfers
+            for tk in [k] + [d for d in DEPTHS if streams(tm, tl, d, k)]:    # whole, or streamed in K tiles
+                for tn in sorted({_up(n)} | {e for e in (16, 32, 64, 128) if e < n}, reverse=True):
+                    if chain_buffers(tm, tl, tn, k, cube_dt, target, tk) is None:
+                        continue
+                    tiles = {"m": min(tm, m), "l": min(tl, l), "k": tk, "n": min(tn, n)}
+                    est = chain_estimate(batch, m, n, k, l, tiles, items, cube_dt, target)
+                    ranked.append(((est.cycles, est.bytes_moved, -tm * tl, -tk), est, ("m", "l", "k", "n"), tiles))
+                    break      # the widest N that fits: narrower ones only add transfers
     ranked.sort(key=lambda r: r[0])
     return tuple(r[1:] for r in ranked[:keep])
 

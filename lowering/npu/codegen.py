@@ -23,6 +23,7 @@ from collections import defaultdict
 import numpy as np
 
 from superopt.core.formats import CUBE_L0_BLOCK, FORMATS, FRACTAL, packed_shape
+from superopt.extract.models import npu as npu_model
 from superopt.extract.target import Target
 from superopt.lowering.npu.isa import (
     ALIGNMENT, PRECISIONS, Buf, CopyIn, FixPipe, Gm, LoadL0, Mmad, Program, ScalarOp, SetFlag, WaitFlag,
@@ -341,10 +342,14 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     dtype) of GM tensors: A [batch, M, K], B [K, L], D [L, N], E [batch, M, N] (B and D may be batched).
     `order` starts with m and l (the loops both GEMMs share); per (m, l) tile the chip takes the A rows
     and B columns over the whole K (the same bytes as one TK tile at a time: k is the first GEMM's
-    innermost loop), computes the C tile block by block in L0C and keeps it in L1 in the cube's operand
+    innermost loop), or, where K streams (`models/npu.py:streams`: TK < K and the C tile is one L0C
+    block), one K tile of each at a time in two L1 slots in turn, accumulating the C block over them;
+    computes the C tile block by block in L0C and keeps it in L1 in the cube's operand
     type (fp16, or fp32 under `precision` "fp32": `cube_dtype`), then streams
     D tiles over n and adds each E tile into GM (atomic add; a plain write when one l tile covers L).
-    So the bytes moved are the Chimera model's DV for these tiles. `layouts` are the GM formats of A, B,
+    So the bytes moved are the Chimera model's DV for these tiles, except where one l tile covers L in a
+    chain of one batch entry: then each core copies B (and D, with one n tile) once and keeps it in L1
+    for all its m tiles (`models/npu.py:resident`). `layouts` are the GM formats of A, B,
     D and E: ND, or the cube's own (ZZ, ZN, ZN, NZ), as in `gemm_program`."""
     (an, ashape, adt), (bname, bshape, bdt), (dname, dshape, ddt), (en, eshape, edt) = a, b, d, e
     la_, lb_, ld_, le_ = layouts
@@ -360,7 +365,6 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     tile = {x: max(1, min(int(tiles[x]), ext[x])) for x in ext}
     steps = {x: math.ceil(ext[x] / tile[x]) for x in ext}
     tm, tl, tn, kk = _up(tile["m"]), _up(tile["l"]), _up(tile["n"]), _up(k)
-    npu = target.npu
     program = Program(inputs=[(an, _gm_shape(a3, la_), adt), (bname, _gm_shape(b3, lb_), bdt),
                               (dname, _gm_shape(d3, ld_), ddt)], outputs=[(en, _gm_shape(e3, le_), edt)])
     alloc = Allocator(program)
@@ -368,8 +372,10 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     if cube_dt == "int8":
         cube_dt = "float16"         # the chain's intermediate is a float product
     blk, dblk = CUBE_L0_BLOCK, _depth_block(cube_dt)
-    a_l1 = alloc("A", "L1", (tm, kk), cube_dt)
-    b_l1 = alloc("B", "L1", (kk, tl), cube_dt)
+    stream = npu_model.streams(tile["m"], tile["l"], tile["k"], k)
+    depth_k = _up(tile["k"]) if stream else kk          # the K extent an L1 slot of A and B holds
+    a_l1 = [alloc(f"A{s}", "L1", (tm, depth_k), cube_dt) for s in range(2 if stream else 1)]
+    b_l1 = [alloc(f"B{s}", "L1", (depth_k, tl), cube_dt) for s in range(2 if stream else 1)]
     c_l1 = {(i, j): alloc(f"C_{i}_{j}", "L1", (min(blk, tm - i), min(blk, tl - j)), cube_dt)
             for i in range(0, tm, blk) for j in range(0, tl, blk)}
     d_l1 = [alloc(f"D{s}", "L1", (tl, tn), cube_dt) for s in range(2)]
@@ -379,19 +385,61 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     cores = cube_cores(target)
     instrs: list = []
     slots = defaultdict(int)
+    keep_b, keep_d = npu_model.resident(batch, steps, stream)
+    holds: set = set()      # (core, "B" / "D") copied into L1 and kept there
 
     def nxt(core, what, count=2):
         slots[(core, what)] = (slots[(core, what)] + 1) % count
         return slots[(core, what)]
 
-    def product(core, out_shape, depth_blocks, acc_buf):
-        """acc = sum over depth blocks of left(block) @ right(block), through the L0 ping-pong slots."""
+    def product(core, out_shape, depth_blocks, acc_buf, fresh=True):
+        """acc (+)= sum over depth blocks of left(block) @ right(block), through the L0 ping-pong slots;
+        the first block starts from zero when `fresh`."""
         for q, (lsrc, lat, rsrc, rat, depth) in enumerate(depth_blocks):
             s = nxt(core, "l0")
             la, lb = _view(l0a[s], (out_shape[0], depth)), _view(l0b[s], (depth, out_shape[1]))
             instrs.append(LoadL0(core, "MTE1", src=lsrc, dst=la, at=lat))
             instrs.append(LoadL0(core, "MTE1", src=rsrc, dst=lb, at=rat))
-            instrs.append(Mmad(core, "cube", a=la, b=lb, c=acc_buf, accumulate=q > 0))
+            instrs.append(Mmad(core, "cube", a=la, b=lb, c=acc_buf, accumulate=q > 0 or not fresh))
+
+    def whole_c(core, bt, mi, li):
+        """The C tile from the A rows and B columns over the whole K (B kept where it is resident), one L0C
+        block at a time, each kept in L1."""
+        for ki in range(steps["k"]):   # the first GEMM's k tiles, each into its place in L1
+            k0 = ki * tile["k"]
+            depth = min(tile["k"], k - k0)
+            instrs.append(CopyIn(core, "MTE2", dst=a_l1[0], at=(0, k0), layout=_packed(la_),
+                                 src=_gm_window(an, la_, (bt if a3[0] > 1 else 0, mi * tile["m"], k0),
+                                                (1, tile["m"], depth))))
+            if (core, "B") not in holds:
+                instrs.append(CopyIn(core, "MTE2", dst=b_l1[0], at=(k0, 0), layout=_packed(lb_),
+                                     src=_gm_window(bname, lb_, (bt if b3[0] > 1 else 0, k0, li * tile["l"]),
+                                                    (1, depth, tile["l"]))))
+        if keep_b:
+            holds.add((core, "B"))
+        for (i, j), cbuf in c_l1.items():
+            cacc = _view(acc[nxt(core, "acc")], cbuf.shape)
+            depth = [(a_l1[0], (i, z), b_l1[0], (z, j), min(dblk, kk - z)) for z in range(0, kk, dblk)]
+            product(core, cbuf.shape, depth, cacc)
+            instrs.append(FixPipe(core, "cube", src=cacc, dst=cbuf))
+
+    def streamed_c(core, bt, mi, li):
+        """The C tile (one L0C block) accumulated over K tiles copied into the two L1 slots in turn."""
+        cbuf = c_l1[(0, 0)]
+        cacc = _view(acc[nxt(core, "acc")], cbuf.shape)
+        for ki in range(steps["k"]):
+            s, k0 = nxt(core, "AB"), ki * tile["k"]
+            depth = min(tile["k"], k - k0)
+            instrs.append(CopyIn(core, "MTE2", dst=a_l1[s], layout=_packed(la_),
+                                 src=_gm_window(an, la_, (bt if a3[0] > 1 else 0, mi * tile["m"], k0),
+                                                (1, tile["m"], depth))))
+            instrs.append(CopyIn(core, "MTE2", dst=b_l1[s], layout=_packed(lb_),
+                                 src=_gm_window(bname, lb_, (bt if b3[0] > 1 else 0, k0, li * tile["l"]),
+                                                (1, depth, tile["l"]))))
+            blocks = [(a_l1[s], (0, z), b_l1[s], (z, 0), min(dblk, _up(depth) - z))
+                      for z in range(0, _up(depth), dblk)]
+            product(core, cbuf.shape, blocks, cacc, fresh=ki == 0)
+        instrs.append(FixPipe(core, "cube", src=cacc, dst=cbuf))
 
     outer = list(order[:2])
     for it in itertools.product(range(batch), *(range(steps[x]) for x in outer)):
@@ -399,25 +447,15 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
         mi, li = idx["m"], idx["l"]
         core = cores[(bt * steps["m"] + mi) % len(cores)]   # by m: no two cores add into one E tile
         instrs.append(ScalarOp(core, "scalar", cycles=8, note="chain tile step"))
-        for ki in range(steps["k"]):   # the first GEMM's k tiles, each into its place in L1
-            k0 = ki * tile["k"]
-            instrs.append(CopyIn(core, "MTE2", dst=a_l1, at=(0, k0), layout=_packed(la_),
-                                 src=_gm_window(an, la_, (bt if a3[0] > 1 else 0, mi * tile["m"], k0),
-                                                (1, tile["m"], tile["k"]))))
-            instrs.append(CopyIn(core, "MTE2", dst=b_l1, at=(k0, 0), layout=_packed(lb_),
-                                 src=_gm_window(bname, lb_, (bt if b3[0] > 1 else 0, k0, li * tile["l"]),
-                                                (1, tile["k"], tile["l"]))))
-        for (i, j), cbuf in c_l1.items():   # C = A @ B, one L0C block at a time, kept in L1 as fp16
-            s = nxt(core, "acc")
-            cacc = _view(acc[s], cbuf.shape)
-            depth = [(a_l1, (i, z), b_l1, (z, j), min(dblk, kk - z)) for z in range(0, kk, dblk)]
-            product(core, cbuf.shape, depth, cacc)
-            instrs.append(FixPipe(core, "cube", src=cacc, dst=cbuf))
+        (streamed_c if stream else whole_c)(core, bt, mi, li)
         for ni in range(steps["n"]):   # E += C @ D over n tiles
-            ds = nxt(core, "D")
-            instrs.append(CopyIn(core, "MTE2", dst=d_l1[ds], layout=_packed(ld_),
-                                 src=_gm_window(dname, ld_, (bt if d3[0] > 1 else 0, li * tile["l"], ni * tile["n"]),
-                                                (1, tile["l"], tile["n"]))))
+            ds = 0 if keep_d else nxt(core, "D")
+            if (core, "D") not in holds:
+                instrs.append(CopyIn(core, "MTE2", dst=d_l1[ds], layout=_packed(ld_),
+                                     src=_gm_window(dname, ld_, (bt if d3[0] > 1 else 0, li * tile["l"],
+                                                                 ni * tile["n"]), (1, tile["l"], tile["n"]))))
+            if keep_d:
+                holds.add((core, "D"))
             for i in range(0, tm, blk):
                 for j in range(0, tn, blk):
                     rows, cols = min(blk, tm - i), min(blk, tn - j)

@@ -53,7 +53,7 @@ from superopt.egraph.siblings import internal, merged_body, run_before, sibling_
 from superopt.extract.cost import one_op_body, reduces_by_rows
 from superopt.extract.models import npu as npu_model
 from superopt.extract.target import Target
-from superopt.extract.tiling import Tiling, cone
+from superopt.extract.tiling import Tiling, cone, plain_conv, pointwise
 from superopt.lowering import jax as jax_lowering
 from superopt.lowering.npu.codegen import CodegenError, chain_program, check_precision, cube_dtype, gemm_program
 from superopt.lowering.npu.emulator import (
@@ -496,10 +496,15 @@ class KernelLowering:
             self.gm[r] = out
 
     def _chain(self, mats: list) -> tuple | None:
-        """(first, second) when the second matmul's left operand is the first's product itself."""
-        if len(mats) != 2 or any(self.body[m].op != "matmul" for m in mats):
+        """(first, second) when the second matmul's left operand is the first's product itself, or the
+        second convolution (a pointwise one) reads the first's result."""
+        if len(mats) != 2 or len({self.body[m].op for m in mats}) != 1:
             return None
         first, second = mats
+        node = self.body[second]
+        if node.op == "conv" and not (plain_conv(node, self.body[first].shape)
+                                      and pointwise(node, self.body[node.inputs[1]].shape)):
+            return None
         left = self.body[second].inputs[0]
         while self.body[left].op == "convert" and left != first:
             left = self.body[left].inputs[0]
@@ -589,21 +594,19 @@ class KernelLowering:
 
     def _img2col(self, m: int, lhs: tuple) -> tuple:
         """A convolution as a GEMM: the img2col stage writes the patch matrix (in the cube's operand type:
-        fp16, fp32 under precision "fp32", int8 for an int8 conv) to GM; the weights [KH, KW, C, O] are its right operand as [KH * KW * C, O], the output
-        [N * Ho * Wo, O] is NHWC."""
+        fp16, fp32 under precision "fp32", int8 for an int8 conv) to GM; the weights [KH, KW, C, O] are its
+        right operand as [KH * KW * C, O], the output [N * Ho * Wo, O] is NHWC. A 1x1 convolution with
+        stride 1 is already a GEMM of its input's rows: no img2col stage, the input is the left operand."""
         node, x, wt = self.body[m], self.body[self.body[m].inputs[0]], self.body[self.body[m].inputs[1]]
         p = dict(node.attrs[0])
-        spec = p["dimension_numbers"]
-        layout = (tuple(spec.lhs_spec), tuple(spec.rhs_spec), tuple(spec.out_spec))
-        plain = len(x.shape) == 4 and layout == ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)) and \
-            set(p["lhs_dilation"]) | set(p["rhs_dilation"]) == {1} and p["feature_group_count"] == 1 and \
-            p["batch_group_count"] == 1
-        if not plain:
+        if not plain_conv(node, x.shape):
             raise CodegenError("convolution: the cube lowering takes 2-D NHWC x HWIO -> NHWC convolutions "
                                "without dilation or groups")
         n, h, w, c = x.shape
         kh, kw, _, o = wt.shape
         _, ho, wo, _ = node.shape
+        if pointwise(node, wt.shape):
+            return lhs, (1, n * h * w, c), (c, o), (1, n * h * w, o)
         cube_dt = cube_dtype(x.dtype, self.precision, wt.dtype)    # int8 convs run on the int8 cube
         cube_dt = cube_dt if cube_dt in ("int8", "float32") else "float16"
         patches = (self.declare(f"k{self.node}_img2col{m}", (n * ho * wo, kh * kw * c), cube_dt),
@@ -621,8 +624,12 @@ class KernelLowering:
         b = self._in_gm(f.inputs[1], "rhs")
         d = self._in_gm(s.inputs[1], "rhs")
         e = final or self._workspace(second, "mm")
-        av, bv, _ = self._gemm_views(self.body[f.inputs[0]], self.body[f.inputs[1]], f)
-        _, dv, ev = self._gemm_views(self.body[s.inputs[0]], self.body[s.inputs[1]], s)
+        if f.op == "conv":    # the first's patch matrix (img2col) @ its weights, then the 1x1 weights
+            a, av, bv, cv = self._img2col(first, a)
+            dv, ev = tuple(self.body[s.inputs[1]].shape[-2:]), cv[:2] + (s.shape[-1],)
+        else:
+            av, bv, _ = self._gemm_views(self.body[f.inputs[0]], self.body[f.inputs[1]], f)
+            _, dv, ev = self._gemm_views(self.body[s.inputs[0]], self.body[s.inputs[1]], s)
         t = self.tiling
         layouts, nd_e, nev = ("ND",) * 4, e, ev
         if not self.target.npu.nd_on_copy:
@@ -635,7 +642,9 @@ class KernelLowering:
             (t.order, dict(t.tiles)), layouts, self.precision)
         on = " on fractals" if layouts[0] != "ND" else ""
         tiles_str = " ".join(f"T{x.upper()}={tiles[x]}" for x in order)
-        self.result.append(Stage(f"{self.label}: cube GEMM chain{on}, order {''.join(order)} {tiles_str} "
+        kernel = self.body[f.inputs[1]].shape
+        what = f"convolution chain {kernel[0]}x{kernel[1]} then 1x1" if f.op == "conv" else "GEMM chain"
+        self.result.append(Stage(f"{self.label}: cube {what}{on}, order {''.join(order)} {tiles_str} "
                                  f"({whose})", self.node, program))
         if layouts[0] != "ND":
             self._unpack(e, nd_e, nev)

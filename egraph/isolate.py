@@ -37,7 +37,7 @@ from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
 from superopt.core.deadline import Deadline
 from superopt.egraph.limits import SATURATION_SHARE, Limits, RunReport, StopReason
-from superopt.egraph.runner import NODE_SLACK, saturate, use_cpu_time
+from superopt.egraph.runner import NODE_SLACK, reachable, saturate, use_cpu_time
 
 _HEADER = struct.Struct("<Q")
 CPU_WALL_SLACK = 3   # a child limited in CPU time is killed after this many times its limit in wall-clock time
@@ -66,11 +66,10 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     was killed at the time limit, ran out of memory, crashed, or saturation failed (module doc). With
     `deadline`, saturation gets at most `SATURATION_SHARE` of the time it leaves, and `TimeLimit` is
     raised if it has passed before saturation starts."""
-    for phase in getattr(schedule, "phases", schedule):
-        for rule in phase.rules:
-            if deadline is not None:
-                deadline.check("saturate")
-            rule.egg  # compiled here, where the cache outlives the child (compiling takes most of a first run)
+    for rule in reachable(egraph, schedule):
+        if deadline is not None:
+            deadline.check("saturate")
+        rule.egg  # compiled here, where the cache outlives the child (compiling takes most of a first run)
     analysis()    # likewise the analysis rule set, which every step runs
     limits = replace(limits, seconds=min(limits.seconds, limits.saturation_seconds))
     if deadline is not None:

@@ -14,6 +14,11 @@ memory limit of `egraph/isolate.py` is what bounds that. A tripped limit is a st
 exception: extraction still runs on what was reached. Hard limits (time that one rule application
 overruns, memory, a crash in egglog) need a child process: `egraph/isolate.py`.
 
+A rule whose left-hand side needs a constructor of which the e-graph holds no e-node (a quantization rule
+in a float program, a layout rule where nothing is packed) cannot match: it is passed over, neither
+compiled nor run, until a constructor it needs appears (`needs`). egglog compiles each rule set on its
+first run, so this is most of a phase's cost on a small program.
+
 Back-off works as egg's BackoffScheduler does, between steps: a rule that matched more than its limit
 in one step sits out the next `ban_length` steps, and each ban doubles both numbers for that rule. This
 keeps associativity and commutativity from crowding out every other rule.
@@ -31,6 +36,7 @@ from egglog import EGraph, back_off, bindings, ruleset
 from egglog import run as egg_run
 
 from superopt.core import progress
+from superopt.egraph import terms as T
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import count
 from superopt.egraph.limits import SATURATION_SHARE, BackOff, Limits, Phase, PhaseReport, RunReport, StopReason
@@ -44,6 +50,37 @@ __all__ = ["saturate", "rows_per_match", "NODE_SLACK", "SATURATION_SHARE", "Back
 def _rows(egraph: EGraph) -> int:
     """Rows in every table (e-nodes plus analysis rows): cheap, and what memory grows with."""
     return sum(n for _, n in egraph.all_function_sizes())
+
+
+# constructor name -> the name egglog reports its table under (`slice` is `slice_` in terms.py)
+_TABLE = {name: str(getattr(T, name, None) or getattr(T, name + "_")) for name in CONSTRUCTORS}
+
+
+def _held(egraph: EGraph) -> frozenset:
+    """The constructors the e-graph holds e-nodes of, by name."""
+    tables = {str(f) for f, n in egraph.all_function_sizes() if n}
+    return frozenset(name for name, table in _TABLE.items() if table in tables)
+
+
+def needs(rule) -> tuple[frozenset, ...]:
+    """For each direction egglog applies `rule` in (two for a two-way rule), the constructors its
+    left-hand sides name: it can match only where the e-graph holds all of one direction's."""
+    sides = [[left for left, _ in rule.pairs]] + ([[right for _, right in rule.pairs]] if rule.two_way else [])
+    return tuple(frozenset(t.fn for p in side for t in _terms(p, set())) for side in sides)
+
+
+def reachable(egraph: EGraph, schedule) -> list:
+    """The rules of `schedule` that can ever match in `egraph`: those whose needs the constructors it
+    holds meet, or those that such rules' other sides build (a fixpoint over every phase at once). The
+    others are never compiled (`egraph/isolate.py` compiles these before it forks)."""
+    rules = [r for phase in getattr(schedule, "phases", schedule) for r in phase.rules]
+    held, out = set(_held(egraph)), []
+    while True:
+        fired = [r for r in rules if r not in out and any(need <= held for need in needs(r))]
+        if not fired:
+            return out
+        out += fired
+        held |= {t.fn for r in fired for pair in r.pairs for p in pair for t in _terms(p, set())}
 
 
 _clock = time.perf_counter   # wall-clock time; `use_cpu_time` makes it the process's CPU time
@@ -92,15 +129,14 @@ class _PhaseRunner:
         self.run_start, self.run_limits = run_start, run_limits
         self.report = PhaseReport(phase.name, matches={r.name: 0 for r in phase.rules},
                                   rule_seconds={r.name: 0.0 for r in phase.rules})
-        self.name_of = {egg.decl: r.name for r in phase.rules for egg in r.egg}
         self.banned_until: dict[str, int] = {}
         self._rulesets: dict[str, object] = {}
         self.on_step = None   # called with the iteration count after each step (progress bars)
         self.node_limit = min(limits.nodes, run_limits.nodes)
         self.rows_per_match = {r.name: rows_per_match(r) for r in phase.rules}
-        self.decls = {r.name: [egg.decl for egg in r.egg] for r in phase.rules}
         self.seen: dict = {}   # egglog rule -> its matches at its latest application
         self._single: dict = {}  # egglog rule -> a rule set of it alone, for bounded applications
+        self.needs = {r.name: needs(r) for r in phase.rules}
 
     def ruleset_of(self, rule) -> object:
         if rule.name not in self._rulesets:  # egglog compiles a rule set once; keep one per rule
@@ -112,14 +148,19 @@ class _PhaseRunner:
         with the reason, where a node or time limit is reached (module doc)."""
         updated, matches = False, {}
         rows = step_start = _rows(self.egraph)
+        present = _held(self.egraph)
         for rule in active:
+            if not any(need <= present for need in self.needs[rule.name]):
+                matches[rule.name] = 0          # a constructor it needs is not in the e-graph (module doc)
+                continue
             start = _now()
             if rows * GUARD_FROM > self.node_limit:
                 changed, per_decl, held = self.bounded(rule, step_start)
             else:
                 result = self.egraph.run(self.ruleset_of(rule))
                 changed, held = result.updated, False
-                per_decl = {key: n for key, n in result.num_matches_per_rule.items() if key in self.name_of}
+                own = {egg.decl for egg in rule.egg}
+                per_decl = {key: n for key, n in result.num_matches_per_rule.items() if key in own}
             self.report.rule_seconds[rule.name] += _now() - start
             if held:  # at worst its matches would take the e-graph past the node limit
                 return updated, matches, StopReason.NODE_LIMIT
@@ -127,6 +168,7 @@ class _PhaseRunner:
             matches[rule.name] = sum(per_decl.values())
             updated |= changed
             rows = _rows(self.egraph)
+            present = _held(self.egraph) if changed else present
             if rows > self.node_limit:
                 return updated, matches, StopReason.NODE_LIMIT
             now = _now()

@@ -54,3 +54,22 @@ def test_a_rule_that_breaks_shapes_is_an_error_not_a_wrong_program():
     report = saturate(egraph, [Phase("bad", [bad])])
     assert report.stop_reason is StopReason.ERROR
     assert "merge" in report.error.lower()
+
+
+def test_a_rule_that_needs_a_constructor_the_egraph_lacks_is_passed_over_until_one_appears():
+    """A rule whose left-hand side names a constructor with no e-node cannot match: it is neither compiled
+    nor run (no time recorded), and it runs once a rule before it in the phase makes that constructor."""
+    from superopt.egraph.runner import needs
+    from superopt.rulesets.fusion import FUSION
+    lift, inline = (next(r for r in FUSION.rules if r.name == name) for name in ("lift-unary", "inline-load"))
+    assert needs(inline) == (frozenset({"sarg", "kernel"}),)
+    assert len(needs(next(r for r in ALGEBRA.rules if r.two_way))) == 2     # either side may match
+
+    def run(rules):
+        enc = encode(capture(lambda a: jnp.exp(jnp.exp(a)), (jnp.ones((2, 2)),)).graph)
+        return saturate(enc.egraph, [Phase("p", tuple(rules), Limits(iterations=4))])
+
+    alone = run([inline])
+    assert alone.matches["inline-load"] == 0 and alone.rule_seconds["inline-load"] == 0.0
+    after = run([lift, inline])
+    assert after.matches["inline-load"] > 0 and after.rule_seconds["inline-load"] > 0.0

@@ -20,22 +20,24 @@ import time
 import jax
 import numpy as np
 
-from superopt.workloads import GEMM_CHAIN_SHAPES, WORKLOADS
 from bench.tiling import chosen_kernel
-from superopt.extract.cost import one_op_body, tiling_options
+from superopt import superopt
+from superopt.core import progress
 from superopt.core.formats import CUBE_FORMATS
+from superopt.extract.cost import one_op_body, tiling_options
 from superopt.extract.target import load_target
 from superopt.lowering.npu.codegen import chain_program, gemm_program
 from superopt.lowering.npu.emulator import emulate
 from superopt.lowering.npu.lower import NpuExecutable
-from superopt import superopt
-from superopt.core import progress
+from superopt.npu_backend import default_precision
+from superopt.workloads import CONV_CHAIN_SHAPES, GEMM_CHAIN_SHAPES, WORKLOADS, conv_chain
 
 PROGRAMS = ("bert-encoder-128", "bert-encoder-512", "transformer-block", "resnet-bottleneck")
 PROGRAM_TARGETS = ("npu-910b", "npu-910")
 TIMELINE = "docs/figures/npu-910b-bert-encoder-128.png"
 
 TARGET = "npu-910"
+CONV_TARGET = "npu-910b"
 F16 = "float16"
 
 
@@ -137,6 +139,51 @@ def program_markdown(rs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def conv_rows(names=tuple(CONV_CHAIN_SHAPES), target_name: str = CONV_TARGET) -> list[dict]:
+    """The thesis convolution chains C1-C8 on `target_name`: superopt's program against the captured one
+    lowered op by op (symbolic runs), whether the chain fused (one cube stage keeping the first result on
+    chip) and with which tiles, and the optimize time."""
+    target = load_target(target_name)
+    out = []
+    for name in names:
+        progress.note(f"[npu] conv chain {name} on {target_name}")
+        w = conv_chain(name)
+        start = time.perf_counter()
+        spec = superopt(w.fn, target=target_name, cache=False).compile(*w.args)
+        seconds = time.perf_counter() - start
+        precision = default_precision(spec.original, target)
+        unfused = NpuExecutable(spec.original, target, precision=precision).estimate()
+        optimized = unfused if spec.npu is None else spec.npu.estimate()
+        chain = next((label.split(": ", 1)[1] for label, _ in optimized.results if "convolution chain" in label), "")
+        out.append({"name": name.upper(), "shape": w.description.split(": ", 1)[1].removesuffix(" (f32)"),
+                    "outcome": spec.report.outcome, "chain": chain, "unfused": unfused.cycles,
+                    "optimized": optimized.cycles, "unfused_bytes": unfused.gm_bytes, "bytes": optimized.gm_bytes,
+                    "seconds": seconds})
+    return out
+
+
+def render_convs(rs: list[dict], target_name: str = CONV_TARGET) -> list[str]:
+    fused = [r for r in rs if r["chain"]]
+    faster = [r for r in fused if r["optimized"] < r["unfused"]]
+    lines = ["| chain | shape | outcome | fused cube stage | cycles unfused | cycles optimized | speedup | "
+             "GM MB unfused | GM MB optimized | optimize (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rs:
+        lines.append(f"| {r['name']} | {r['shape']} | {r['outcome']} | {r['chain'] or 'none: runs apart'} | "
+                     f"{r['unfused']} | {r['optimized']} | {r['unfused'] / r['optimized']:.2f}x | "
+                     f"{r['unfused_bytes'] / 1e6:.1f} | {r['bytes'] / 1e6:.1f} | {r['seconds']:.1f} |")
+    return ["", f"## Convolution chains C1-C8 on the NPU emulator ({target_name})", "",
+            "The thesis convolution chains (NHWC, batch 1, f32, SAME padding, weights as arguments): superopt's "
+            "program against the captured program lowered op by op, both on the emulator in symbolic mode at "
+            "the precision the emulator runs them (fp32 cube operands on the 910B). A convolution of a "
+            "convolution's result may take its input from the kernel's body (rule `chain-conv`); where the "
+            "second is 1x1 with stride 1 the pair is a GEMM chain over the first's patch matrix, and the "
+            "NPU model decides whether it runs as one cube stage (the first result kept in L1) or apart. "
+            "Reproduce with `python -m bench.run --sections npu --filter conv-chain`.", "",
+            f"{len(fused)} of {len(rs)} fuse; {len(faster)} of them in fewer cycles than op by op"
+            + "".join(f"; {r['name']} runs apart ({r['shape']})" for r in rs if not r["chain"]) + ".", "",
+            *lines]
+
+
 def render(prs: list[dict], rs: list[dict], timeline: str | None = TIMELINE) -> list[str]:
     """The BENCHMARKS.md sections for whole programs (`prs`, from `program_rows`) and chains (`rs`, from
     `rows`); either may be empty."""
@@ -174,7 +221,7 @@ def render_chains(rs: list[dict]) -> list[str]:
 
 def main() -> list[str]:
     """The BENCHMARKS.md sections, all programs and chains."""
-    return render(program_rows(), rows())
+    return render(program_rows(), rows()) + render_convs(conv_rows())
 
 
 if __name__ == "__main__":

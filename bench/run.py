@@ -304,7 +304,7 @@ def _say(text: str) -> None:
 
 def run(ns) -> int:
     from bench import plots
-    from superopt.workloads import GEMM_CHAIN_SHAPES, WORKLOADS
+    from superopt.workloads import CONV_CHAIN_SHAPES, GEMM_CHAIN_SHAPES, WORKLOADS
     from superopt.core import progress
     from superopt.extract.target import load_target
     load_target(ns.target)                                # an unknown target fails before any work
@@ -334,7 +334,8 @@ def run(ns) -> int:
         "numerics": _selected(ns.filter, WORKLOADS),
         "kernels": _selected(ns.filter, kernels.WORKLOADS_SHOWN),
         "tiling": chains,
-        "npu": _selected(ns.filter, npu.PROGRAMS) + chains,
+        "npu": _selected(ns.filter, npu.PROGRAMS) + chains
+        + [k for k in CONV_CHAIN_SHAPES if f"conv-chain-{k}" in _selected(ns.filter, WORKLOADS)],
         "training": _selected(ns.filter, ["train-step", "train-step-sgd"]),
         "remat": _selected(ns.filter, ["remat-mlp-grad"]),
         "layout": _selected(ns.filter, ["layout-packing"]),
@@ -426,6 +427,8 @@ def run(ns) -> int:
                 fig = _figure(ns, "bench-npu-chains.png", out_dir)
                 if fig and plots.npu_chains(rs, fig[0]):
                     extra += ["", f"![GEMM chains on the emulator]({fig[1]})"]
+            convs = [c for c in plan["npu"] if c in CONV_CHAIN_SHAPES]
+            extra += npu.render_convs(npu.conv_rows(convs)) if convs else []
             bar.advance()
         if "training" in sections and plan["training"]:
             bar.update("bench: training step")

@@ -77,6 +77,10 @@ FIRES = {  # rule -> (program, arguments)
     "lift-conv": (lambda x, w: jax.nn.relu(lax.conv_general_dilated(x, w, (1, 1), "SAME",
                                                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))),
                   (normal(1, 6, 6, 3), normal(3, 3, 3, 4))),
+    "chain-conv": (lambda x, w, v: lax.conv_general_dilated(
+        lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), v, (1, 1),
+        "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        (normal(1, 6, 6, 3), normal(3, 3, 3, 4), normal(1, 1, 4, 2))),
     "lift-row-reduction": (layer_norm, (normal(4, 8),)),
     "lift-row-reduction-reshape": (jax.nn.softmax, (normal(4, 8),)),
     "inline-load": (lambda x, y: jnp.exp(x + y) * 2.0, (normal(4, 8), normal(4, 8))),

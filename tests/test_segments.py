@@ -258,12 +258,16 @@ def test_compile_takes_shapes_only(tmp_path):
 
 
 def test_the_ray_executor_chooses_the_same_programs_as_local_workers(tmp_path):
-    """The segments optimized as Ray tasks on a local Ray instance give the very terms the local path gives."""
+    """The segments optimized as Ray tasks on a local Ray instance give the very terms the local path gives.
+    The call's wall-clock limit is raised for both: starting Ray on a loaded machine (CI runs four test
+    workers on two cores) once took enough of the default 60 s that a segment's saturation, whose share
+    is of the time left, stopped early and ran as captured."""
     ps, x = params(3)
-    local = superopt(model, CHANGED, cache=False).compile(ps, x)
+    roomy = Limits(seconds=600.0)
+    local = superopt(model, CHANGED, cache=False, limits=roomy).compile(ps, x)
     started = not ray.is_initialized()
     try:
-        remote = superopt(model, CHANGED, cache=False, executor="ray").compile(ps, x)
+        remote = superopt(model, CHANGED, cache=False, executor="ray", limits=roomy).compile(ps, x)
     finally:
         if started:
             ray.shutdown()

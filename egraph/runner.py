@@ -56,10 +56,11 @@ def _rows(egraph: EGraph) -> int:
 _TABLE = {name: str(getattr(T, name, None) or getattr(T, name + "_")) for name in CONSTRUCTORS}
 
 
-def _held(egraph: EGraph) -> frozenset:
-    """The constructors the e-graph holds e-nodes of, by name."""
-    tables = {str(f) for f, n in egraph.all_function_sizes() if n}
-    return frozenset(name for name, table in _TABLE.items() if table in tables)
+def _census(egraph: EGraph) -> tuple[int, frozenset]:
+    """(`_rows`, the constructors the e-graph holds e-nodes of, by name), from one walk of its tables."""
+    sizes = egraph.all_function_sizes()
+    tables = {str(f) for f, n in sizes if n}
+    return sum(n for _, n in sizes), frozenset(name for name, table in _TABLE.items() if table in tables)
 
 
 def needs(rule) -> tuple[frozenset, ...]:
@@ -73,13 +74,14 @@ def reachable(egraph: EGraph, schedule) -> list:
     """The rules of `schedule` that can ever match in `egraph`: those whose needs the constructors it
     holds meet, or those that such rules' other sides build (a fixpoint over every phase at once). The
     others are never compiled (`egraph/isolate.py` compiles these before it forks)."""
-    rules = [r for phase in getattr(schedule, "phases", schedule) for r in phase.rules]
-    held, out = set(_held(egraph)), []
+    waiting = [(r, needs(r)) for phase in getattr(schedule, "phases", schedule) for r in phase.rules]
+    held, out = set(_census(egraph)[1]), []
     while True:
-        fired = [r for r in rules if r not in out and any(need <= held for need in needs(r))]
+        fired = [r for r, wants in waiting if any(need <= held for need in wants)]
         if not fired:
             return out
         out += fired
+        waiting = [(r, wants) for r, wants in waiting if r not in fired]
         held |= {t.fn for r in fired for pair in r.pairs for p in pair for t in _terms(p, set())}
 
 
@@ -135,6 +137,7 @@ class _PhaseRunner:
         self.node_limit = min(limits.nodes, run_limits.nodes)
         self.rows_per_match = {r.name: rows_per_match(r) for r in phase.rules}
         self.seen: dict = {}   # egglog rule -> its matches at its latest application
+        self._decls: dict = {}  # rule name -> its egglog rules, compiled when it first runs
         self._single: dict = {}  # egglog rule -> a rule set of it alone, for bounded applications
         self.needs = {r.name: needs(r) for r in phase.rules}
 
@@ -147,8 +150,8 @@ class _PhaseRunner:
         """Apply each active rule once, timing each (egglog 13.2 reports no per-rule times); stop early,
         with the reason, where a node or time limit is reached (module doc)."""
         updated, matches = False, {}
-        rows = step_start = _rows(self.egraph)
-        present = _held(self.egraph)
+        rows, present = _census(self.egraph)
+        step_start = rows
         for rule in active:
             if not any(need <= present for need in self.needs[rule.name]):
                 matches[rule.name] = 0          # a constructor it needs is not in the e-graph (module doc)
@@ -159,7 +162,7 @@ class _PhaseRunner:
             else:
                 result = self.egraph.run(self.ruleset_of(rule))
                 changed, held = result.updated, False
-                own = {egg.decl for egg in rule.egg}
+                own = self._decls.get(rule.name) or self._decls.setdefault(rule.name, {e.decl for e in rule.egg})
                 per_decl = {key: n for key, n in result.num_matches_per_rule.items() if key in own}
             self.report.rule_seconds[rule.name] += _now() - start
             if held:  # at worst its matches would take the e-graph past the node limit
@@ -167,8 +170,7 @@ class _PhaseRunner:
             self.seen.update(per_decl)
             matches[rule.name] = sum(per_decl.values())
             updated |= changed
-            rows = _rows(self.egraph)
-            present = _held(self.egraph) if changed else present
+            rows, present = _census(self.egraph)
             if rows > self.node_limit:
                 return updated, matches, StopReason.NODE_LIMIT
             now = _now()

@@ -125,6 +125,26 @@ ALGEBRA = RuleSet("algebra", {
              numerics="order", doc="trace(x@y) (jnp.trace: the sum of the product where row = column) -> "
                                    "the sum of x * y^T"),
     ],
+    # Full sums of products, factored ("reals": sum_ij x_i y_j = (sum_i x_i)(sum_j y_j) can overflow, or
+    # cancel, where the products summed one by one do not). n*m products become n + m additions.
+    "factored-sums": [
+        rule("sum-of-matmul", reduce("reduce_sum", matmul(x, y, "float32"), p),
+             reduce("reduce_sum", mul(reduce("reduce_sum", x, (0,)), reduce("reduce_sum", y, (1,))), (0,)),
+             when("rank", x, 2), when("rank", y, 2), when("has_dtype", x, "float32"), when("has_dtype", y, "float32"),
+             when("all_axes", p, matmul(x, y, "float32")), numerics="reals",
+             doc="sum(x@y) -> the column sums of x dotted with the row sums of y: (n + m)*k additions "
+                 "instead of n*m*k products"),
+        rule("sum-of-outer-product", reduce("reduce_sum", mul(x, y), p),
+             mul(reduce("reduce_sum", x, (0, 1)), reduce("reduce_sum", y, (0, 1))),
+             when("column_vector", x), when("row_vector", y), when("all_axes", p, mul(x, y)),
+             when("has_dtype", x, "float32"), when("has_dtype", y, "float32"), numerics="reals",
+             doc="sum(u[:, None] * v[None, :]) -> sum(u) * sum(v)"),
+        rule("sum-of-outer-product-left", reduce("reduce_sum", mul(y, x), p),
+             mul(reduce("reduce_sum", y, (0, 1)), reduce("reduce_sum", x, (0, 1))),
+             when("column_vector", x), when("row_vector", y), when("all_axes", p, mul(y, x)),
+             when("has_dtype", x, "float32"), when("has_dtype", y, "float32"), numerics="reals",
+             doc="sum(v[None, :] * u[:, None]) -> sum(v) * sum(u)"),
+    ],
     # Sums of broadcast products that are matrix-vector products: the same products, added by a dot.
     "matvec": [
         rule("row-sums-of-scaled-rows", reduce("reduce_sum", mul(x, y), (1,)),

@@ -149,6 +149,8 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
     Predicate("last_axis", (VEC, TENSOR), "the axis list names exactly the tensor's last axis",
               lambda c, p, t: [[E.eq(c.expr(p)).to(_vec([c.rank(t) - 1]))]] if c.rank(t) else [],
               lambda p, t: np.ndim(t) > 0 and tuple(p) == (np.ndim(t) - 1,), lambda p, t: _keyed(t)),
+    Predicate("equal", (INT, INT), "a = b (two sizes, e.g. of axes a rule's right side joins or adds)",
+              lambda c, a, b: [[E.eq(c.expr(a)).to(c.expr(b))]], lambda a, b: a == b),
     Predicate("less", (INT, INT), "a < b (orders leaves so a group is matched once)",
               lambda c, a, b: [[c.expr(a) < c.expr(b)]], lambda a, b: a < b),
     Predicate("conv_channels_last", (INT,), "conv params whose output and kernel features are the last axis",

@@ -4,6 +4,7 @@
     superopt explain  MODULE:FN [--target T] [--shapes ...] [--alternatives N] [--html FILE]
     superopt emulate  MODULE:FN --target npu-910b [--shapes ...] [--timeline FILE.png|.json] [--html FILE]
     superopt rules list [--ruleset NAME] | superopt rules check [NAME ...] [--thorough] [--jobs N]
+    superopt rules import FILE [--dialect tensat] [--multi] [--write RULES]
     superopt calibrate [--quick] [--force] [--reset] | superopt demo
     superopt cache stats [--dir DIR] | superopt cache clear [--dir DIR]
 
@@ -127,6 +128,27 @@ def _rules_check(args) -> int:
     print(f"checked {len(rules)} rules on {cases} cases: "
           + ("all sound" if not unsound else f"{len(unsound)} failed: {', '.join(unsound)}"))
     return 1 if unsound else 0
+
+
+def _rules_import(args) -> int:
+    """A verdict for every rule of a peer's rule file, and the counts (`rewrites/tensat.py`)."""
+    from superopt.rewrites.sexpr import format_rules
+    from superopt.rewrites.tensat import import_rules, summary
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(f"superopt: cannot read rule file {args.file!r}: {exc.strerror}") from None
+    verdicts = import_rules(text, multi=args.multi)
+    for v in verdicts:
+        print(v, flush=True)
+    print(summary(verdicts))
+    if args.write:
+        rules = [v.rule for v in verdicts if v.rule is not None]
+        with open(args.write, "w", encoding="utf-8") as f:
+            f.write(format_rules(rules))
+        print(f"wrote {len(rules)} sound rules in superopt's text format to {args.write}")
+    return 0
 
 
 CALIBRATE_HELP = """Measure this machine's f32 matmul FLOP/s and memory and cache bandwidth for the cpu target: each
@@ -493,6 +515,15 @@ def parser() -> argparse.ArgumentParser:
                             f"(about 5 minutes on 2 cores)")
     check.add_argument("--jobs", type=int, help="worker processes (default: one per core)")
     check.set_defaults(run=_rules_check)
+    imp = rules_sub.add_parser("import", help="read a peer's rule file as it is and give each rule a verdict: "
+                                              "sound (with its numerics label), unsound, or unsupported")
+    imp.add_argument("file", help="the rule file, e.g. Tensat's converted.txt")
+    imp.add_argument("--dialect", choices=["tensat"], default="tensat", help="the file's format (default tensat)")
+    imp.add_argument("--multi", action="store_true",
+                     help="every two lines are one multi-pattern rule (Tensat's converted_multi.txt)")
+    imp.add_argument("--write", metavar="FILE", help="also write the sound rules superopt can state in its "
+                                                       "text format (rewrites/sexpr.py)")
+    imp.set_defaults(run=_rules_import)
 
     cal = sub.add_parser("calibrate", help="measure this machine's FLOP/s and bandwidth for the cpu target",
                          description=CALIBRATE_HELP)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, assume, given, settings, strategies as st
 
 from superopt.core.dtypes import is_float
 from superopt.core.formats import FORMATS, LayoutError, packed_shape
@@ -819,13 +819,15 @@ def _precise(pattern, env: dict):
         return None
 
 
-def check_rule(rule, examples: int = 60, seed: int = 0) -> CheckResult:
-    """Check one rule on `examples` bindings (Hypothesis shrinks any counterexample it finds)."""
+def check_rule(rule, examples: int = 60, seed: int = 0, shrink: bool = True) -> CheckResult:
+    """Check one rule on `examples` bindings (Hypothesis shrinks any counterexample it finds, unless
+    `shrink` is False: then the first one found is kept, which is faster to find than to shrink)."""
     result = CheckResult(rule.name)
     failure: list = []
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck),
+              phases=tuple(Phase) if shrink else tuple(p for p in Phase if p is not Phase.shrink))
     @given(st.data())
     def run(data):
         try:

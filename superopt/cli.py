@@ -5,6 +5,7 @@
     superopt emulate  MODULE:FN --target npu-910b [--shapes ...] [--timeline FILE.png|.json] [--html FILE]
     superopt rules list [--ruleset NAME] | superopt rules check [NAME ...] [--thorough] [--jobs N]
     superopt rules import FILE [--dialect tensat] [--multi] [--write RULES]
+    superopt rules synthesize [--size N] [--write RULES] [--jobs N] [--verbose]
     superopt calibrate [--quick] [--force] [--reset] | superopt demo
     superopt cache stats [--dir DIR] | superopt cache clear [--dir DIR]
 
@@ -148,6 +149,32 @@ def _rules_import(args) -> int:
         with open(args.write, "w", encoding="utf-8") as f:
             f.write(format_rules(rules))
         print(f"wrote {len(rules)} sound rules in superopt's text format to {args.write}")
+    return 0
+
+
+def _rules_synthesize(args) -> int:
+    """Rules found by enumeration and proven by the checker; how many hand-written algebra rules they derive."""
+    from superopt.rewrites import synthesis
+    from superopt.rewrites.sexpr import format_rules
+    from superopt.rulesets import ALGEBRA
+    if args.size < 2:
+        raise ValueError(f"superopt: --size must be at least 2, got {args.size}")
+    layers = ((synthesis.ALL, args.size), (synthesis.LAYERS[1][0], args.size + 1))
+    found = synthesis.synthesize(layers, jobs=args.jobs or os.cpu_count() or 1,
+                                 progress=(lambda line: print(line, flush=True)) if args.verbose else None)
+    print(f"enumerated {found.terms} terms in {found.classes} classes; {found.candidates} candidate equalities, "
+          f"{found.derivable} derivable from the rules kept before them, {found.refuted} refuted by the checker")
+    labels = {label: sum(r[2] == label for r in found.rules) for label in ("exact", "rounding", "reals")}
+    print(f"kept {len(found.rules)} rules (" + ", ".join(f"{n} {k}" for k, n in labels.items()) +
+          f") in {found.seconds:.1f} s")
+    derived = synthesis.rediscovered(found, synthesis.hand_written_in_language(ALGEBRA))
+    missing = sorted(k for k, v in derived.items() if not v)
+    print(f"rediscovered {sum(derived.values())} of the {len(derived)} rules of rulesets/algebra.py in the language"
+          + (f"; not: {', '.join(missing)}" if missing else ""))
+    if args.write:
+        with open(args.write, "w", encoding="utf-8") as f:
+            f.write(format_rules([r for *_, r in found.rules]))
+        print(f"wrote {len(found.rules)} rules in superopt's text format to {args.write}")
     return 0
 
 
@@ -524,6 +551,14 @@ def parser() -> argparse.ArgumentParser:
     imp.add_argument("--write", metavar="FILE", help="also write the sound rules superopt can state in its "
                                                        "text format (rewrites/sexpr.py)")
     imp.set_defaults(run=_rules_import)
+    syn = rules_sub.add_parser("synthesize", help="enumerate terms, group them by their values, prove the "
+                                                  "equalities with the checker and keep a minimal set")
+    syn.add_argument("--size", type=int, default=4, help="largest term, in ops and leaves, over the whole language "
+                                                          "(default 4; matmul, transpose and add go one further)")
+    syn.add_argument("--write", metavar="FILE", help="write the rules in superopt's text format")
+    syn.add_argument("--jobs", type=int, help="checker processes (default: one per core)")
+    syn.add_argument("--verbose", action="store_true", help="print each rule as it is kept")
+    syn.set_defaults(run=_rules_synthesize)
 
     cal = sub.add_parser("calibrate", help="measure this machine's FLOP/s and bandwidth for the cpu target",
                          description=CALIBRATE_HELP)

@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) -m bench.run
 	$(PY) -m bench.scale
 	$(PY) -m bench.everyday
+	$(PY) -m bench.synthesis
 
 # Longer fuzzing than `make test` runs (tests/test_fuzz.py): fresh random programs every run, about 200 per
 # target and backend plus 1500 extracted for every target (tens of minutes); a failure prints as source.

@@ -146,7 +146,24 @@ def evaluate(p, env: dict):
         with np.errstate(over="ignore"):   # a literal past the dtype's range is its inf, as XLA holds it
             return np.asarray(prims[0], dtype=np.dtype(dtype))
     op, attrs = decode(p.fn, prims, (), CONV_TABLE)
+    if _EXACT_SUMS and op == "reduce_sum" and np.dtype(dtype) == np.float64:
+        return _fsum(tensors[0], tuple(attrs[0]) if attrs else ())
     return evaluate_node(op, attrs, tensors, shape, np.dtype(dtype))
+
+
+_EXACT_SUMS = False    # set while `_precise` computes a float64 reference value
+
+
+def _fsum(x, axes: tuple) -> np.ndarray:
+    """A float64 sum over `axes`, correctly rounded (math.fsum): a reference whose terms cancel is exact,
+    not the float64 rounding of one order of adding them."""
+    x = np.asarray(x, np.float64)
+    kept = [a for a in range(x.ndim) if a not in axes]
+    moved = np.transpose(x, kept + list(axes)).reshape([x.shape[a] for a in kept] + [-1])
+    out = np.empty(moved.shape[:-1])
+    for idx in np.ndindex(out.shape):
+        out[idx] = math.fsum(moved[idx])
+    return out
 
 
 # Kernel bodies evaluate like tensors: a Scalar's value is the array it stands for on chip, and each
@@ -813,10 +830,14 @@ def _precise(pattern, env: dict):
             wide[k] = "float64"
         else:
             wide[k] = v
+    global _EXACT_SUMS
+    _EXACT_SUMS = True
     try:
         return np.asarray(evaluate(pattern, wide))
     except (IllTyped, ValueError, TypeError):
         return None
+    finally:
+        _EXACT_SUMS = False
 
 
 def check_rule(rule, examples: int = 60, seed: int = 0, shrink: bool = True) -> CheckResult:

@@ -3,9 +3,10 @@
     superopt rules synthesize [--size N] [--write FILE]
 
 1. **Enumerate** terms over a small language (`LANGUAGE`: three float32 square matrices x, y, z, the
-   literals 0 and 1, elementwise unary and binary ops, integer_pow 2, transpose and matmul) by size, each
-   new term built from the representatives of the classes found so far (Ruler's trick: a term equal to a
-   smaller one is never grown further).
+   literals 0 and 1, elementwise unary and binary ops, integer_pow 2, transpose and matmul) by size, in
+   layers (`LAYERS`: every op to 4 nodes, two smaller sets of ops to 5), each new term built from the
+   representatives of the classes found so far (Ruler's trick: a term equal to a smaller one is never
+   grown further).
 2. **Fingerprint** each term by its float64 values on random inputs; terms with one fingerprint are
    candidates for one equality, `term -> the class's smallest term`.
 3. **Label** a candidate on a float32 battery: every combination of the extreme values of the numerics
@@ -388,7 +389,9 @@ def _acceptable(lhs, rhs) -> bool:
 
 
 ALL = frozenset(UNARY + BINARY)
-LAYERS = ((ALL, 4), (frozenset({"matmul", "transpose", "add"}), 5))
+# Enumo's layers: the whole language to 4 nodes; products and transposes, and exponentials with products
+# and sums, to 5 (exp(x) * exp(y), (x @ y) @ z)
+LAYERS = ((ALL, 4), (frozenset({"matmul", "transpose", "add"}), 5), (frozenset({"exp", "log", "add", "mul"}), 5))
 
 
 def synthesize(layers=LAYERS, examples: int = 40, jobs: int = 1, progress=None) -> Synthesized:

@@ -159,7 +159,7 @@ def _rules_synthesize(args) -> int:
     from superopt.rulesets import ALGEBRA
     if args.size < 2:
         raise ValueError(f"superopt: --size must be at least 2, got {args.size}")
-    layers = ((synthesis.ALL, args.size), (synthesis.LAYERS[1][0], args.size + 1))
+    layers = ((synthesis.ALL, args.size),) + tuple((ops, args.size + 1) for ops, _ in synthesis.LAYERS[1:])
     found = synthesis.synthesize(layers, jobs=args.jobs or os.cpu_count() or 1,
                                  progress=(lambda line: print(line, flush=True)) if args.verbose else None)
     print(f"enumerated {found.terms} terms in {found.classes} classes; {found.candidates} candidate equalities, "
@@ -554,7 +554,7 @@ def parser() -> argparse.ArgumentParser:
     syn = rules_sub.add_parser("synthesize", help="enumerate terms, group them by their values, prove the "
                                                   "equalities with the checker and keep a minimal set")
     syn.add_argument("--size", type=int, default=4, help="largest term, in ops and leaves, over the whole language "
-                                                          "(default 4; matmul, transpose and add go one further)")
+                                                          "(default 4; two smaller sets of ops go one further)")
     syn.add_argument("--write", metavar="FILE", help="write the rules in superopt's text format")
     syn.add_argument("--jobs", type=int, help="checker processes (default: one per core)")
     syn.add_argument("--verbose", action="store_true", help="print each rule as it is kept")

@@ -28,6 +28,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from superopt.core.verify import compare_outputs
+
 LABELS = ("exact", "order", "reals", "wrong")     # strongest first
 ACTIVATIONS = {0: None, 1: "sigmoid", 2: "relu", 3: "tanh"}    # TASO's ActiMode
 
@@ -430,7 +432,6 @@ POOL = (0.0, -0.0, 1.0, -1.0, 2.0, 0.5, 3.0e38, -3.0e38, 1.0e30, -1.0e30, 2.0e19
 def float_counterexample(pairs, shape_draws: list[dict], tries: int = 3000, seed: int = 0) -> str:
     """float32 inputs on which the sides differ under the strict contract (NaN and inf where the left
     side's are, finite values within float32's tolerance), shrunk toward 0, 1 and -1; "" if none found."""
-    from superopt.core.verify import compare_outputs
     rng = np.random.default_rng(seed)
 
     def differs(env):

@@ -25,12 +25,15 @@ in the language, instantiated in it, counts if the synthesized rules derive it.
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from superopt.core.verify import TOLERANCES
+from superopt.rewrites.checker import check_rule
 from superopt.rewrites.pattern import TENSOR, Const, Var, app, lit, tensors
 from superopt.rewrites.rule import Rule, RuleSet, when
 
@@ -465,7 +468,6 @@ def synthesize(layers=LAYERS, examples: int = 40, jobs: int = 1, progress=None) 
 
 def _prove(work) -> str | None:
     """The first of the labels under which the checker finds no counterexample, or None."""
-    from superopt.rewrites.checker import check_rule
     rule, labels, examples = work
     for label in labels:
         labelled = Rule(rule.name, rule.pairs, rule.when, False, label, rule.doc, source=rule.source)
@@ -477,8 +479,6 @@ def _prove(work) -> str | None:
 def _pool(jobs: int):
     if jobs <= 1:
         return None
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
     return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
 
 

@@ -44,9 +44,12 @@ from superopt.extract import calibrate as cal
 from superopt.extract.calibrate import SHOWN
 from superopt.extract.target import load_target
 from superopt.lowering.npu.lower import NpuExecutable
+from superopt.rewrites import synthesis
 from superopt.rewrites.checker import check_rule
 from superopt.rewrites.schedule import resolve
-from superopt.rulesets import RULESETS
+from superopt.rewrites.sexpr import format_rules
+from superopt.rewrites.tensat import import_rules, summary
+from superopt.rulesets import ALGEBRA, RULESETS
 
 DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
           "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}
@@ -133,8 +136,6 @@ def _rules_check(args) -> int:
 
 def _rules_import(args) -> int:
     """A verdict for every rule of a peer's rule file, and the counts (`rewrites/tensat.py`)."""
-    from superopt.rewrites.sexpr import format_rules
-    from superopt.rewrites.tensat import import_rules, summary
     try:
         with open(args.file, encoding="utf-8") as f:
             text = f.read()
@@ -154,9 +155,6 @@ def _rules_import(args) -> int:
 
 def _rules_synthesize(args) -> int:
     """Rules found by enumeration and proven by the checker; how many hand-written algebra rules they derive."""
-    from superopt.rewrites import synthesis
-    from superopt.rewrites.sexpr import format_rules
-    from superopt.rulesets import ALGEBRA
     if args.size < 2:
         raise ValueError(f"superopt: --size must be at least 2, got {args.size}")
     layers = ((synthesis.ALL, args.size),) + tuple((ops, args.size + 1) for ops, _ in synthesis.LAYERS[1:])

@@ -72,7 +72,7 @@ def evaluate(tree, env: dict, alg) -> np.ndarray:
     if head == "conv2d":
         return _conv2d([int(v) for v in rest[:4]], evaluate(rest[4], env, alg), evaluate(rest[5], env, alg), alg)
     if head == "concat":
-        axis, rank, (x, y) = _concat_args(rest)
+        axis, rank, (x, y) = concat_args(rest)
         a, b = evaluate(x, env, alg), evaluate(y, env, alg)
         if a.ndim != b.ndim or (rank is not None and a.ndim != rank) or not 0 <= axis < a.ndim or \
                 any(m != n for i, (m, n) in enumerate(zip(a.shape, b.shape)) if i != axis):
@@ -83,7 +83,7 @@ def evaluate(tree, env: dict, alg) -> np.ndarray:
         joined = concat_within(whole, axis)
         if joined is None:
             raise IllFormed(f"{head}: no concat on axis {axis} says where to split")
-        point = evaluate(_concat_args(joined[1:])[2][0], env, alg).shape[int(joined[1])]
+        point = evaluate(concat_args(joined[1:])[2][0], env, alg).shape[int(joined[1])]
         x = evaluate(whole, env, alg)
         return np.take(x, range(point) if head == "split_0" else range(point, x.shape[axis]), axis)
     raise KeyError(head)
@@ -113,7 +113,7 @@ def _conv2d(params, x, w, alg):
     return out if ACTIVATIONS[act] is None else alg.unary(ACTIVATIONS[act], out)
 
 
-def _concat_args(rest):
+def concat_args(rest):
     """(axis, rank or None, operands) of concat's arguments: `axis rank a b` or the older `axis a b`."""
     return (int(rest[0]), int(rest[1]), rest[2:]) if len(rest) == 4 else (int(rest[0]), None, rest[1:])
 
@@ -143,15 +143,15 @@ class Symbols:
 
     @staticmethod
     def add(a, b):
-        return _zip(lambda x, y: ("add", x, y), a, b)
+        return _each(lambda x, y: ("add", x, y), a, b)
 
     @staticmethod
     def mul(a, b):
-        return _zip(lambda x, y: ("mul", x, y), a, b)
+        return _each(lambda x, y: ("mul", x, y), a, b)
 
     @staticmethod
     def unary(op, a):
-        return _map(lambda x: (op, x), a)
+        return _each(lambda x: (op, x), a)
 
     @staticmethod
     def dot(pairs):
@@ -196,17 +196,11 @@ class Floats:
         return (a @ b).astype(np.float32)
 
 
-def _zip(f, a, b):
-    out = np.empty(a.shape, dtype=object)
-    for idx in np.ndindex(a.shape):
-        out[idx] = f(a[idx], b[idx])
-    return out
-
-
-def _map(f, a):
-    out = np.empty(a.shape, dtype=object)
-    for idx in np.ndindex(a.shape):
-        out[idx] = f(a[idx])
+def _each(f, *arrays):
+    """f applied to the elements at each index of equally shaped object arrays."""
+    out = np.empty(arrays[0].shape, dtype=object)
+    for idx in np.ndindex(out.shape):
+        out[idx] = f(*(a[idx] for a in arrays))
     return out
 
 
@@ -317,9 +311,12 @@ def label_at(pairs, shapes: dict) -> str:
 
 
 def label(pairs, shape_draws: list[dict]) -> str:
-    """The weakest of the labels at each drawn shape."""
-    found = [label_at(pairs, s) for s in shape_draws]
-    return max(found, key=LABELS.index)
+    """The weakest of the labels at each drawn shape (the forms' caches hold one rule's terms only)."""
+    try:
+        return max((label_at(pairs, s) for s in shape_draws), key=LABELS.index)
+    finally:
+        for form in (exact_form, order_form, polynomial):
+            form.cache_clear()
 
 
 # ---- shapes ----
@@ -328,7 +325,7 @@ def shapes(pairs, draws: int = 3, seed: int = 0, tries: int = 4000) -> list[dict
     """Up to `draws` different shape assignments (sizes 1 to 3) under which every side is well-formed and
     each pair's sides have one shape; those with the most different sizes first (an uneven split), then
     the most elements."""
-    names = sorted({leaf[1:] for pair in pairs for side in pair for leaf in _leaves(side)})
+    names = sorted({leaf[1:] for pair in pairs for side in pair for leaf in leaves(side)})
     ranks = _ranks(pairs, names)
     rng = random.Random(seed)
     found: dict = {}
@@ -354,13 +351,13 @@ def shapes(pairs, draws: int = 3, seed: int = 0, tries: int = 4000) -> list[dict
     return ordered[:draws]
 
 
-def _leaves(tree):
+def leaves(tree):
     if isinstance(tree, str):
         if tree.startswith("?"):
             yield tree
         return
     for t in tree[1:]:
-        yield from _leaves(t)
+        yield from leaves(t)
 
 
 def _ranks(pairs, names) -> dict:
@@ -387,7 +384,7 @@ def _ranks(pairs, names) -> dict:
         elif head == "conv2d":
             need(rest[4], 4), need(rest[5], 4)
         elif head == "concat":
-            axis, given, operands = _concat_args(rest)
+            axis, given, operands = concat_args(rest)
             for x in operands:
                 need(x, given if given is not None else r)
         elif head in ("split_0", "split_1"):
@@ -410,7 +407,7 @@ def _rank_of(tree, rank):
     if head == "conv2d":
         return 4
     if head == "concat":
-        axis, given, operands = _concat_args(rest)
+        axis, given, operands = concat_args(rest)
         if given is not None:
             return given
         a = _rank_of(operands[0], rank)

@@ -2,8 +2,8 @@
 
     superopt rules synthesize [--size N] [--write FILE]
 
-1. **Enumerate** terms over a small language (`LANGUAGE`: three float32 square matrices x, y, z, the
-   literals 0 and 1, elementwise unary and binary ops, integer_pow 2, transpose and matmul) by size, in
+1. **Enumerate** terms over a small language (`VARS`, `LITERALS`, `UNARY`, `BINARY`: three float32 square
+   matrices x, y, z, the literals 0 and 1, elementwise ops, integer_pow 2, transpose and matmul) by size, in
    layers (`LAYERS`: every op to 4 nodes, two smaller sets of ops to 5), each new term built from the
    representatives of the classes found so far (Ruler's trick: a term equal to a smaller one is never
    grown further).
@@ -16,8 +16,9 @@
    (the fingerprint) is `reals`. Then the rule is **proven** with `check_rule` under that label (weaker
    labels in turn if the checker refutes it).
 4. **Keep a minimal set**: candidates are taken smallest first, and one that the rules already kept
-   derive is dropped. Derivation is equality saturation on a small e-graph of the enumerated terms
-   (`_EGraph`), run with strict rules alone for a strict candidate, with every kept rule for a `reals` one.
+   derive is dropped; at the end, so is each rule the others derive. Derivation (`derives`) is equality
+   saturation on a small e-graph (`_EGraph`) of the candidate's two sides, run with the strict rules alone
+   for a strict candidate and with every kept rule for a `reals` one.
 
 `rediscovered` measures the result against `rulesets/algebra.py`: each hand-written rule whose ops all lie
 in the language, instantiated in it, counts if the synthesized rules derive it.
@@ -41,7 +42,6 @@ UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "pow2", "transpose")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "matmul")
 VARS = ("x", "y", "z")
 LITERALS = (0.0, 1.0)
-LANGUAGE = {"unary": UNARY, "binary": BINARY, "vars": VARS, "literals": LITERALS}
 N = 3                                   # matrices are N x N
 LABELS = ("exact", "rounding", "reals")       # strongest first
 STRICT = ("exact", "rounding")

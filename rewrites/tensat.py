@@ -84,8 +84,8 @@ def parse(lines: list[str]) -> list[tuple]:
         for side in (lhs, rhs):
             _check(side)
         pairs.append((lhs, rhs))
-    bound = {v for lhs, _ in pairs for v in symbolic._leaves(lhs)}
-    free = sorted({v for _, rhs in pairs for v in symbolic._leaves(rhs)} - bound)
+    bound = {v for lhs, _ in pairs for v in symbolic.leaves(lhs)}
+    free = sorted({v for _, rhs in pairs for v in symbolic.leaves(rhs)} - bound)
     if free:
         raise Unsupported(f"the right side names {', '.join(free)}, which no left side binds")
     return pairs
@@ -213,11 +213,11 @@ class _Writer:
             self.conditions += [when("has_dtype", x, self._dtype()), when("has_dtype", y, self._dtype())]
             return self._activate(app("matmul", x, y, self._dtype()), symbolic.ACTIVATIONS[act])
         if head == "concat":
-            axis, _, (a, b) = symbolic._concat_args(rest)
+            axis, _, (a, b) = symbolic.concat_args(rest)
             return concat([self.term(a), self.term(b)], axis)
         if head in ("split_0", "split_1"):
             axis, whole = int(rest[0][1]), rest[0][2]
-            first = self.term(symbolic._concat_args(symbolic.concat_within(whole, axis)[1:])[2][0])
+            first = self.term(symbolic.concat_args(symbolic.concat_within(whole, axis)[1:])[2][0])
             x, ax = self.term(whole), Const(axis, INT)
             start = zeros_like(x) if head == "split_0" else set_at(zeros_like(x), ax, dim(first, ax))
             limit = set_at(shape_of(x), ax, dim(first, ax)) if head == "split_0" else shape_of(x)
@@ -251,13 +251,13 @@ class _Writer:
             self.same([a[1]], [b[0]])
             return [a[0], b[1]]
         if head == "concat":
-            axis, _, (x, y) = symbolic._concat_args(rest)
+            axis, _, (x, y) = symbolic.concat_args(rest)
             a, b = self.dims(x), self.dims(y)
             self.same([d for i, d in enumerate(a) if i != axis], [d for i, d in enumerate(b) if i != axis])
             return [tuple(sorted(d + b[axis])) if i == axis else d for i, d in enumerate(a)]
         axis, whole = int(rest[0][1]), rest[0][2]          # split_0, split_1
         joined = symbolic.concat_within(whole, axis)
-        operand = symbolic._concat_args(joined[1:])[2][0 if head == "split_0" else 1]
+        operand = symbolic.concat_args(joined[1:])[2][0 if head == "split_0" else 1]
         part = self.dims(operand)[int(joined[1])]
         return [part if i == axis else d for i, d in enumerate(self.dims(whole))]
 

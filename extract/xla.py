@@ -14,6 +14,9 @@ The fusions, as XLA's CPU pipeline forms them (a model, not its code):
 - a transpose read only by matmuls or convolutions costs nothing: the dot reads its operand either way; so
   does a transpose that alone reads a dot's result (XLA emits the dot with its operands swapped);
 - every other op (a matmul, a convolution, a scan, an opaque op) is a kernel of its own.
+Before it fuses, XLA's algebraic simplifier removes what it can prove away (`simplified`): a rewrite that
+only does what the simplifier does is no gain on a CPU (under jax.jit, `exp(log(exp(a)))` runs one
+exponential and `log(exp(a) * exp(b))` one add).
 Each loop is priced as one kernel of the cpu model (`cost.kernel_breakdown`): what it reads from outside
 and writes, its arithmetic, one launch. Constant sub-terms, hoisted when the program is built, are free.
 """
@@ -27,6 +30,71 @@ from superopt.extract.target import Target
 LOOP_OPS = ELEMENTWISE | {"broadcast", "reshape", "transpose", "slice", "concat", "pad", "iota", "lit"}
 DUPLICATED = frozenset({"broadcast", "reshape", "iota", "lit"})
 LEAVES = frozenset({"arg", "const"})
+# Ops whose result XLA's simplifier knows has no negative element (it drops an `abs` of them): observed in
+# the optimized HLO of jax.jit on CPU, as every rewrite of `simplified` (tests/test_xla_cost.py checks each).
+XLA_NONNEG = frozenset({"exp", "abs", "square"})
+INVERSES = {("log", "exp"), ("neg", "neg")}    # (outer, inner): outer(inner(x)) is x
+
+
+def simplified(graph: Graph, origin: dict[int, int] | None = None) -> Graph:
+    """`graph` as XLA's algebraic simplifier leaves it, as far as that changes what it costs: log(exp(x))
+    and -(-x) are x; a transpose of a transpose that undoes it, x * 1, x + 0 and max(x, x) are x; |y| is y
+    where y is an exponential, a square or an absolute value; sqrt(x^2) is |x|, and sqrt(y)^2 is y for such
+    a y; exp(a) * exp(b) is exp(a + b) and exp(a) / exp(b) is exp(a - b). `origin`, where given, is filled
+    with each node of the result's node of `graph` (the node it stands for)."""
+    out = Graph(consts=graph.consts, opaque=graph.opaque, n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
+    new: dict[int, int] = {}
+    back: dict[int, int] = {}
+
+    def add(i: int, op: str, inputs: tuple, attrs: tuple = ()) -> int:
+        node = graph.nodes[i]
+        k = out.add(Node(op, inputs, attrs, node.shape, node.dtype))
+        back[k] = i
+        return k
+
+    for i, node in enumerate(graph.nodes):
+        ins = tuple(new[j] for j in node.inputs)
+        same = _same(out, node, ins)
+        if same is not None:
+            new[i] = same
+        elif node.op in ("mul", "div") and all(out.nodes[j].op == "exp" and out.nodes[j].shape == node.shape
+                                               for j in ins):
+            a, b = (out.nodes[j].inputs[0] for j in ins)
+            new[i] = add(i, "exp", (add(i, "add" if node.op == "mul" else "sub", (a, b)),))
+        elif node.op == "sqrt" and out.nodes[ins[0]].op == "square":
+            new[i] = add(i, "abs", out.nodes[ins[0]].inputs)
+        else:
+            new[i] = add(i, node.op, ins, node.attrs)
+    out.outputs = [new[o] for o in graph.outputs]
+    if origin is not None:
+        origin.update(back)
+    return out
+
+
+def _same(out: Graph, node: Node, ins: tuple) -> int | None:
+    """The node of `out` that `node` (its inputs `ins`, already in `out`) simplifies to, or None."""
+    inner = [out.nodes[j] for j in ins]
+    if len(ins) == 1:
+        x = inner[0]
+        if (node.op, x.op) in INVERSES or (node.op == "abs" and x.op in XLA_NONNEG):
+            return x.inputs[0] if node.op != "abs" else ins[0]
+        if node.op == "transpose" and x.op == "transpose" and \
+                tuple(x.attrs[0][p] for p in node.attrs[0]) == tuple(range(len(node.shape))):
+            return x.inputs[0]
+        if node.op == "integer_pow" and node.attrs == (2,) and x.op == "sqrt" and \
+                out.nodes[x.inputs[0]].op in XLA_NONNEG:
+            return x.inputs[0]
+        return None
+    if node.op == "max" and len(set(ins)) == 1:
+        return ins[0]
+    neutral = {"mul": 1.0, "add": 0.0}.get(node.op)
+    if neutral is not None and len(ins) == 2:
+        for k, other in ((0, 1), (1, 0)):
+            lit = inner[k]
+            if lit.op == "lit" and lit.attrs[0] == neutral and inner[other].shape == node.shape \
+                    and inner[other].dtype == node.dtype:
+                return ins[other]
+    return None
 
 
 def fusions(graph: Graph) -> dict[int, list[int]]:
@@ -88,8 +156,10 @@ def _loop_body(graph: Graph, members: list[int], inside: set) -> tuple[tuple, li
 def xla_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
     """Seconds per call of `graph` run by XLA on the cpu `target`, and its share per live node of `graph`
     (a loop's price on its root; a kernel node of `graph` gets its body's loops)."""
-    origin: dict[int, int] = {}
-    flat = unfused(graph, origin)
+    unfolded: dict[int, int] = {}
+    back: dict[int, int] = {}
+    flat = simplified(unfused(graph, unfolded), back)
+    origin = {k: unfolded[i] for k, i in back.items()}     # a node of `flat` -> the node of `graph` it stands for
     loops = fusions(flat)
     rooted = {k for members in loops.values() for k in members}   # every node some loop computes
     share: dict[int, float] = {}

@@ -13,8 +13,9 @@ from hypothesis import given, settings, strategies as st
 
 from superopt import superopt
 from superopt.extract.target import load_target
-from superopt.lowering.npu.lower import NpuExecutable, timeline_names
+from superopt.lowering.npu.codegen import cube_cores
 from superopt.lowering.npu.isa import img2col
+from superopt.lowering.npu.lower import NpuExecutable, timeline_names
 
 NPUS = ["npu-910", "npu-910b"]
 FEW = settings(max_examples=4, deadline=None)
@@ -117,9 +118,9 @@ def test_a_gemm_runs_exactly_the_extractors_tiles(target):
 
 @pytest.mark.parametrize("target", NPUS)
 def test_a_gemm_chain_runs_exactly_the_extractors_tiles(target):
-    """Thesis G10 with a batch of one: the chain deals its m tiles to the cube cores, so the tiles that
+    """Thesis G10 with a batch of one: the chain deals its (m, l) tiles to the cube cores, so the tiles that
     move the least data (TM=512 here) would leave most cores idle. The extractor's model counts the busiest
-    core and picks smaller m tiles; the lowering runs exactly those, on as many cores as the model says."""
+    core and picks smaller tiles; the lowering runs exactly those, on as many cores as the model says."""
     rng = np.random.default_rng(10)
     args = (normal(rng, 1, 512, 64), normal(rng, 1, 64, 256, scale=0.125), normal(rng, 1, 256, 64, scale=1 / 16))
     fast = check(lambda a, b, d: (a @ b) @ d, args, target, ["GEMM chain"])
@@ -129,8 +130,9 @@ def test_a_gemm_chain_runs_exactly_the_extractors_tiles(target):
     (stage,) = [s for s in fast.npu.stages if "GEMM chain" in s.label]
     tiles = " ".join(f"T{x.upper()}={v}" for x, v in sorted(tiling.tiles, key=lambda kv: tiling.order.index(kv[0])))
     assert stage.label.endswith(f"order {''.join(tiling.order)} {tiles} (the extractor's tiles)"), stage.label
-    tm = dict(tiling.tiles)["m"]
-    assert tm < 512 and len(stage.program.cores) == tiling.estimate.cores == -(-512 // tm)
+    tm, tl = dict(tiling.tiles)["m"], dict(tiling.tiles)["l"]
+    cores = len(cube_cores(load_target(target)))
+    assert tm < 512 and len(stage.program.cores) == tiling.estimate.cores == min(cores, -(-512 // tm) * -(-256 // tl))
 
 
 def test_tiles_the_extractor_gave_that_cannot_be_placed_fall_back_to_the_models_next_and_say_so():
@@ -414,6 +416,7 @@ def test_timeline_stages_too_narrow_for_their_names_are_numbered_and_listed(tmp_
     a name is cut at a space (never inside a shape), and no bar's text is wider than its bar."""
     from matplotlib.font_manager import FontProperties
     from matplotlib.textpath import TextToPath
+
     from superopt.lowering.npu.emulator import write_gantt
     clock = load_target("npu-910b").npu.clock_hz
     stage, narrow, total = "cube matmul (1,128,768)x(768,768)", 10_000, 1_000_000

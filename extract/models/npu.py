@@ -18,7 +18,7 @@ made once: `gemm_tiles` and `chain_tiles` rank tilings by a `CubeEstimate` of th
 generator (`lowering/npu/codegen.py`) writes for them: the busiest core's queues (copies into L1 with
 their start-up latency at one core's share of the bandwidth, L1 -> L0 loads, the cube's fractal products
 and the drains of L0C), run in the order the generator's flags allow, with the output tiles (a chain's
-m tiles) dealt to `npu.cores` in turn, and only tiles whose L1, L0A/L0B and L0C use fits. The extractor
+(m, l) tiles) dealt to `npu.cores` in turn, and only tiles whose L1, L0A/L0B and L0C use fits. The extractor
 offers the best of them (`extract/tiling.py:npu_tilings`) and prices a kernel by its estimate; the
 lowering runs the tiles it is given.
 """
@@ -291,8 +291,8 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     """E = (A @ B) @ D (batch x M x N x K x L) on tiles {m, l, k, n}: per (m, l) tile the chip copies the A
     rows and B columns in K tiles, computes the C tile block by block into L1 (or, where K streams, one
     block accumulated over the K tiles as they arrive), then streams D tiles over n and adds each E tile
-    into GM. The batch entries' m tiles are dealt to the cube cores, each taking
-    every l tile of its m tile. Where one l tile covers L in a chain of one batch entry, every m tile
+    into GM. The batch entries' (m, l) tiles are dealt to the cube cores in turn (the l tiles of one m
+    tile to neighbouring cores, which add into the same E tile: GM's atomic add). Where one l tile covers L in a chain of one batch entry, every m tile
     multiplies the same B (and, with one n tile, the same D): each core copies them once and keeps them
     in L1 (`resident`). `items`: bytes per element of A, B, D and E in GM."""
     npu, ci = target.npu, _item(cube_dt)
@@ -305,7 +305,7 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     kstep = CUBE_K_PER_CYCLE.get(cube_dt, FRACTAL)
     bpc = target.mem_bandwidth / npu.cores / npu.clock_hz
     mtiles = batch * steps["m"]
-    per_core = _cdiv(mtiles, npu.cores) * steps["l"]
+    per_core = _cdiv(mtiles * steps["l"], npu.cores)      # (m, l) tiles dealt to the cores in turn
     rows, cols = m / steps["m"], l / steps["l"]
     lat, w1 = npu.dma_latency_cycles, npu.mte1_bytes_per_cycle
     stream = streams(t["m"], t["l"], t["k"], k)
@@ -359,7 +359,7 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
             start = max(mte2, cube)
             mte1 = start + e_lead + e_tile_mte1
             cube = max(mte1, start + e_lead + e_tile_cube)
-    used = min(npu.cores, mtiles)
+    used = min(npu.cores, mtiles * steps["l"])
     b_reads, d_reads = (used if keep_b else steps["m"]), (used if keep_d else steps["m"])
     moved = batch * (m * k * ia * steps["l"] + k * l * ib * b_reads + l * n * id_ * d_reads + m * n * ie * steps["l"])
     cycles = cube

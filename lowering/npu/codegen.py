@@ -445,7 +445,9 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     for it in itertools.product(range(batch), *(range(steps[x]) for x in outer)):
         bt, idx = it[0], dict(zip(outer, it[1:]))
         mi, li = idx["m"], idx["l"]
-        core = cores[(bt * steps["m"] + mi) % len(cores)]   # by m: no two cores add into one E tile
+        # (m, l) tiles dealt to the cores in turn: the l tiles of one E tile may be added into it by
+        # different cores (GM atomic add, in whatever order they finish: a sum's order, as in split-K)
+        core = cores[((bt * steps["m"] + mi) * steps["l"] + li) % len(cores)]
         instrs.append(ScalarOp(core, "scalar", cycles=8, note="chain tile step"))
         (streamed_c if stream else whole_c)(core, bt, mi, li)
         for ni in range(steps["n"]):   # E += C @ D over n tiles

@@ -292,9 +292,9 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     rows and B columns in K tiles, computes the C tile block by block into L1 (or, where K streams, one
     block accumulated over the K tiles as they arrive), then streams D tiles over n and adds each E tile
     into GM. The batch entries' (m, l) tiles are dealt to the cube cores in turn (the l tiles of one m
-    tile to neighbouring cores, which add into the same E tile: GM's atomic add). Where one l tile covers L in a chain of one batch entry, every m tile
-    multiplies the same B (and, with one n tile, the same D): each core copies them once and keeps them
-    in L1 (`resident`). `items`: bytes per element of A, B, D and E in GM."""
+    tile to neighbouring cores, which add into the same E tile: GM's atomic add). Where one l tile covers
+    L in a chain of one batch entry, every m tile multiplies the same B (and, with one n tile, the same
+    D): each core copies them once and keeps them in L1 (`resident`). `items`: bytes per element of A, B, D and E in GM."""
     npu, ci = target.npu, _item(cube_dt)
     ia, ib, id_, ie = items
     ext = {"m": m, "n": n, "k": k, "l": l}

@@ -46,6 +46,9 @@ from superopt.rewrites.sexpr import ParseError, _tokens, _tree
 
 KNOWN = {("ewadd", 2), ("ewmul", 2), ("smul", 2), ("relu", 1), ("tanh", 1), ("sigmoid", 1), ("transpose", 1),
          ("matmul", 2), ("matmul", 3), ("conv2d", 6), ("concat", 3), ("concat", 4), ("split_0", 1), ("split_1", 1)}
+# Tensat's other operators (its model language): read by neither published rule file, and not judged here.
+UNMODELLED = frozenset({"poolavg", "poolmax", "Iconv", "Cpool", "enlarge", "reshape", "merge", "noop", "input",
+                        "weight", "split", "batchnorm", "dropout", "unsqueeze", "pad"})
 
 
 class Unsupported(ValueError):
@@ -98,6 +101,8 @@ def _check(tree) -> None:
         return
     head, rest = tree[0], tree[1:]
     if (head, len(rest)) not in KNOWN:
+        if head in UNMODELLED:
+            raise Unsupported(f"operator {head} is Tensat's, but the verdicts do not model it")
         raise Unsupported(f"operator {head} with {len(rest)} arguments is not one of Tensat's")
     numeric = {"matmul": 1 if len(rest) == 3 else 0, "conv2d": 4, "concat": len(rest) - 2}.get(head, 0)
     for tok in rest[:numeric]:

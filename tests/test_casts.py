@@ -62,7 +62,7 @@ def test_the_inexact_round_trip_is_never_removed():
     # and the rule that would remove it is unsound: the checker finds a value that does not survive
     bad = rule("drop-f32-f16-f32", convert(convert(x, "float16"), "float32"), x, when("has_dtype", x, "float32"),
                doc="wrong")
-    assert check_rule(bad, examples=200).counterexample is not None
+    assert check_rule(bad, examples=200, shrink=False).counterexample is not None
     # end to end, the optimized program rounds exactly as the original does
     fn = superopt(lambda a: jnp.tanh(a.astype(f16).astype(f32)), target="cpu")
     a = np.array([1.0001, 70000.0, -3.14159265, 1e-8], np.float32)

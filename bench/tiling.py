@@ -12,7 +12,7 @@ gives the tiles, their on-chip footprint MU against the capacity, the data volum
   for "within 10%";
 - unfused: the two GEMMs as separate kernels, each at its best tiling, C written and read back.
 MC is the capacity in elements of the operands (bytes / 2 for float16); volumes are in elements.
-On npu-910 the extractor picks the tiles by the NPU model's cycles (the busiest cube core, the m tiles
+On npu-910 the extractor picks the tiles by the NPU model's cycles (the busiest cube core, the (m, l) tiles
 dealt to the cores), not by DV alone, so it moves more than the optimum where that keeps more cores busy.
 """
 from __future__ import annotations

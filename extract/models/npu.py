@@ -359,6 +359,11 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
             start = max(mte2, cube)
             mte1 = start + e_lead + e_tile_mte1
             cube = max(mte1, start + e_lead + e_tile_cube)
+    if steps["l"] > 1:
+        # The l parts of one E tile run on neighbouring cores at about the same time, and atomic adds into
+        # one GM window take turns (as the emulator runs them): the last part waits for the others'.
+        drain = eblocks * max(_cdiv(bm * bn * 4, npu.fixpipe_bytes_per_cycle), lat + e_out / bpc)
+        cube += (min(steps["l"], npu.cores) - 1) * drain
     used = min(npu.cores, mtiles * steps["l"])
     b_reads, d_reads = (used if keep_b else steps["m"]), (used if keep_d else steps["m"])
     moved = batch * (m * k * ia * steps["l"] + k * l * ib * b_reads + l * n * id_ * d_reads + m * n * ie * steps["l"])

@@ -40,8 +40,9 @@ def simplified(graph: Graph, origin: dict[int, int] | None = None) -> Graph:
     """`graph` as XLA's algebraic simplifier leaves it, as far as that changes what it costs: log(exp(x))
     and -(-x) are x; a transpose of a transpose that undoes it, x * 1, x + 0 and max(x, x) are x; |y| is y
     where y is an exponential, a square or an absolute value; sqrt(x^2) is |x|, and sqrt(y)^2 is y for such
-    a y; exp(a) * exp(b) is exp(a + b) and exp(a) / exp(b) is exp(a - b). `origin`, where given, is filled
-    with each node of the result's node of `graph` (the node it stands for)."""
+    a y; exp(a) * exp(b) is exp(a + b) and exp(a) / exp(b) is exp(a - b); a reshape of a reshape is one
+    reshape (none where it keeps the shape), and a concat of a tensor's slices in order is the tensor. `origin`,
+    where given, is filled with each node of the result's node of `graph` (the node it stands for)."""
     out = Graph(consts=graph.consts, opaque=graph.opaque, n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
     new: dict[int, int] = {}
     back: dict[int, int] = {}
@@ -63,6 +64,9 @@ def simplified(graph: Graph, origin: dict[int, int] | None = None) -> Graph:
             new[i] = add(i, "exp", (add(i, "add" if node.op == "mul" else "sub", (a, b)),))
         elif node.op == "sqrt" and out.nodes[ins[0]].op == "square":
             new[i] = add(i, "abs", out.nodes[ins[0]].inputs)
+        elif node.op == "reshape" and out.nodes[ins[0]].op == "reshape":
+            inner = out.nodes[ins[0]].inputs[0]
+            new[i] = inner if out.nodes[inner].shape == node.shape else add(i, "reshape", (inner,), node.attrs)
         else:
             new[i] = add(i, node.op, ins, node.attrs)
     out.outputs = [new[o] for o in graph.outputs]
@@ -71,11 +75,34 @@ def simplified(graph: Graph, origin: dict[int, int] | None = None) -> Graph:
     return out
 
 
+def _whole(out: Graph, node: Node, ins: tuple) -> int | None:
+    """The tensor a concat puts back together from its slices, in order, along the concat's axis (a
+    stack of every row of a matrix, once reshapes are folded), or None."""
+    (axis,) = node.attrs
+    parts = [out.nodes[j] for j in ins]
+    if not all(p.op == "slice" for p in parts) or len({p.inputs[0] for p in parts}) != 1:
+        return None
+    source = parts[0].inputs[0]
+    if out.nodes[source].shape != node.shape:
+        return None
+    at = 0
+    for p in parts:
+        starts, limits, strides = p.attrs
+        whole_elsewhere = all(starts[a] == 0 and limits[a] == node.shape[a]
+                              for a in range(len(node.shape)) if a != axis)
+        if set(strides) != {1} or not whole_elsewhere or starts[axis] != at:
+            return None
+        at = limits[axis]
+    return source if at == node.shape[axis] else None
+
+
 def _same(out: Graph, node: Node, ins: tuple) -> int | None:
     """The node of `out` that `node` (its inputs `ins`, already in `out`) simplifies to, or None."""
     inner = [out.nodes[j] for j in ins]
     if len(ins) == 1:
         x = inner[0]
+        if node.op == "reshape" and x.shape == node.shape:
+            return ins[0]
         if (node.op, x.op) in INVERSES or (node.op == "abs" and x.op in XLA_NONNEG):
             return x.inputs[0] if node.op != "abs" else ins[0]
         if node.op == "transpose" and x.op == "transpose" and \
@@ -87,6 +114,8 @@ def _same(out: Graph, node: Node, ins: tuple) -> int | None:
         return None
     if node.op == "max" and len(set(ins)) == 1:
         return ins[0]
+    if node.op == "concat":
+        return _whole(out, node, ins)
     neutral = {"mul": 1.0, "add": 0.0}.get(node.op)
     if neutral is not None and len(ins) == 2:
         for k, other in ((0, 1), (1, 0)):

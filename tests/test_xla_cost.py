@@ -95,6 +95,8 @@ SIMPLIFIED = [
     ("-(-a) * b", lambda a, b: -(-a) * b, lambda a, b: a * b),
     ("a.T.T * 1 + 0 + b", lambda a, b: a.T.T * 1.0 + 0.0 + b, lambda a, b: a + b),
     ("max(a, a) * b", lambda a, b: jnp.maximum(a, a) * b, lambda a, b: a * b),
+    ("stack of every row * b", lambda a, b: jnp.stack([a[i] for i in range(200)]) * b, lambda a, b: a * b),
+    ("halves concatenated * b", lambda a, b: jnp.concatenate([a[:80], a[80:]]) * b, lambda a, b: a * b),
 ]
 A200 = jnp.ones((200, 200), jnp.float32)
 

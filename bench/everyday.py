@@ -70,7 +70,7 @@ def kernels():
     ]
 
 
-def measure(samples: int = 7) -> list[dict]:
+def measure(samples: int = 21) -> list[dict]:
     """Per kernel: jax.jit, superopt under the default numerics="strict" and under numerics="fast", the
     three callables alternating sample by sample."""
     import jax
@@ -152,7 +152,7 @@ def _short(text: str, width: int = 80) -> str:
 def main(argv=None) -> int:
     from bench.scale import replace_section
     ap = argparse.ArgumentParser(prog="python -m bench.everyday", description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=7)
+    ap.add_argument("--samples", type=int, default=21)
     ap.add_argument("--output", default="BENCHMARKS.md")
     ns = ap.parse_args(argv)
     lines = render(measure(ns.samples), ns.samples)

@@ -215,7 +215,7 @@ def gemm_estimate(batch: int, m: int, n: int, k: int, tiles: dict, items: tuple,
     tiles_out = batch * steps["m"] * steps["n"]
     per_core = _cdiv(tiles_out, npu.cores)
     # one output tile (the average one: edge tiles are smaller)
-    rows, cols = m / steps["m"], n / steps["n"]
+    rows, cols = t["m"], t["n"]      # the busiest core runs a whole tile (an edge tile is smaller)
     moved_tile = rows * k * ia + k * cols * ib
     dma = 2 * steps["k"] * npu.dma_latency_cycles + moved_tile / bpc
     blocks = _cdiv(tm, bm) * _cdiv(tn, bn)
@@ -306,7 +306,7 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     bpc = target.mem_bandwidth / npu.cores / npu.clock_hz
     mtiles = batch * steps["m"]
     per_core = _cdiv(mtiles * steps["l"], npu.cores)      # (m, l) tiles dealt to the cores in turn
-    rows, cols = m / steps["m"], l / steps["l"]
+    rows, cols = t["m"], t["l"]      # the busiest core runs a whole tile (an edge tile is smaller)
     lat, w1 = npu.dma_latency_cycles, npu.mte1_bytes_per_cycle
     stream = streams(t["m"], t["l"], t["k"], k)
     keep_b, keep_d = resident(batch, steps, stream)

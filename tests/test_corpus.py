@@ -74,9 +74,12 @@ def test_corpus_is_large_and_varied():
 
 def test_some_corpus_programs_are_rewritten():
     """The corpus exercises the rules: extracted with the algebra rules, most programs come out different
-    from how they went in, and superopt returns a changed program for some of them on cpu (where most run
-    as XLA fuses them by themselves: extract/xla.py)."""
+    from how they went in. On cpu, where most run as XLA fuses and simplifies them by itself
+    (extract/xla.py), superopt returns a changed program only where that gains: the fp16 softmax, one kernel
+    with the matmul before it, not the identities of transpose_identity_noise (x.T.T * 1 + 0, cancelling transposes), which XLA's
+    simplifier removes from the original too (tests/test_xla_cost.py)."""
     rewritten = [p.name for p in CORPUS if pretty(_programs(p)[4]) != pretty(capture(p.fn, make_args(p, 0)).graph)]
     assert len(rewritten) >= len(CORPUS) // 2, rewritten
+    assert "transpose_identity_noise" in rewritten
     changed = [p.name for p in CORPUS if _programs(p)[0].report.optimized]
-    assert len(changed) >= 2, changed
+    assert "fp16_upcast_softmax" in changed and "transpose_identity_noise" not in changed, changed

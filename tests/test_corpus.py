@@ -75,9 +75,9 @@ def test_corpus_is_large_and_varied():
 def test_some_corpus_programs_are_rewritten():
     """The corpus exercises the rules: extracted with the algebra rules, most programs come out different
     from how they went in. On cpu, where most run as XLA fuses and simplifies them by itself
-    (extract/xla.py), superopt returns a changed program only where that gains: the fp16 softmax, one kernel
-    with the matmul before it, not the identities of transpose_identity_noise (x.T.T * 1 + 0, cancelling transposes), which XLA's
-    simplifier removes from the original too (tests/test_xla_cost.py)."""
+    (extract/xla.py), superopt returns a changed program only where that gains: the fp16 softmax, one
+    kernel with the matmul before it; not the identities of transpose_identity_noise (x.T.T * 1 + 0,
+    cancelling transposes), which XLA's simplifier removes from the original too (tests/test_xla_cost.py)."""
     rewritten = [p.name for p in CORPUS if pretty(_programs(p)[4]) != pretty(capture(p.fn, make_args(p, 0)).graph)]
     assert len(rewritten) >= len(CORPUS) // 2, rewritten
     assert "transpose_identity_noise" in rewritten

@@ -103,8 +103,10 @@ def _same(out: Graph, node: Node, ins: tuple) -> int | None:
         x = inner[0]
         if node.op == "reshape" and x.shape == node.shape:
             return ins[0]
-        if (node.op, x.op) in INVERSES or (node.op == "abs" and x.op in XLA_NONNEG):
-            return x.inputs[0] if node.op != "abs" else ins[0]
+        if (node.op, x.op) in INVERSES:
+            return x.inputs[0]
+        if node.op == "abs" and x.op in XLA_NONNEG:
+            return ins[0]
         if node.op == "transpose" and x.op == "transpose" and \
                 tuple(x.attrs[0][p] for p in node.attrs[0]) == tuple(range(len(node.shape))):
             return x.inputs[0]

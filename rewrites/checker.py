@@ -784,19 +784,27 @@ def _one_case(rule, draw) -> tuple[dict, str | None]:
                 # rewritten one is as close to the float64 value as the original (either way round, for a
                 # two-way rule).
                 truth = _precise(lhs, env)
-                if truth is not None and _as_accurate(left, right, truth, lhs, env) and \
-                        not (rule.two_way and not _as_accurate(right, left, truth, lhs, env)):
+                if truth is not None and _accurate(left, right, truth, lhs, env, rule.two_way):
                     problem = None
         if problem:
             return shown | {"lhs": left, "rhs": right}, problem
     return shown, None
 
 
-def _as_accurate(original, rewritten, truth, lhs, env: dict) -> bool:
-    """Whether `rewritten` is about as close to the float64 value as `original` (`verify.as_accurate`),
-    allowing the rounding error of cancelling terms (`_wobble`, computed only where it is needed)."""
-    return as_accurate(original, rewritten, truth) is None or \
-        as_accurate(original, rewritten, truth, slack=_wobble(lhs, env, truth)) is None
+def _accurate(left, right, truth, lhs, env: dict, two_way: bool) -> bool:
+    """Whether the rewritten side is about as close to the float64 value as the original
+    (`verify.as_accurate`; either way round for a two-way rule), allowing the rounding error of cancelling
+    terms (`_wobble`: computed once, and only where the sides need it)."""
+    slack: list = []
+
+    def close(original, rewritten) -> bool:
+        if as_accurate(original, rewritten, truth) is None:
+            return True
+        if not slack:
+            slack.append(_wobble(lhs, env, truth))
+        return as_accurate(original, rewritten, truth, slack=slack[0]) is None
+
+    return close(left, right) and (not two_way or close(right, left))
 
 
 def _inexact(left: np.ndarray, right: np.ndarray) -> str | None:

@@ -214,8 +214,7 @@ def gemm_estimate(batch: int, m: int, n: int, k: int, tiles: dict, items: tuple,
     bpc = target.mem_bandwidth / npu.cores / npu.clock_hz
     tiles_out = batch * steps["m"] * steps["n"]
     per_core = _cdiv(tiles_out, npu.cores)
-    # one output tile (the average one: edge tiles are smaller)
-    rows, cols = t["m"], t["n"]      # the busiest core runs a whole tile (an edge tile is smaller)
+    rows, cols = t["m"], t["n"]      # one output tile: the busiest core runs a whole one (edge tiles are smaller)
     moved_tile = rows * k * ia + k * cols * ib
     dma = 2 * steps["k"] * npu.dma_latency_cycles + moved_tile / bpc
     blocks = _cdiv(tm, bm) * _cdiv(tn, bn)
@@ -294,7 +293,8 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     into GM. The batch entries' (m, l) tiles are dealt to the cube cores in turn (the l tiles of one m
     tile to neighbouring cores, which add into the same E tile: GM's atomic add). Where one l tile covers
     L in a chain of one batch entry, every m tile multiplies the same B (and, with one n tile, the same
-    D): each core copies them once and keeps them in L1 (`resident`). `items`: bytes per element of A, B, D and E in GM."""
+    D): each core copies them once and keeps them in L1 (`resident`). `items`: bytes per element of A, B,
+    D and E in GM."""
     npu, ci = target.npu, _item(cube_dt)
     ia, ib, id_, ie = items
     ext = {"m": m, "n": n, "k": k, "l": l}

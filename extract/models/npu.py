@@ -306,12 +306,9 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     bpc = target.mem_bandwidth / npu.cores / npu.clock_hz
     mtiles = batch * steps["m"]
     per_core = _cdiv(mtiles * steps["l"], npu.cores)      # (m, l) tiles dealt to the cores in turn
-    rows, cols = t["m"], t["l"]      # the busiest core runs a whole tile (an edge tile is smaller)
     lat, w1 = npu.dma_latency_cycles, npu.mte1_bytes_per_cycle
     stream = streams(t["m"], t["l"], t["k"], k)
     keep_b, keep_d = resident(batch, steps, stream)
-    copy_a, copy_b = steps["k"] * lat + rows * k * ia / bpc, steps["k"] * lat + k * cols * ib / bpc
-    copy_d = steps["n"] * lat + cols * n * id_ / bpc
     # C = A @ B: one L0C block at a time over the whole K, drained into L1
     cblocks = _cdiv(tm, blk) * _cdiv(tl, blk)
     bm, bl = min(tm, blk), min(tl, blk)
@@ -324,53 +321,85 @@ def chain_estimate(batch: int, m: int, n: int, k: int, l: int, tiles: dict, item
     bn = min(tn, blk)
     edepth = _cdiv(tl, dblk)
     e_mte1 = eblocks * edepth * (_cdiv(bm * min(dblk, tl) * ci, w1) + _cdiv(min(dblk, tl) * bn * ci, w1))
-    e_out = min(bm, rows) * min(bn, n / steps["n"]) * ie
-    e_cube = eblocks * (edepth * (bm // FRACTAL) * (bn // FRACTAL) * _cdiv(min(dblk, tl), kstep)
-                        + max(_cdiv(bm * bn * 4, npu.fixpipe_bytes_per_cycle), lat + e_out / bpc))
-    # The busiest core's tiles in turn, phase by phase, as the generator's flags order them: a queue
-    # that waits for another waits for everything that queue was given before (`codegen.insert_flags`).
-    # A, B and C have one L1 slot each, so a tile's A and B copies wait for the previous tile's loads,
-    # and each D copy but the second of a tile waits for the loads before it (its slot's last reader).
+    e_mmad = eblocks * edepth * (bm // FRACTAL) * (bn // FRACTAL) * _cdiv(min(dblk, tl), kstep)
+
+    def drains(rows: int) -> float:
+        """Adding a tile's E blocks (of `rows` rows) into GM, over all n tiles."""
+        e_out = min(bm, rows) * min(bn, n / steps["n"]) * ie
+        return eblocks * max(_cdiv(bm * bn * 4, npu.fixpipe_bytes_per_cycle), lat + e_out / bpc)
+
+    # A core's tiles in turn, phase by phase, as the generator's flags order them: a queue that waits
+    # for another waits for everything that queue was given before (`codegen.insert_flags`). A, B and C
+    # have one L1 slot each, so a tile's A and B copies wait for the previous tile's loads, and each D
+    # copy but the second of a tile waits for the loads before it (its slot's last reader). The cube
+    # runs every tile's whole fractals; the copies and the adds into GM are an edge tile's own size.
     c_lead = _cdiv((bm + bl) * min(dblk, kk) * ci, w1)
-    e_tile_mte1, e_tile_cube = e_mte1 / steps["n"], e_cube / steps["n"]
+    e_tile_mte1, e_tile_mmad = e_mte1 / steps["n"], e_mmad / steps["n"]
     e_lead = _cdiv((bm + bn) * min(dblk, tl) * ci, w1)
-    d_one = copy_d / steps["n"]
-    mte2 = mte1 = cube = 0.0
-    copy_k = 2 * lat + (rows * ia + cols * ib) * t["k"] / bpc    # one K tile of A and of B
-    k_mte1, k_cube = c_mte1 / steps["k"], (c_cube - c_fix) / steps["k"]
-    copied = 0
-    for i in range(per_core):
-        if stream:    # the K tiles alternate between two L1 slots: a copy waits for the loads two back
-            for _ in range(steps["k"]):
-                mte2 = (max(mte2, mte1) if copied >= 2 else mte2) + copy_k
+    # where K streams, each K tile's depth (the last may be short) and its L0 loads and products
+    ksteps = [(d, c_mte1 / cdepth * _cdiv(_up(d), dblk), (c_cube - c_fix) / cdepth * _cdiv(_up(d), dblk))
+              for d in (min(t["k"], k - i * t["k"]) for i in range(steps["k"]))]
+
+    def core_cycles(sequence: tuple) -> float:
+        mte2 = mte1 = cube = 0.0
+        copied, covered = 0, -1     # where K streams: K tiles copied so far, the last a flag waited for
+        for i, (rows, cols) in enumerate(sequence):
+            d_one = lat + cols * (n / steps["n"]) * id_ / bpc
+            e_tile_cube = e_tile_mmad + drains(rows) / steps["n"]
+            if stream:
+                # The K tiles alternate between two L1 slots: a copy waits for the loads two back, and the
+                # flag that makes it wait fires after every load issued before it, the previous tile's too;
+                # that flag then also covers the next copy, which runs without waiting.
+                for depth, k_mte1, k_cube in ksteps:
+                    if copied - 2 > covered:
+                        mte2, covered = max(mte2, mte1), copied - 1
+                    mte2 += 2 * lat + (rows * ia + cols * ib) * depth / bpc    # one K tile of A and of B
+                    start = max(mte2, cube)
+                    mte1 = start + k_mte1
+                    cube = max(mte1, start + c_lead + k_cube)
+                    copied += 1
+                cube += c_fix
+            else:
+                copy_a = steps["k"] * lat + rows * k * ia / bpc
+                copy_b = steps["k"] * lat + k * cols * ib / bpc if i == 0 or not keep_b else 0.0
+                mte2 = max(mte2, mte1) + copy_a + copy_b
                 start = max(mte2, cube)
-                mte1 = start + k_mte1
-                cube = max(mte1, start + c_lead + k_cube)
-                copied += 1
-            cube += c_fix
-        else:
-            mte2 = max(mte2, mte1) + copy_a + (copy_b if i == 0 or not keep_b else 0.0)
-            start = max(mte2, cube)
-            mte1 = start + c_mte1
-            cube = max(mte1, start + c_lead + c_cube)
-        for j in range(steps["n"]):
-            if i == 0 or not keep_d:
-                mte2 = (mte2 if j == 1 or (i == 0 and j < 2) else max(mte2, mte1)) + d_one
-            start = max(mte2, cube)
-            mte1 = start + e_lead + e_tile_mte1
-            cube = max(mte1, start + e_lead + e_tile_cube)
+                mte1 = start + c_mte1
+                cube = max(mte1, start + c_lead + c_cube)
+            for j in range(steps["n"]):
+                if i == 0 or not keep_d:
+                    mte2 = (mte2 if j == 1 or (i == 0 and j < 2) else max(mte2, mte1)) + d_one
+                start = max(mte2, cube)
+                mte1 = start + e_lead + e_tile_mte1
+                cube = max(mte1, start + e_lead + e_tile_cube)
+        return cube
+
+    edge = (m - (steps["m"] - 1) * t["m"], l - (steps["l"] - 1) * t["l"])
+    cube = max(core_cycles(tuple((edge[0] if m_edge else t["m"], edge[1] if l_edge else t["l"])
+                                 for m_edge, l_edge in sequence))
+               for sequence in _dealt(batch, steps["m"], steps["l"], npu.cores))
     if steps["l"] > 1:
         # The l parts of one E tile run on neighbouring cores at about the same time, and atomic adds into
         # one GM window take turns (as the emulator runs them): the last part waits for the others'.
-        drain = eblocks * max(_cdiv(bm * bn * 4, npu.fixpipe_bytes_per_cycle), lat + e_out / bpc)
-        cube += (min(steps["l"], npu.cores) - 1) * drain
+        cube += (min(steps["l"], npu.cores) - 1) * drains(t["m"])
     used = min(npu.cores, mtiles * steps["l"])
     b_reads, d_reads = (used if keep_b else steps["m"]), (used if keep_d else steps["m"])
     moved = batch * (m * k * ia * steps["l"] + k * l * ib * b_reads + l * n * id_ * d_reads + m * n * ie * steps["l"])
-    cycles = cube
+    copy_a, copy_b = steps["k"] * lat + t["m"] * k * ia / bpc, steps["k"] * lat + k * t["l"] * ib / bpc
+    copy_d = steps["n"] * lat + t["l"] * n * id_ / bpc
     copies = per_core * copy_a + (copy_b if keep_b else per_core * copy_b) + (copy_d if keep_d else per_core * copy_d)
+    e_cube = e_mmad + drains(t["m"])
     return CubeEstimate(moved, int(per_core * (c_cube + e_cube)), int(copies), int(per_core * (c_mte1 + e_mte1)),
-                        used, int(cycles))
+                        used, int(cube))
+
+
+@lru_cache(maxsize=1024)
+def _dealt(batch: int, steps_m: int, steps_l: int, cores: int) -> frozenset:
+    """The distinct sequences of tiles the cube cores run when a chain's (batch, m, l) tiles are dealt to
+    them in turn (`codegen.chain_program`), each tile as (on the m edge, on the l edge)."""
+    count = batch * steps_m * steps_l
+    return frozenset(tuple(((i // steps_l) % steps_m == steps_m - 1, i % steps_l == steps_l - 1)
+                           for i in range(core, count, cores)) for core in range(min(cores, count)))
 
 
 def resident(batch: int, steps: dict, stream: bool) -> tuple[bool, bool]:

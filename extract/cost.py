@@ -193,7 +193,7 @@ def tiling_options(body: tuple, ins: list[Type], out: Type, target: Target) -> t
         return (), str(exc)
     if nest is None or not target.tile_bytes:
         return (), ""
-    if nest.patches and target.npu is None:
+    if (nest.patches or nest.kind == "halo") and target.npu is None:
         return (), (f"a convolution chain runs as one kernel on an NPU target only; {target.name} runs its "
                     "convolutions apart (no Pallas template for convolutions)")
     if target.npu is not None:      # the NPU model's own choice: cycles of the busiest core (models/npu.py)

@@ -59,6 +59,9 @@ class Nest:
                                   # only), so the NPU can keep it on chip (else its GEMMs run apart there)
     patches: bool = False         # chain of two convolutions (the second pointwise): A is the first's patch
                                   # matrix, which img2col writes and the input is read once per tile of it
+    # kind "halo", a pointwise convolution then a KH x KW one of stride 1: ((H, W, C, L, Wo), (KH, KW),
+    # ((top, bottom), (left, right)) of the second's padding); its loops are h (output rows) and n
+    halo: tuple = ()
 
     def ops(self):
         ext = dict(self.extents)
@@ -164,9 +167,13 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         if _strip(body, second.inputs[0], ("convert",)) != mats[0]:
             raise Untileable("a convolution reads a convolution's result through other ops: they run apart")
         x, w1, w2 = body[first.inputs[0]], body[first.inputs[1]], body[second.inputs[1]]
-        if not (plain_conv(first, x.shape) and plain_conv(second, first.shape) and pointwise(second, w2.shape)):
+        plain = plain_conv(first, x.shape) and plain_conv(second, first.shape)
+        if plain and pointwise(first, w1.shape) and not pointwise(second, w2.shape) \
+                and set(dict(second.attrs[0])["window_strides"]) == {1}:
+            return _halo_nest(body, ins, out, first, second)
+        if not (plain and pointwise(second, w2.shape)):
             raise Untileable("a convolution chain fuses where both are NHWC x HWIO without dilation or groups and "
-                             "the second is 1x1 with stride 1")
+                             "the second is 1x1 with stride 1, or the first is 1x1 and the second has stride 1")
         m, k = math.prod(first.shape[:-1]), math.prod(w1.shape[:-1])
         kind, batch, ext = "chain", 1, {"m": m, "n": second.shape[-1], "k": k, "l": first.shape[-1]}
         weights = {"A": _itemsize(x) * math.prod(x.shape) / (m * k), "B": _itemsize(w1), "C": _itemsize(first),
@@ -215,6 +222,24 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
             whole.add("l" if kind == "chain" else "n")
     return Nest(kind, tuple(sorted(ext.items())), batch, tuple(sorted(weights.items())), float(extra),
                 frozenset(whole), online, tuple(sorted(dtypes.items())), direct, first.op == "conv" and kind == "chain")
+
+
+def _halo_nest(body: tuple, ins: tuple, out: tuple, first: Node, second: Node) -> Nest:
+    """The nest of a pointwise convolution then a KH x KW one of stride 1 (kind "halo": per band of
+    output rows, the first's result over the band and its halo stays on chip)."""
+    x, w1, w2 = body[first.inputs[0]], body[first.inputs[1]], body[second.inputs[1]]
+    batch, h, w, c = x.shape
+    l, (kh, kw, _, n) = w1.shape[-1], w2.shape
+    pads = tuple(tuple(p) for p in dict(second.attrs[0])["padding"])
+    ho, wo = second.shape[1:3]
+    weights = {"A": _itemsize(x), "B": _itemsize(w1), "C": _itemsize(first), "D": _itemsize(w2),
+               "E": _bytes(*out) / (batch * ho * wo * n)}
+    operands = (first.inputs[0], first.inputs[1], second.inputs[1])
+    tiled = {body[i].attrs[0] for start in operands for i in cone(body, start) if body[i].op == "arg"}
+    extra = sum(_bytes(*t) for k_, t in enumerate(ins) if k_ not in tiled and t[0])
+    dtypes = {"A": x.dtype, "B": w1.dtype, "C": first.dtype, "D": w2.dtype, "E": second.dtype}
+    return Nest("halo", (("h", ho), ("n", n)), batch, tuple(sorted(weights.items())), float(extra), frozenset(),
+                "", tuple(sorted(dtypes.items())), True, False, ((h, w, c, l, wo), (kh, kw), pads))
 
 
 def plain_conv(node: Node, lhs_shape: tuple) -> bool:
@@ -352,6 +377,8 @@ def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
         return npu_model.gemm_tiles(nest.batch, m, n, k, items, cube_dt, target, keep=KEEP)
 
     out = []
+    if nest.kind == "halo":
+        return _npu_halo_tilings(nest, target)
     if nest.kind in ("gemm", "conv"):
         m, n, k = ext["m"], ext["n"], ext["k"]
         # a convolution's left operand is the patch matrix img2col writes, in the cube's type
@@ -381,4 +408,39 @@ def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
                      npu_model.gemm_buffers(t2["m"], t2["n"], t2["k"], l, cube2, target)["l1_bytes"])
             out.insert(0, Tiling(tuple(o1), parts[0][1], False, est.bytes_moved + nest.extra_bytes,
                                  int(l1), 0.0, parts, est))
+    return tuple(out[:KEEP])
+
+
+def _npu_halo_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
+    """A pointwise convolution then a KH x KW one: bands of output rows with the intermediate on chip
+    (`models/npu.py:halo_tiles`, on a chip that converts ND matrices on copy), or the two convolutions
+    apart (the second through img2col's patch matrix) where the model finds that faster."""
+    ext, dt = dict(nest.extents), dict(nest.dtypes)
+    item = npu_model._item
+    image, kernel, pads = nest.halo
+    h, w, c, l, wo = image
+    ho, n = ext["h"], ext["n"]
+    cube = npu_model.cube_type(dt["A"], target, dt["B"])
+    chain_cube = "float16" if cube == "int8" else cube
+    out = []
+    if target.npu.nd_on_copy:
+        items = tuple(item(dt[x]) for x in "ABDE")
+        for est, order, tiles in npu_model.halo_tiles(nest.batch, image, kernel, pads, n, items, chain_cube, target,
+                                                      keep=KEEP):
+            l1 = npu_model.halo_buffers(tiles["h"], tiles["n"], image, kernel, chain_cube, target)["l1_bytes"]
+            out.append(Tiling(tuple(order), tuple((x, tiles[x]) for x in order), False,
+                              est.bytes_moved + nest.extra_bytes, int(l1), 0.0, (), est))
+    m1, m2, k2 = nest.batch * h * w, nest.batch * ho * wo, kernel[0] * kernel[1] * l
+    cube2 = npu_model.cube_type(dt["C"], target, dt["D"])
+    first = npu_model.gemm_tiles(1, m1, l, c, (item(dt["A"]), item(dt["B"]), item(dt["C"])), cube, target, keep=1)
+    second = npu_model.gemm_tiles(1, m2, n, k2, (item(cube2), item(dt["D"]), item(dt["E"])), cube2, target, keep=1)
+    if first and second:
+        (e1, o1, t1), (e2, o2, t2) = first[0], second[0]
+        est = npu_model.apart(e1, e2, m1 * l * item(dt["C"]), target)
+        if not out or est.cycles < out[0].estimate.cycles:
+            parts = ((tuple(o1), tuple((x, t1[x]) for x in "mnk")), (tuple(o2), tuple((x, t2[x]) for x in "mnk")))
+            l1 = max(npu_model.gemm_buffers(t1["m"], t1["n"], t1["k"], c, cube, target)["l1_bytes"],
+                     npu_model.gemm_buffers(t2["m"], t2["n"], t2["k"], k2, cube2, target)["l1_bytes"])
+            out.insert(0, Tiling(tuple(o1), parts[0][1], False, est.bytes_moved + nest.extra_bytes, int(l1), 0.0,
+                                 parts, est))
     return tuple(out[:KEEP])

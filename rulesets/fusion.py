@@ -69,7 +69,8 @@ FUSION = RuleSet("fusion", {
                  "there makes a GEMM chain, and a softmax between the two makes attention"),
         rule("chain-conv", sconv(_conv, y, n), sconvchain(_load(_conv, _conv), y, n),
              doc="a convolution of a convolution's result may take its input from the kernel's body: inlining "
-                 "the producing convolution there makes a convolution chain (3x3 then 1x1, 1x1 then 1x1)"),
+                 "the producing convolution there makes a convolution chain (3x3 then 1x1, 1x1 then 1x1, 1x1 then "
+                 "3x3 by bands with their halo)"),
     ],
     "inline": [
         rule("inline-load", sarg(kernel(b), s), b, when("shape_is", kernel(b), s),

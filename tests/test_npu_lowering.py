@@ -4,6 +4,7 @@ the cube multiplies fp16 operands), clear errors, the report and the timeline.""
 from __future__ import annotations
 
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -464,3 +465,35 @@ def test_a_convolution_chain_runs_as_one_cube_stage_with_its_intermediate_on_chi
     assert chained.cycles < apart.cycles
     cube = next(r for label, r in chained.results if "cube" in label)
     assert "L0C->L1" in cube.bytes_by_path       # the first's result went from the cube to L1, never to GM
+
+
+@pytest.mark.parametrize("shape, kernel, padding", [((1, 28, 28, 32), (3, 3), "SAME"),
+                                                    ((2, 11, 9, 16), (3, 3), "SAME"),
+                                                    ((1, 13, 10, 16), (5, 3), ((2, 1), (0, 2)))])
+def test_a_pointwise_then_wider_convolution_keeps_each_bands_halo_on_chip(shape, kernel, padding):
+    """A 1x1 convolution followed by a KH x KW one (stride 1): one cube stage that computes the first's
+    result over each band of output rows and its halo into L1 and the second from there, never through
+    GM, matching JAX on the emulator (ragged bands, a batch, uneven padding), in fewer cycles than the
+    two convolutions lowered apart (the second through img2col's patch matrix in GM)."""
+    rng = np.random.default_rng(sum(shape) + kernel[0])
+    c = shape[-1]
+    x = normal(rng, *shape)
+    w1 = normal(rng, 1, 1, c, 48, scale=c ** -0.5)
+    w2 = normal(rng, *kernel, 48, 24, scale=(kernel[0] * kernel[1] * 48) ** -0.5)
+
+    def conv(a, w, pad):
+        return jax.lax.conv_general_dilated(a, w, (1, 1), pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    fast = check(lambda x, w1, w2: conv(conv(x, w1, "VALID"), w2, padding), (x, w1, w2), "npu-910b",
+                 [f"cube convolution chain 1x1 then {kernel[0]}x{kernel[1]}"])
+    labels = [s.label for s in fast.npu.stages]
+    assert len(labels) == 1 and "img2col" not in labels[0], labels
+    original = fast.compile(x, w1, w2).original
+    apart = NpuExecutable(original, load_target("npu-910b"), precision=fast.npu.precision).estimate()
+    chained = fast.npu.estimate()
+    assert chained.cycles < apart.cycles
+    (cube,) = [r for _, r in chained.results]
+    assert "L0C->L1" in cube.bytes_by_path and "L0C->GM" in cube.bytes_by_path
+    x_bytes, y_bytes = x.nbytes, math.prod(fast(x, w1, w2).shape) * 4
+    # GM sees the input (with each band's halo rows again), the weights per core and the output: no T
+    assert cube.gm_bytes < 3 * x_bytes + y_bytes + 24 * (w1.nbytes + w2.nbytes)

@@ -471,6 +471,143 @@ def _chain_tiles(batch: int, m: int, n: int, k: int, l: int, items: tuple, cube_
     return tuple(r[1:] for r in ranked[:keep])
 
 
+def halo_buffers(band: int, tn: int, image: tuple, kernel: tuple, cube_dt: str, target: Target) -> dict | None:
+    """Bytes per on-chip space of a 1x1-then-KHxKW convolution chain (`halo_estimate`) on bands of
+    `band` output rows and TN output channels, as `codegen.halo_chain_program` allocates them: two
+    input windows, T over the band's padded grid, W1, W2's n tile; two L0 blocks and two accumulator
+    blocks. `image` is (H, W, C, L, Wo). None where they do not fit."""
+    npu, ci = target.npu, _item(cube_dt)
+    _, _, c, l, wo = image
+    kh, kw = kernel
+    grid = (band + kh - 1) * (wo + kw - 1)
+    db = _depth_block(cube_dt)
+    use = {"l1_bytes": (2 * grid * c + (_up(grid + kw - 1)) * l + c * l + kh * kw * l * tn) * ci,
+           "l0a_bytes": 2 * CUBE_L0_BLOCK * db * ci, "l0b_bytes": 2 * db * CUBE_L0_BLOCK * ci,
+           "l0c_bytes": 2 * CUBE_L0_BLOCK * CUBE_L0_BLOCK * 4}
+    return use if all(v <= getattr(npu, name) for name, v in use.items()) else None
+
+
+def halo_estimate(batch: int, image: tuple, kernel: tuple, padding: tuple, n: int, tiles: dict, items: tuple,
+                  cube_dt: str, target: Target) -> CubeEstimate:
+    """Y = conv(conv1x1(X, W1), W2) with T on chip (`codegen.halo_chain_program`) on tiles {h: output rows
+    per band, n: output channels}: per (batch, band, n) tile a core copies the band's input rows and
+    halo as one window, computes T over the band's padded grid (Ho rows of Wp = Wo + KW - 1) into L1,
+    then the KH x KW taps' shifted GEMMs block by block and writes each block into GM; W1 and W2 (its n
+    tile) are copied once per core. `image` is (H, W, C, L, Wo), `items` the bytes per element of X,
+    W1, W2 and Y in GM. The busiest core's tiles in turn, as the generator's flags order them (`chain_estimate`)."""
+    npu, ci = target.npu, _item(cube_dt)
+    h, w, c, l, wo = image
+    kh, kw = kernel
+    (pt, pb), _ = padding
+    ix, iw1, iw2, iy = items
+    ho = h + pt + pb - kh + 1
+    th, tn = max(1, min(int(tiles["h"]), ho)), max(1, min(int(tiles["n"]), n))
+    steps_h, steps_n = _cdiv(ho, th), _cdiv(n, tn)
+    wp, rb = wo + kw - 1, th + kh - 1
+    blk, dblk = CUBE_L0_BLOCK, _depth_block(cube_dt)
+    kstep = CUBE_K_PER_CYCLE.get(cube_dt, FRACTAL)
+    bpc = target.mem_bandwidth / npu.cores / npu.clock_hz
+    lat, w1, fix = npu.dma_latency_cycles, npu.mte1_bytes_per_cycle, npu.fixpipe_bytes_per_cycle
+
+    def mmad(rows, cols, depth):
+        return _cdiv(rows, FRACTAL) * _cdiv(cols, FRACTAL) * _cdiv(depth, kstep)
+
+    def loads(rows, cols, depth):
+        return _cdiv(rows * depth * ci, w1) + _cdiv(depth * cols * ci, w1)
+
+    # T = X @ W1 over the band's grid: (cube, MTE1) cycles, fixpipes into L1 on the cube's queue
+    g1 = [(min(blk, rb * wp - i), min(blk, l - j), min(dblk, c - z))
+          for i in range(0, rb * wp, blk) for j in range(0, l, blk) for z in range(0, c, dblk)]
+    g1_cube = sum(mmad(*b) for b in g1) + sum(_cdiv(min(blk, rb * wp - i) * min(blk, l - j) * 4, fix)
+                                                for i in range(0, rb * wp, blk) for j in range(0, l, blk))
+    g1_mte1 = sum(loads(*b) for b in g1)
+    # A load into an L0 slot waits for the product two back, and the flag that makes it wait fires after
+    # the product one back (`codegen.insert_flags`); the next load is covered by it: so every other
+    # product waits for its loads.
+    g1_cube += g1_mte1 / 2
+    per_block = max(1, blk // wp)
+    blocks = [(min(per_block, th - r) * wp, min(wp, wo)) for r in range(0, th, per_block)] if wp <= blk else \
+        [(min(blk, wp - c0), min(blk, wo - c0)) for _ in range(th) for c0 in range(0, wp, blk)]
+
+    def second(rows_out: int, cols_n: int) -> tuple:
+        """The taps' GEMMs of one tile: (cube, MTE1) cycles; `rows_out` of its band's rows are outputs."""
+        cube = mte1 = 0.0
+        for grid_rows, (rows, out_cols) in enumerate(blocks):
+            for j in range(0, cols_n, blk):
+                cols = min(blk, cols_n - j)
+                for z in range(0, l, dblk):
+                    cube += kh * kw * (mmad(rows, cols, min(dblk, l - z)) + loads(rows, cols, min(dblk, l - z)) / 2)
+                    mte1 += kh * kw * loads(rows, cols, min(dblk, l - z))
+                out = rows // wp * out_cols if wp <= blk else out_cols
+                cube += max(_cdiv(rows * cols * 4, fix), lat + out * cols * iy / bpc)
+        return cube, mte1
+
+    def x_copy(band: int) -> float:
+        first = band * th - pt
+        inside = max(0, min(h, first + rb) - max(0, first))
+        return lat + inside * w * c * ix / bpc
+
+    deal = [(bt, band, ni) for bt in range(batch) for band in range(steps_h) for ni in range(steps_n)]
+    cores = min(npu.cores, len(deal))
+    worst = 0.0
+    for core in range(cores):
+        mte2 = mte1 = cube = 0.0
+        held, copied, covered = None, 0, -1
+        for i, (bt, band, ni) in enumerate(deal[core::npu.cores]):
+            if i == 0:
+                mte2 += lat + c * l * iw1 / bpc
+            if held != ni:
+                mte2 = max(mte2, mte1) + lat + kh * kw * l * min(tn, n - ni * tn) * iw2 / bpc
+                held = ni
+            if copied - 2 > covered:    # the window two back's slot: the flag covers every load before it
+                mte2, covered = max(mte2, mte1), copied - 1
+            mte2 += x_copy(band)
+            copied += 1
+            start = max(mte2, cube)
+            mte1 = start + g1_mte1
+            cube = max(mte1, start + g1_cube)
+            c2, m2 = second(min(th, ho - band * th), min(tn, n - ni * tn))
+            start = cube
+            mte1 = max(mte1, start) + m2
+            cube = max(mte1, start + c2)
+        worst = max(worst, cube)
+    moved = batch * (steps_h * rb * w * c * ix * steps_n + min(npu.cores, len(deal)) * (c * l * iw1 + kh * kw * l * n
+                     * iw2) + ho * wo * n * iy)
+    g2_cube, g2_mte1 = second(th, min(tn, n))
+    per_core = _cdiv(len(deal), npu.cores)
+    return CubeEstimate(int(moved), int(per_core * (g1_cube + g2_cube)), int(per_core * x_copy(0)),
+                        int(per_core * (g1_mte1 + g2_mte1)), cores, int(worst))
+
+
+def halo_tiles(batch: int, image: tuple, kernel: tuple, padding: tuple, n: int, items: tuple, cube_dt: str,
+               target: Target, keep: int = 4) -> list:
+    """The best tilings of a 1x1-then-KHxKW convolution chain by `halo_estimate`, fastest first, as
+    (estimate, order, tiles): bands of 1 to 16 output rows (and the output split into up to 4 equal
+    bands more), N whole or in tiles of 64 and 128 channels; tiles whose buffers fit (`halo_buffers`).
+    Remembered, as `gemm_tiles` is."""
+    return list(_halo_tiles(batch, tuple(image), tuple(kernel), tuple(map(tuple, padding)), n, tuple(items), cube_dt,
+                            target, keep))
+
+
+@lru_cache(maxsize=1024)
+def _halo_tiles(batch, image, kernel, padding, n, items, cube_dt, target, keep) -> tuple:
+    h, _, _, _, _ = image
+    (pt, pb), _ = padding
+    ho = h + pt + pb - kernel[0] + 1
+    bands = sorted({b for b in range(1, 17) if b <= ho} | {_cdiv(ho, s) for s in range(1, 5)})
+    ranked = []
+    for band in bands:
+        for tn in sorted({n} | {e for e in (64, 128) if e < n}, reverse=True):
+            if halo_buffers(band, tn, image, kernel, cube_dt, target) is None:
+                continue
+            tiles = {"h": band, "n": tn}
+            est = halo_estimate(batch, image, kernel, padding, n, tiles, items, cube_dt, target)
+            ranked.append(((est.cycles, est.bytes_moved, -band), est, ("h", "n"), tiles))
+            break       # the widest N that fits: narrower ones only recompute T
+    ranked.sort(key=lambda r: r[0])
+    return tuple(r[1:] for r in ranked[:keep])
+
+
 def apart(first: CubeEstimate, second: CubeEstimate, product_bytes: float, target: Target) -> CubeEstimate:
     """A chain's two GEMMs as cube programs one after the other, the product (`product_bytes`) through
     GM; on a chip that converts no ND matrix on copy (the 910) it is also unpacked after the first and

@@ -475,3 +475,108 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
     program.instrs = insert_flags(instrs)
     program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
     return program
+
+
+def halo_chain_program(x: tuple, w1: tuple, w2: tuple, y: tuple, kernel: tuple, padding: tuple, tiles: dict,
+                       target: Target, precision: str = "fp16") -> Program:
+    """Y = conv(conv1x1(X, W1), W2), a pointwise convolution then a KH x KW one of stride 1, with the
+    intermediate T never leaving the chip. `x`, `w1`, `w2`, `y` are (name, shape, dtype) of GM tensors:
+    X [batch, H, W, C], W1 [C, L], W2 [KH * KW * L, N] (HWIO, flattened), Y [batch, Ho, Wo, N]; `padding`
+    is the second convolution's ((top, bottom), (left, right)). `tiles` are {"h": output rows per band,
+    "n": output channels per tile}.
+
+    Per band of output rows the chip copies the input rows it needs (the band and its halo of KH - 1
+    rows) as one window of the padded image, Wp = Wo + KW - 1 columns wide: the parts outside the image
+    are zeros, and so is T there (a 1x1 convolution of zeros), which is the second convolution's zero
+    padding. T = X @ W1 over those rows goes block by block from L0C into L1. The second convolution is
+    then KH x KW shifted GEMMs over T in L1 (the implicit GEMM that the cube's img2col load does): output
+    position q of the band's padded grid adds T[q + dy * Wp + dx] @ W2[dy, dx] for each tap. A grid row's
+    last KW - 1 positions are not output positions (their sums mix two rows) and fall outside Y when a
+    block is written, as whole grid rows (or, in a grid row wider than an L0C block, parts of one). W1
+    and W2 are copied once per core and kept (W2 per output-channel tile where N is split). The (batch,
+    band, n) tiles are dealt to the cube cores in turn; a band's halo rows are computed by both bands.
+    Where W1 holds an inf, T's padding is 0 * inf = NaN rather than 0, so an output the program makes
+    +-inf may be NaN here: the numerics contract's sum edge (inf and NaN trade places where the value is
+    not finite), which the NPU backend's check allows as verification does."""
+    (xn, xshape, xdt), (w1n, w1shape, w1dt), (w2n, w2shape, w2dt), (yn, yshape, ydt) = x, w1, w2, y
+    batch, h, w, c = xshape
+    kh, kw = kernel
+    (pt, pb), (pl, pr) = padding
+    ho, wo = h + pt + pb - kh + 1, w + pl + pr - kw + 1
+    l, n = w1shape[-1], yshape[-1]
+    if tuple(w1shape) != (c, l) or tuple(w2shape) != (kh * kw * l, n) or tuple(yshape) != (batch, ho, wo, n):
+        raise CodegenError(f"halo chain: shapes {xshape}, {w1shape}, {w2shape} -> {yshape} do not match a 1x1 "
+                           f"then {kh}x{kw} convolution with padding {padding}")
+    if min(pt, pb, pl, pr) < 0 or ho < 1 or wo < 1:
+        raise CodegenError(f"halo chain: padding {padding} leaves no output of {h}x{w}")
+    th, tn = max(1, min(int(tiles["h"]), ho)), max(1, min(int(tiles["n"]), n))
+    steps_h, steps_n = math.ceil(ho / th), math.ceil(n / tn)
+    wp, rb = wo + kw - 1, th + kh - 1            # the padded grid's width, the input rows of a band
+    program = Program(inputs=[(xn, tuple(xshape), xdt), (w1n, tuple(w1shape), w1dt), (w2n, tuple(w2shape), w2dt)],
+                      outputs=[(yn, tuple(yshape), ydt)])
+    alloc = Allocator(program)
+    cube_dt = cube_dtype(xdt, check_precision(precision, target), w1dt)
+    if cube_dt == "int8":
+        cube_dt = "float16"         # the intermediate is a float product
+    blk, dblk = CUBE_L0_BLOCK, _depth_block(cube_dt)
+    x_l1 = [alloc(f"X{s}", "L1", (rb, wp, c), cube_dt) for s in range(2)]
+    t_l1 = alloc("T", "L1", (_up(rb * wp + kw - 1), l), cube_dt)    # the taps of a grid row's last block read past it
+    w1_l1 = alloc("W1", "L1", (c, l), cube_dt)
+    w2_l1 = alloc("W2", "L1", (kh * kw * l, tn), cube_dt)
+    l0a = [alloc(f"a{s}", "L0A", (blk, dblk), cube_dt) for s in range(2)]
+    l0b = [alloc(f"b{s}", "L0B", (dblk, blk), cube_dt) for s in range(2)]
+    acc = [alloc(f"c{s}", "L0C", (blk, blk), "float32") for s in range(2)]
+    # output blocks of the grid: whole grid rows where they fit in an L0C block, else parts of one
+    rows_per_block = max(1, blk // wp)
+    grid_blocks = [(r, 0, min(rows_per_block, th - r), wp) for r in range(0, th, rows_per_block)] if wp <= blk else \
+        [(r, c0, 1, min(blk, wp - c0)) for r in range(th) for c0 in range(0, wp, blk)]
+    cores = cube_cores(target)
+    instrs: list = []
+    slots: dict = defaultdict(int)
+    held: dict = {}          # core -> the n tile of W2 it holds
+
+    def nxt(core, what):
+        slots[(core, what)] = (slots[(core, what)] + 1) % 2
+        return slots[(core, what)]
+
+    def product(core, shape, blocks, acc_buf):
+        for q, (lsrc, lat, rsrc, rat, depth) in enumerate(blocks):
+            s = nxt(core, "l0")
+            la, lb = _view(l0a[s], (shape[0], depth)), _view(l0b[s], (depth, shape[1]))
+            instrs.append(LoadL0(core, "MTE1", src=lsrc, dst=la, at=lat))
+            instrs.append(LoadL0(core, "MTE1", src=rsrc, dst=lb, at=rat))
+            instrs.append(Mmad(core, "cube", a=la, b=lb, c=acc_buf, accumulate=q > 0))
+
+    for turn, (bt, band, ni) in enumerate(itertools.product(range(batch), range(steps_h), range(steps_n))):
+        core = cores[turn % len(cores)]
+        r0, n0 = band * th, ni * tn
+        cols_n = min(tn, n - n0)
+        instrs.append(ScalarOp(core, "scalar", cycles=8, note="halo chain tile step"))
+        if core not in held:
+            instrs.append(CopyIn(core, "MTE2", src=Gm(w1n, (0, 0), (c, l)), dst=w1_l1))
+        if held.get(core) != ni:
+            instrs.append(CopyIn(core, "MTE2", src=Gm(w2n, (0, n0), (kh * kw * l, tn)), dst=w2_l1))
+            held[core] = ni
+        xb = x_l1[nxt(core, "X")]
+        instrs.append(CopyIn(core, "MTE2", src=Gm(xn, (bt, r0 - pt, -pl, 0), (1, rb, wp, c)), dst=xb))
+        xm = _view(xb, (rb * wp, c))
+        for i in range(0, rb * wp, blk):          # T = X @ W1 over the band and its halo, into L1
+            for j in range(0, l, blk):
+                shape = (min(blk, rb * wp - i), min(blk, l - j))
+                cacc = _view(acc[nxt(core, "acc")], shape)
+                product(core, shape, [(xm, (i, z), w1_l1, (z, j), min(dblk, c - z)) for z in range(0, c, dblk)],
+                        cacc)
+                instrs.append(FixPipe(core, "cube", src=cacc, dst=t_l1, at=(i, j)))
+        for r, c0, grid_rows, width in grid_blocks:    # Y = the taps' shifted GEMMs over T
+            q0 = r * wp + c0
+            for j in range(0, cols_n, blk):
+                shape = (grid_rows * width, min(blk, cols_n - j))
+                eacc = _view(acc[nxt(core, "acc")], shape)
+                taps = [(t_l1, (q0 + dy * wp + dx, z), w2_l1, ((dy * kw + dx) * l + z, j), min(dblk, l - z))
+                        for dy in range(kh) for dx in range(kw) for z in range(0, l, dblk)]
+                product(core, shape, taps, eacc)
+                window = Gm(yn, (bt, r0 + r, c0, n0 + j), (1, grid_rows, width, shape[1]))
+                instrs.append(FixPipe(core, "cube", src=eacc, dst=window))
+    program.instrs = insert_flags(instrs)
+    program.cores = tuple(c_ for c_ in cores if any(i.core == c_ for i in program.instrs))
+    return program

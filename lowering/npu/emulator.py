@@ -171,7 +171,12 @@ class _Machine:
 
     def _inside(self, g: Gm) -> tuple:
         shape, _ = self.gm_shape[g.tensor]
-        return tuple(slice(min(s, d), min(s + n, d)) for s, n, d in zip(g.start, g.size, shape))
+        return tuple(slice(max(0, min(s, d)), max(0, min(s + n, d))) for s, n, d in zip(g.start, g.size, shape))
+
+    @staticmethod
+    def _before(g: Gm) -> tuple:
+        """Per axis, how far window `g` starts before its tensor (zeros there)."""
+        return tuple(max(0, -s) for s in g.start)
 
     def _gm_bytes(self, g: Gm) -> int:
         shape, dtype = self.gm_shape[g.tensor]
@@ -245,8 +250,10 @@ class _Machine:
             return
         inside = self._inside(dst)
         value = np.asarray(value)
+        if value.size == math.prod(dst.size):
+            value = value.reshape(dst.size)
         value = value.reshape((1,) * (len(dst.size) - value.ndim) + value.shape)
-        part = value[tuple(slice(0, sl.stop - sl.start) for sl in inside)]
+        part = value[tuple(slice(b, b + sl.stop - sl.start) for b, sl in zip(self._before(dst), inside))]
         target = self.gm[dst.tensor]
         target[inside] = self._cast(target[inside] + part if add else part, target.dtype, dst)
 
@@ -258,8 +265,9 @@ class _Machine:
                 got = unpack_np(got, ins.layout, holds(ins.layout, got.shape))
             size = got.shape if ins.layout else ins.src.size[len(ins.src.size) - len(ins.dst.shape):]
             got = got.reshape(got.shape[got.ndim - len(size):])   # without leading unit axes
-            region = np.zeros(size, ins.dst.dtype)                           # zeros past the tensor's edge
-            region[tuple(slice(0, d) for d in got.shape)] = self._cast(got, ins.dst.dtype, ins.dst)
+            region = np.zeros(size, ins.dst.dtype)                           # zeros outside the tensor
+            before = (0,) * len(size) if ins.layout else self._before(ins.src)[len(ins.src.size) - len(size):]
+            region[tuple(slice(b, b + d) for b, d in zip(before, got.shape))] = self._cast(got, ins.dst.dtype, ins.dst)
             if ins.at:
                 whole = self.mem.get((core, ins.dst.name))
                 whole = np.zeros(ins.dst.shape, ins.dst.dtype) if whole is None else whole.copy()
@@ -288,7 +296,15 @@ class _Machine:
             dtype = ins.dst.dtype if isinstance(ins.dst, Buf) else self.gm_shape[ins.dst.tensor][1]
             if ins.layout:   # into a packed GM tensor, as whole fractals
                 v = pack_np(v, ins.layout)
-            self._store(core, ins.dst, v if ins.atomic_add else self._cast(v, dtype, ins.dst), add=ins.atomic_add)
+            if ins.at:       # a block of an L1 matrix
+                whole = self.mem.get((core, ins.dst.name))
+                whole = np.zeros(ins.dst.shape, ins.dst.dtype) if whole is None else whole.copy()
+                if any(o + d > n for o, d, n in zip(ins.at, v.shape, whole.shape)):
+                    raise EmulatorError(f"FixPipe writes {v.shape} at {ins.at} of {ins.dst}: outside the buffer")
+                whole[tuple(slice(o, o + d) for o, d in zip(ins.at, v.shape))] = self._cast(v, dtype, ins.dst)
+                v = whole
+            # into GM, only the part inside the tensor is cast (and checked for overflow) as it is stored
+            self._store(core, ins.dst, v, add=ins.atomic_add)
         elif isinstance(ins, VecOp):
             self._store(core, ins.dst, self._vector(core, ins))
         elif isinstance(ins, CopyOut):

@@ -88,7 +88,8 @@ class _Move(Instr):
 
 @dataclass(frozen=True)
 class CopyIn(_Move):
-    """MTE2: a GM window into L1 or the UB (zero padding past the tensor's edge), cast to the buffer's dtype
+    """MTE2: a GM window into L1 or the UB (zeros where it lies outside the tensor, on either side: the
+    padding of a convolution's input), cast to the buffer's dtype
     when the window's dtype differs (the cube's operands become fp16). `src` is a Gm, `dst` a Buf. With
     `at`, the window fills only its own region of `dst`, from that row and column. With `layout`, the
     window is a block of whole fractals of a packed tensor in that format (superopt/core/formats.py: ZZ, ZN) and
@@ -125,10 +126,14 @@ class Mmad(Instr):
 class FixPipe(_Move):
     """L0C -> GM, L1 or UB, cast to the destination's dtype, with an optional relu; `atomic_add` adds
     into GM (partial sums of a reduction split across tiles). `dst` is a Buf or a Gm. With `layout` (NZ,
-    L0C's own format), the block is written into a packed GM tensor as whole fractals."""
+    L0C's own format), the block is written into a packed GM tensor as whole fractals. With `at`, the
+    block fills only its own region of an L1 matrix `dst`, from that row and column. A GM window of as
+    many elements as the block takes it in the window's shape (rows of an image, say), the part inside
+    the tensor."""
     relu: bool = False
     atomic_add: bool = False
     layout: str = ""
+    at: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,9 @@ from superopt.extract.models import npu as npu_model
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, cone, plain_conv, pointwise
 from superopt.lowering import jax as jax_lowering
-from superopt.lowering.npu.codegen import CodegenError, chain_program, check_precision, cube_dtype, gemm_program
+from superopt.lowering.npu.codegen import (
+    CodegenError, chain_program, check_precision, cube_dtype, gemm_program, halo_chain_program,
+)
 from superopt.lowering.npu.emulator import (
     CapacityError, Result, check_buffers, chrome_trace, compute, emulate, write_gantt,
 )
@@ -502,16 +504,25 @@ class KernelLowering:
             return None
         first, second = mats
         node = self.body[second]
-        if node.op == "conv" and not (plain_conv(node, self.body[first].shape)
-                                      and pointwise(node, self.body[node.inputs[1]].shape)):
+        halo = node.op == "conv" and self._halo(first, second)
+        if node.op == "conv" and not halo and not (plain_conv(node, self.body[first].shape)
+                                                   and pointwise(node, self.body[node.inputs[1]].shape)):
             return None
         left = self.body[second].inputs[0]
         while self.body[left].op == "convert" and left != first:
             left = self.body[left].inputs[0]
         t = self.tiling
-        if left != first or t is None or t.parts or set(t.order[:2]) != {"m", "l"}:
+        if left != first or t is None or t.parts or set(t.order[:2]) != ({"h", "n"} if halo else {"m", "l"}):
             return None      # the extractor's tiles run the chain's GEMMs apart (`_extractor_tiles`)
         return first, second
+
+    def _halo(self, first: int, second: int) -> bool:
+        """Whether convolutions `first` then `second` are a pointwise one then a KH x KW one of stride 1
+        (`codegen.halo_chain_program`)."""
+        f, s = self.body[first], self.body[second]
+        return plain_conv(f, self.body[f.inputs[0]].shape) and pointwise(f, self.body[f.inputs[1]].shape) \
+            and plain_conv(s, f.shape) and not pointwise(s, self.body[s.inputs[1]].shape) \
+            and set(dict(s.attrs[0])["window_strides"]) == {1}
 
     @staticmethod
     def _gemm_views(a: Node, b: Node, c: Node) -> tuple:
@@ -619,6 +630,8 @@ class KernelLowering:
 
     def _chain_stage(self, first: int, second: int, final: tuple | None) -> None:
         """A GEMM chain as one cube stage on the extractor's tiles (`place_chain`)."""
+        if self.tiling.order[0] == "h":
+            return self._halo_stage(first, second, final)
         f, s = self.body[first], self.body[second]
         a = self._in_gm(f.inputs[0], "lhs")
         b = self._in_gm(f.inputs[1], "rhs")
@@ -649,6 +662,45 @@ class KernelLowering:
         if layouts[0] != "ND":
             self._unpack(e, nd_e, nev)
         self.gm[second] = nd_e
+
+
+    def _halo_stage(self, first: int, second: int, final: tuple | None) -> None:
+        """A pointwise convolution then a KH x KW one of stride 1 as one cube stage, by bands of output rows
+        with the first's result over each band and its halo on chip (`place_halo`)."""
+        f, s = self.body[first], self.body[second]
+        x = self._in_gm(f.inputs[0], "lhs")
+        w1, w2 = self._in_gm(f.inputs[1], "rhs"), self._in_gm(s.inputs[1], "rhs")
+        y = final or self._workspace(second, "mm")
+        kh, kw, l, n = self.body[s.inputs[1]].shape
+        t = self.tiling
+        whose, tiles, program = place_halo(x, (w1[0], (w1[1][-2], l), w1[2]),
+                                           (w2[0], (kh * kw * l, n), w2[2]), y, (kh, kw),
+                                           tuple(tuple(p) for p in dict(s.attrs[0])["padding"]), self.target,
+                                           dict(t.tiles), self.precision)
+        self.result.append(Stage(f"{self.label}: cube convolution chain 1x1 then {kh}x{kw}, bands of output rows "
+                                 f"with their halo on chip, TH={tiles['h']} TN={tiles['n']} ({whose})",
+                                 self.node, program))
+        self.gm[second] = y
+
+
+def place_halo(x: tuple, w1: tuple, w2: tuple, y: tuple, kernel: tuple, padding: tuple, target: Target,
+               first: dict, precision: str = "fp16") -> tuple:
+    """Y = conv(conv1x1(X, W1), W2) (`codegen.halo_chain_program`) on `first` (the extractor's tiles), as
+    (whose, tiles, program); where they cannot be placed, the NPU model's (`models/npu.py:halo_tiles`),
+    its first that can. `x`, `w1`, `w2`, `y` are GM tensors (name, shape, dtype), the weights as
+    matrices [C, L] and [KH * KW * L, N]."""
+    (_, (batch, h, w, c), xdt), (_, (_, _, wo, n), _) = x, y
+    l = w1[1][-1]
+    cube = cube_dtype(xdt, precision, w1[2])
+    items = tuple(npu_model._item(t[2]) for t in (x, w1, w2, y))
+    tries = [(EXTRACTORS, ("h", "n"), dict(first))]
+    tries += [(MODEL, order, tiles) for _, order, tiles in npu_model.halo_tiles(
+        batch, (h, w, c, l, wo), kernel, padding, n, items, "float16" if cube == "int8" else cube, target, keep=8)]
+
+    def build(order, tiles):
+        return halo_chain_program(x, w1, w2, y, kernel, padding, tiles, target, precision=precision)
+    whose, _, tiles, program = _placed(tries, build, target)
+    return whose, tiles, program
 
 
 def _matrix(view: tuple) -> tuple:

@@ -176,8 +176,11 @@ def render_convs(rs: list[dict], target_name: str = CONV_TARGET) -> list[str]:
             "program against the captured program lowered op by op, both on the emulator in symbolic mode at "
             "the precision the emulator runs them (fp32 cube operands on the 910B). A convolution of a "
             "convolution's result may take its input from the kernel's body (rule `chain-conv`); where the "
-            "second is 1x1 with stride 1 the pair is a GEMM chain over the first's patch matrix, and the "
-            "NPU model decides whether it runs as one cube stage (the first result kept in L1) or apart. "
+            "second is 1x1 with stride 1 the pair is a GEMM chain over the first's patch matrix; where the "
+            "first is 1x1 and the second has stride 1, the kernel runs by bands of output rows, each band's "
+            "first result and its halo of rows computed into L1 and the second taken from there as shifted "
+            "GEMMs. The NPU model decides whether it runs as one cube stage (the first result kept in L1) or "
+            "apart. "
             "Reproduce with `python -m bench.run --sections npu --filter conv-chain`.", "",
             f"{len(fused)} of {len(rs)} fuse; {len(faster)} of them in fewer cycles than op by op"
             + "".join(f"; {r['name']} runs apart ({r['shape']})" for r in rs if not r["chain"]) + ".", "",

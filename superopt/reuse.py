@@ -149,13 +149,14 @@ def rules_key(schedule) -> str:
     return digest(code_version(), RULES_KIND, repr(schedule))
 
 
-_present: set = set()   # (cache directory, key) of compiled rules this process read from or wrote to a store
+_present: dict = {}   # (cache directory, key) -> names of the compiled rules this process read from or wrote there
 
 
 def prepare_rules(schedule, source) -> None:
     """Before saturating: adopt `schedule`'s compiled rules from `source`, a store or the data a parent process
-    sent (`compiled_rules`), unless they are built in this process already. Whatever is missing or does not
-    read back whole is built as usual."""
+    sent (`compiled_rules`), those not built in this process already. Whatever is missing (a saturation
+    builds only the rules that can match its program: `egraph/runner.py:reachable`) or does not read back
+    whole is built as usual."""
     if ready(schedule) or not _own(_rules(schedule)):
         return
     if isinstance(source, dict):
@@ -164,7 +165,7 @@ def prepare_rules(schedule, source) -> None:
     key = rules_key(schedule)
     entry = source.get(key, RULES_KIND)
     if entry is not None and adopt_rules(schedule, entry):
-        _present.add((str(source.directory), key))
+        _present[(str(source.directory), key)] = frozenset(entry["names"])
 
 
 def ready(schedule) -> bool:
@@ -174,41 +175,49 @@ def ready(schedule) -> bool:
 
 
 def adopt_rules(schedule, data: dict) -> bool:
-    """Adopt compiled rules from `data` (`compiled_rules`'s); False where it is not theirs (nothing adopted)."""
+    """Adopt compiled rules from `data` (`compiled_rules`'s: some of the schedule's rules, in its order, and
+    the analysis rules); False where it is not theirs (nothing adopted)."""
     rules = _rules(schedule)
     try:
-        if data.get("names") != [r.name for r in rules]:
+        at, names = list(data["at"]), list(data["names"])
+        mismatched = any(not 0 <= i < len(rules) or rules[i].name != name for i, name in zip(at, names))
+        if len(at) != len(names) or mismatched or at != sorted(set(at)):
             return False
         groups = saved.rules_from_data(data["rules"])
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
-    if len(groups) != len(rules) + 1:
+    if len(groups) != len(at) + 1:
         return False
-    for rule, egg in zip(rules, groups):
-        rule.adopt(egg)
+    for i, egg in zip(at, groups):
+        rules[i].adopt(egg)
     analysis.adopt(groups[-1])
     return True
 
 
 def compiled_rules(schedule) -> dict | None:
-    """`schedule`'s compiled rules as data for the cache, or None where some are not built in this process."""
-    if not ready(schedule):
-        return None
+    """The compiled rules of `schedule` built (or adopted) in this process, and the analysis rules, as data
+    for the cache; None where none is built, or the analysis rules are not."""
     rules = _rules(schedule)
+    at = [i for i, r in enumerate(rules) if r.compiled]
+    if not (_own(rules) and at and analysis.analysis_rules.cache_info().currsize > 0):
+        return None
     try:
-        return dict(names=[r.name for r in rules],
-                    rules=saved.rules_to_data([r.egg for r in rules] + [analysis.analysis_rules()]))
+        return dict(at=at, names=[rules[i].name for i in at],
+                    rules=saved.rules_to_data([rules[i].egg for i in at] + [analysis.analysis_rules()]))
     except TypeError:
         return None
 
 
 def save_rules(schedule, store, data: dict | None = None) -> None:
-    """Keep `schedule`'s compiled rules in `store`: those built in this process, or `data` a worker built.
-    Once per process and store."""
+    """Keep `schedule`'s compiled rules in `store`: those built or adopted in this process, with `data` a worker
+    built (adopted here first), wherever the store's entry lacks some of them."""
     key = rules_key(schedule)
-    if (str(store.directory), key) in _present:
-        return
-    data = data or compiled_rules(schedule)
+    if data is not None:
+        adopt_rules(schedule, data)
+    where = (str(store.directory), key)
+    if {r.name for r in _rules(schedule) if r.compiled} <= _present.get(where, frozenset()):
+        return      # the store has them all (checked before encoding them, which takes a while)
+    data = compiled_rules(schedule)
     if data is not None:
         store.put(key, RULES_KIND, data)
-        _present.add((str(store.directory), key))
+        _present[where] = frozenset(data["names"])

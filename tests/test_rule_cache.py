@@ -49,19 +49,46 @@ def _built(schedule):
 
 def test_a_new_optimization_takes_the_rules_from_the_cache_and_chooses_the_same(tmp_path, monkeypatch):
     schedule = Schedule.of("algebra", "fusion")
-    a = jnp.linspace(-1, 1, 64).reshape(8, 8)
+    a, b = jnp.linspace(-1, 1, 64).reshape(8, 8), jnp.linspace(-1, 1, 256).reshape(16, 16)
+
+    def chain(x, y):
+        return (x @ y) @ y
+
     # gpu-h100, whose model prices the GEMM chain fused (on cpu XLA runs the original as well: extract/xla.py)
-    first = superopt(lambda a, b: (a @ b) @ b, rulesets=schedule, cache=tmp_path, target="gpu-h100").compile(a, a)
+    superopt(chain, rulesets=schedule, cache=tmp_path, target="gpu-h100").compile(a, a)
     ran, _ = schedule_of(schedule, "strict")    # the rules strict numerics runs
     assert Store(tmp_path).get(reuse.rules_key(ran), reuse.RULES_KIND) is not None
+    expected = superopt(chain, rulesets=schedule, cache=False, target="gpu-h100").compile(b, b)
     no_compiling(monkeypatch)
     copy = fresh(schedule)
-    # another program (its result is not in the cache): it saturates with the rules read back
-    second = superopt(lambda a, b: (a @ b) @ (b * 1.0), rulesets=copy, cache=tmp_path, target="gpu-h100").compile(a, a)
+    # the same program at other shapes (its result is not in the cache): it saturates with the rules read back
+    second = superopt(chain, rulesets=copy, cache=tmp_path, target="gpu-h100").compile(b, b)
     assert second.report.cache.startswith("miss") and "rules" in second.report.stage_seconds
-    assert all(r.compiled for r in reuse._rules(schedule_of(copy, "strict")[0]))
-    assert pretty(second.term) == pretty(first.term) and second.report.optimized
-    np.testing.assert_allclose(np.asarray(second.run(a, a)[0]), np.asarray((a @ a) @ a), rtol=1e-5)
+    assert pretty(second.term) == pretty(expected.term) and second.report.optimized
+    np.testing.assert_allclose(np.asarray(second.run(b, b)[0]), np.asarray((b @ b) @ b), rtol=1e-5)
+
+
+def test_the_cache_keeps_every_rule_a_process_built_and_a_later_one_builds_only_what_it_lacks(tmp_path, monkeypatch):
+    """A saturation builds only the rules that can match its program (egraph/runner.py:reachable): the
+    cache keeps those, a program that needs more builds only the others and the cache then holds both."""
+    from superopt.rewrites import compile as compiler
+    schedule = Schedule.of("algebra", "fusion")
+    ran, _ = schedule_of(schedule, "strict")
+    a = jnp.linspace(-1, 1, 64).reshape(8, 8)
+    superopt(lambda x, y: (x @ y) @ y, rulesets=schedule, cache=tmp_path, target="gpu-h100").compile(a, a)
+    kept = set(Store(tmp_path).get(reuse.rules_key(ran), reuse.RULES_KIND)["names"])
+    assert "lift-matmul" in kept and "lift-binary" not in kept and len(kept) < len(reuse._rules(ran))
+    built = []
+    real = compiler.compile_rule
+    monkeypatch.setattr("superopt.rewrites.compile.compile_rule", lambda rule: built.append(rule.name) or real(rule))
+    scaled = superopt(lambda x, y: (x @ y) @ y * 2.0 + x, rulesets=fresh(schedule), cache=tmp_path, target="gpu-h100")
+    np.testing.assert_allclose(np.asarray(scaled(a, a)), np.asarray((a @ a) @ a * 2.0 + a), rtol=1e-5)
+    assert built and "lift-binary" in built and not kept & set(built)
+    grown = set(Store(tmp_path).get(reuse.rules_key(ran), reuse.RULES_KIND)["names"])
+    assert grown == kept | set(built)
+    no_compiling(monkeypatch)
+    again = superopt(lambda x, y: (x @ y) @ y * 3.0 + y, rulesets=fresh(schedule), cache=tmp_path, target="gpu-h100")
+    np.testing.assert_allclose(np.asarray(again(a, a)), np.asarray((a @ a) @ a * 3.0 + a), rtol=1e-5)
 
 
 @pytest.mark.parametrize("damage", ["class", "needs", "names", "format", "shape"])
@@ -73,7 +100,7 @@ def test_rules_data_that_is_not_theirs_is_never_used(damage):
         item["d"] = "Path"
     elif damage == "needs":    # rules naming a function this process does not declare
         data["rules"]["needs"].append("f:no_such_function")
-    elif damage == "names":    # another schedule's rules
+    elif damage == "names":    # another schedule's rules, or these out of their order
         data["names"] = data["names"][::-1]
     elif damage == "format":
         data["rules"]["format"] = saved.FORMAT + 1

@@ -23,17 +23,20 @@ _WIDEN = {np.dtype(getattr(ml_dtypes, n)) for n in ("bfloat16", "float8_e4m3fn",
 
 def evaluate_node(op: str, attrs: tuple, inputs, shape: tuple, dtype) -> np.ndarray:
     """One op on numpy inputs; the result has exactly the node's shape and dtype."""
+    with np.errstate(all="ignore"):  # NaN and Inf propagate silently, as in XLA
+        return _node(op, attrs, inputs, shape, np.dtype(dtype))
+
+
+def _node(op: str, attrs: tuple, inputs, shape: tuple, dt: np.dtype) -> np.ndarray:
+    """`evaluate_node` under the caller's np.errstate, `dt` a numpy dtype (a graph walk sets both once)."""
     spec = lookup(op)
     fn = spec.numpy
     if fn is None:
         raise NotImplementedError(f"superopt: no reference evaluation for op {op!r} (the graph walk evaluates it)")
-    dt = np.dtype(dtype)
     ins = [np.asarray(x) for x in inputs]
-    if not spec.has("native"):
+    if "native" not in spec.flags:
         ins = [x.astype(np.float32) if x.dtype in _WIDEN else x for x in ins]
-    with np.errstate(all="ignore"):  # NaN and Inf propagate silently, as in XLA
-        out = np.asarray(fn(tuple(attrs), tuple(shape), dt, *ins))
-        out = out.astype(dt)
+    out = np.asarray(fn(tuple(attrs), tuple(shape), dt, *ins)).astype(dt, copy=False)
     assert out.shape == tuple(shape), f"{op}: reference gave shape {out.shape}, node says {tuple(shape)}"
     return out
 
@@ -45,11 +48,19 @@ def evaluate(graph: Graph, args, precise: bool = False, round_args: bool = True)
     rounded to their declared dtype): the program's value without its rounding errors, which
     verification measures both the original and an optimized program against. A kernel's body is
     evaluated with `round_args=False`: its inputs are values of the program, not rounded again."""
+    with np.errstate(all="ignore"):  # NaN and Inf propagate silently, as in XLA
+        return _walk(graph, args, precise, round_args)
+
+
+def _walk(graph: Graph, args, precise: bool, round_args: bool) -> list[np.ndarray]:
     env: dict[int, np.ndarray] = {}
     opaque_results: dict[tuple, list] = {}
+    dtypes: dict = {}
 
     def compute_dtype(dtype):
-        return np.dtype(np.float64) if precise and is_float(dtype) else np.dtype(dtype)
+        if dtype not in dtypes:
+            dtypes[dtype] = np.dtype(np.float64) if precise and is_float(dtype) else np.dtype(dtype)
+        return dtypes[dtype]
 
     for i in graph.live():
         node = graph.nodes[i]
@@ -65,7 +76,7 @@ def evaluate(graph: Graph, args, precise: bool = False, round_args: bool = True)
             env[i] = np.asarray(node.attrs[0], dtype=compute_dtype(node.dtype))
         elif node.op == "kernel":  # one launch: its body is a small program over the kernel's inputs
             body = node.attrs[0]
-            env[i] = evaluate(Graph(nodes=list(body), outputs=[len(body) - 1]), ins, precise, round_args=False)[0]
+            env[i] = _walk(Graph(nodes=list(body), outputs=[len(body) - 1]), ins, precise, False)[0]
         elif node.op == "opaque":
             key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
             if key not in opaque_results:
@@ -75,5 +86,5 @@ def evaluate(graph: Graph, args, precise: bool = False, round_args: bool = True)
                 opaque_results[key] = list(out) if op.primitive.multiple_results else [out]
             env[i] = np.asarray(opaque_results[key][node.attrs[1]]).astype(compute_dtype(node.dtype))
         else:
-            env[i] = evaluate_node(node.op, node.attrs, ins, node.shape, compute_dtype(node.dtype))
+            env[i] = _node(node.op, node.attrs, ins, node.shape, compute_dtype(node.dtype))
     return [env[o] for o in graph.results]

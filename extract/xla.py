@@ -7,8 +7,8 @@ targets) would say that fusing such a chain by hand saves its intermediates' byt
 saves them for the original too; a rewritten program must be cheaper than the original as XLA runs it.
 
 The fusions, as XLA's CPU pipeline forms them (a model, not its code):
-- an op of `LOOP_OPS` joins the loop of its one reader where that reader is a loop op or a reduction, and
-  the op is not a program result (a value read twice is written once and read back);
+- an op of `LOOP_OPS` joins the loop of its readers where they are loop ops or reductions all in one loop,
+  and the op is not a program result (a value read by two loops is written once and read back);
 - a reduction ends a loop (its readers start another);
 - a broadcast, reshape or iota read by several loops is recomputed in each (`DUPLICATED`);
 - a transpose read only by matmuls or convolutions costs nothing: the dot reads its operand either way; so
@@ -141,11 +141,11 @@ def fusions(graph: Graph) -> dict[int, list[int]]:
         readers = set(users.get(i, ()))
         if node.op in DUPLICATED and i not in results and readers and all(r in root for r in readers):
             continue   # recomputed inside each reader's loop (see `_loop_body`)
-        if node.op in LOOP_OPS and i not in results and len(readers) == 1:
-            (reader,) = readers
-            if reader in root and (graph.nodes[reader].op in LOOP_OPS or graph.nodes[reader].op in REDUCTIONS):
-                root[i] = root[reader]
-                continue
+        loop_readers = readers and all(r in root and (graph.nodes[r].op in LOOP_OPS or graph.nodes[r].op in REDUCTIONS)
+                                       for r in readers)
+        if node.op in LOOP_OPS and i not in results and loop_readers and len({root[r] for r in readers}) == 1:
+            root[i] = root[next(iter(readers))]      # its readers are all in one loop: it is computed there
+            continue
         root[i] = i
     loops: dict[int, list[int]] = {}
     for i in sorted(root):

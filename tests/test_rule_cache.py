@@ -32,7 +32,7 @@ def no_compiling(monkeypatch):
 
 def test_compiled_rules_come_back_as_the_same_egglog_rules():
     schedule = Schedule.of("algebra", "casts")
-    data = json.loads(json.dumps(reuse.compiled_rules(schedule) or _built(schedule)))
+    data = json.loads(json.dumps(_built(schedule)))
     copy = fresh(schedule)
     assert reuse.adopt_rules(copy, data)
     for original, back in zip(reuse._rules(schedule), reuse._rules(copy)):
@@ -75,7 +75,8 @@ def test_the_cache_keeps_every_rule_a_process_built_and_a_later_one_builds_only_
     schedule = Schedule.of("algebra", "fusion")
     ran, _ = schedule_of(schedule, "strict")
     a = jnp.linspace(-1, 1, 64).reshape(8, 8)
-    superopt(lambda x, y: (x @ y) @ y, rulesets=schedule, cache=tmp_path, target="gpu-h100").compile(a, a)
+    # a copy whose rules are built here (the worker running this test may have built the schedule's rules before)
+    superopt(lambda x, y: (x @ y) @ y, rulesets=fresh(schedule), cache=tmp_path, target="gpu-h100").compile(a, a)
     kept = set(Store(tmp_path).get(reuse.rules_key(ran), reuse.RULES_KIND)["names"])
     assert "lift-matmul" in kept and "lift-binary" not in kept and len(kept) < len(reuse._rules(ran))
     built = []
@@ -94,7 +95,7 @@ def test_the_cache_keeps_every_rule_a_process_built_and_a_later_one_builds_only_
 @pytest.mark.parametrize("damage", ["class", "needs", "names", "format", "shape"])
 def test_rules_data_that_is_not_theirs_is_never_used(damage):
     schedule = Schedule.of("casts")
-    data = json.loads(json.dumps(reuse.compiled_rules(schedule) or _built(schedule)))
+    data = json.loads(json.dumps(_built(schedule)))
     if damage == "class":      # a name that is not one of egglog's declarations: nothing is built from it
         item = next(i for i in data["rules"]["table"] if "d" in i)
         item["d"] = "Path"

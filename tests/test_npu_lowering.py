@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ from superopt.extract.target import load_target
 from superopt.lowering.npu.codegen import cube_cores
 from superopt.lowering.npu.isa import img2col
 from superopt.lowering.npu.lower import NpuExecutable, timeline_names
+from superopt.npu_backend import NumericsWarning
 
 NPUS = ["npu-910", "npu-910b"]
 FEW = settings(max_examples=4, deadline=None)
@@ -497,3 +499,30 @@ def test_a_pointwise_then_wider_convolution_keeps_each_bands_halo_on_chip(shape,
     x_bytes, y_bytes = x.nbytes, math.prod(fast(x, w1, w2).shape) * 4
     # GM sees the input (with each band's halo rows again), the weights per core and the output: no T
     assert cube.gm_bytes < 3 * x_bytes + y_bytes + 24 * (w1.nbytes + w2.nbytes)
+
+
+def test_a_halo_chain_with_an_infinite_first_weight_differs_only_at_the_sum_edge():
+    """T's zero padding is computed as 0 @ W1: with an inf in W1 it is NaN, not 0, so an output near the
+    border that the program makes +-inf comes back NaN. The numerics contract allows that trade where the
+    value is not finite (README's sum edge), and the NPU backend's check on each call accepts it."""
+    rng = np.random.default_rng(7)
+    x = np.abs(normal(rng, 1, 11, 9, 16))
+    w1, w2 = normal(rng, 1, 1, 16, 48, scale=0.25), np.abs(normal(rng, 3, 3, 48, 24, scale=0.05))
+
+    def fn(x, w1, w2):
+        def conv(a, w, pad):
+            return jax.lax.conv_general_dilated(a, w, (1, 1), pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return conv(conv(x, w1, "VALID"), w2, "SAME")
+
+    fast = check(fn, (x, w1, w2), "npu-910b", ["cube convolution chain 1x1 then 3x3"])
+    w1 = w1.copy()
+    w1[0, 0, :, 0] = np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NumericsWarning)       # the backend's check accepts it: no fallback
+        got = np.asarray(fast(x, w1, w2))
+    want = np.asarray(fn(x, w1, w2))
+    # every output reads T's channel 0 (+inf inside the image): +inf in the program, NaN at the border here
+    assert np.all(np.isposinf(want))
+    border = np.zeros(want.shape, bool)
+    border[:, [0, -1]], border[:, :, [0, -1]] = True, True
+    assert np.all(np.isnan(got[border])) and np.all(np.isposinf(got[~border]))

@@ -167,11 +167,9 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
         if _strip(body, second.inputs[0], ("convert",)) != mats[0]:
             raise Untileable("a convolution reads a convolution's result through other ops: they run apart")
         x, w1, w2 = body[first.inputs[0]], body[first.inputs[1]], body[second.inputs[1]]
-        plain = plain_conv(first, x.shape) and plain_conv(second, first.shape)
-        if plain and pointwise(first, w1.shape) and not pointwise(second, w2.shape) \
-                and set(dict(second.attrs[0])["window_strides"]) == {1}:
+        if halo_pair(body, first, second):
             return _halo_nest(body, ins, out, first, second)
-        if not (plain and pointwise(second, w2.shape)):
+        if not (plain_conv(first, x.shape) and plain_conv(second, first.shape) and pointwise(second, w2.shape)):
             raise Untileable("a convolution chain fuses where both are NHWC x HWIO without dilation or groups and "
                              "the second is 1x1 with stride 1, or the first is 1x1 and the second has stride 1")
         m, k = math.prod(first.shape[:-1]), math.prod(w1.shape[:-1])
@@ -222,6 +220,16 @@ def nest_of(body: tuple, ins: tuple, out: tuple) -> Nest | None:
             whole.add("l" if kind == "chain" else "n")
     return Nest(kind, tuple(sorted(ext.items())), batch, tuple(sorted(weights.items())), float(extra),
                 frozenset(whole), online, tuple(sorted(dtypes.items())), direct, first.op == "conv" and kind == "chain")
+
+
+def halo_pair(body: tuple, first: Node, second: Node) -> bool:
+    """Whether convolution `second`, reading convolution `first`'s result, makes with it a pointwise
+    convolution then a KH x KW one of stride 1 (both plain): a chain that runs by bands of output rows
+    with the first's result and its halo on chip (kind "halo")."""
+    w1, w2 = body[first.inputs[1]].shape, body[second.inputs[1]].shape
+    return plain_conv(first, body[first.inputs[0]].shape) and pointwise(first, w1) \
+        and plain_conv(second, first.shape) and not pointwise(second, w2) \
+        and set(dict(second.attrs[0])["window_strides"]) == {1}
 
 
 def _halo_nest(body: tuple, ins: tuple, out: tuple, first: Node, second: Node) -> Nest:
@@ -396,19 +404,29 @@ def _npu_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
             l1 = npu_model.chain_buffers(tiles["m"], tiles["l"], tiles["n"], k, chain_cube, target,
                                          tiles["k"])["l1_bytes"]
             out.append(tiling(order, tiles, est, l1))
-    first = gemms(m, l, k, (a_item, item(dt["B"]), item(dt["C"])), cube)
     cube2 = npu_model.cube_type(dt["C"], target, dt["D"])
-    second = gemms(m, n, l, (item(dt["C"]), item(dt["D"]), item(dt["E"])), cube2)
-    if first and second:
-        (e1, o1, t1), (e2, o2, t2) = first[0], second[0]
-        est = npu_model.apart(e1, e2, nest.batch * m * l * item(dt["C"]), target)
-        if not out or est.cycles < out[0].estimate.cycles:
-            parts = ((tuple(o1), tuple((x, t1[x]) for x in "mnk")), (tuple(o2), tuple((x, t2[x]) for x in "mnk")))
-            l1 = max(npu_model.gemm_buffers(t1["m"], t1["n"], t1["k"], k, cube, target)["l1_bytes"],
-                     npu_model.gemm_buffers(t2["m"], t2["n"], t2["k"], l, cube2, target)["l1_bytes"])
-            out.insert(0, Tiling(tuple(o1), parts[0][1], False, est.bytes_moved + nest.extra_bytes,
-                                 int(l1), 0.0, parts, est))
-    return tuple(out[:KEEP])
+    return _or_apart(out, nest, target, (nest.batch, m, l, k, (a_item, item(dt["B"]), item(dt["C"])), cube),
+                     (nest.batch, m, n, l, (item(dt["C"]), item(dt["D"]), item(dt["E"])), cube2),
+                     nest.batch * m * l * item(dt["C"]))
+
+
+def _or_apart(fused: list, nest: Nest, target, first: tuple, second: tuple, product_bytes: float) -> tuple:
+    """The best `KEEP` of `fused` (a chain's tilings with its intermediate on chip), after its two GEMMs
+    apart where the NPU model finds that faster (`models/npu.py:apart`). `first` and `second` are each
+    GEMM's (batch, M, N, K, bytes per element of its operands and result, cube type)."""
+    best = [npu_model.gemm_tiles(b, m, n, k, items, cube, target, keep=KEEP)
+            for b, m, n, k, items, cube in (first, second)]
+    if not all(best):
+        return tuple(fused[:KEEP])
+    (e1, o1, t1), (e2, o2, t2) = best[0][0], best[1][0]
+    est = npu_model.apart(e1, e2, product_bytes, target)
+    if fused and est.cycles >= fused[0].estimate.cycles:
+        return tuple(fused[:KEEP])
+    parts = ((tuple(o1), tuple((x, t1[x]) for x in "mnk")), (tuple(o2), tuple((x, t2[x]) for x in "mnk")))
+    l1 = max(npu_model.gemm_buffers(t["m"], t["n"], t["k"], gemm[3], gemm[5], target)["l1_bytes"]
+             for t, gemm in ((t1, first), (t2, second)))
+    apart = Tiling(tuple(o1), parts[0][1], False, est.bytes_moved + nest.extra_bytes, int(l1), 0.0, parts, est)
+    return tuple([apart, *fused][:KEEP])
 
 
 def _npu_halo_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
@@ -432,15 +450,6 @@ def _npu_halo_tilings(nest: Nest, target) -> tuple[Tiling, ...]:
                               est.bytes_moved + nest.extra_bytes, int(l1), 0.0, (), est))
     m1, m2, k2 = nest.batch * h * w, nest.batch * ho * wo, kernel[0] * kernel[1] * l
     cube2 = npu_model.cube_type(dt["C"], target, dt["D"])
-    first = npu_model.gemm_tiles(1, m1, l, c, (item(dt["A"]), item(dt["B"]), item(dt["C"])), cube, target, keep=1)
-    second = npu_model.gemm_tiles(1, m2, n, k2, (item(cube2), item(dt["D"]), item(dt["E"])), cube2, target, keep=1)
-    if first and second:
-        (e1, o1, t1), (e2, o2, t2) = first[0], second[0]
-        est = npu_model.apart(e1, e2, m1 * l * item(dt["C"]), target)
-        if not out or est.cycles < out[0].estimate.cycles:
-            parts = ((tuple(o1), tuple((x, t1[x]) for x in "mnk")), (tuple(o2), tuple((x, t2[x]) for x in "mnk")))
-            l1 = max(npu_model.gemm_buffers(t1["m"], t1["n"], t1["k"], c, cube, target)["l1_bytes"],
-                     npu_model.gemm_buffers(t2["m"], t2["n"], t2["k"], k2, cube2, target)["l1_bytes"])
-            out.insert(0, Tiling(tuple(o1), parts[0][1], False, est.bytes_moved + nest.extra_bytes, int(l1), 0.0,
-                                 parts, est))
-    return tuple(out[:KEEP])
+    # apart, the second convolution reads img2col's patch matrix, in the cube's type
+    return _or_apart(out, nest, target, (1, m1, l, c, (item(dt["A"]), item(dt["B"]), item(dt["C"])), cube),
+                     (1, m2, n, k2, (item(cube2), item(dt["D"]), item(dt["E"])), cube2), m1 * l * item(dt["C"]))

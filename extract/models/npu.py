@@ -481,7 +481,7 @@ def halo_buffers(band: int, tn: int, image: tuple, kernel: tuple, cube_dt: str, 
     kh, kw = kernel
     grid = (band + kh - 1) * (wo + kw - 1)
     db = _depth_block(cube_dt)
-    use = {"l1_bytes": (2 * grid * c + (_up(grid + kw - 1)) * l + c * l + kh * kw * l * tn) * ci,
+    use = {"l1_bytes": (2 * grid * c + _up(grid + kw - 1) * l + c * l + kh * kw * l * tn) * ci,
            "l0a_bytes": 2 * CUBE_L0_BLOCK * db * ci, "l0b_bytes": 2 * db * CUBE_L0_BLOCK * ci,
            "l0c_bytes": 2 * CUBE_L0_BLOCK * CUBE_L0_BLOCK * 4}
     return use if all(v <= getattr(npu, name) for name, v in use.items()) else None
@@ -529,10 +529,11 @@ def halo_estimate(batch: int, image: tuple, kernel: tuple, padding: tuple, n: in
     blocks = [(min(per_block, th - r) * wp, min(wp, wo)) for r in range(0, th, per_block)] if wp <= blk else \
         [(min(blk, wp - c0), min(blk, wo - c0)) for _ in range(th) for c0 in range(0, wp, blk)]
 
-    def second(rows_out: int, cols_n: int) -> tuple:
-        """The taps' GEMMs of one tile: (cube, MTE1) cycles; `rows_out` of its band's rows are outputs."""
+    @lru_cache(maxsize=None)
+    def second(cols_n: int) -> tuple:
+        """The taps' GEMMs of one tile of `cols_n` output channels: (cube, MTE1) cycles."""
         cube = mte1 = 0.0
-        for grid_rows, (rows, out_cols) in enumerate(blocks):
+        for rows, out_cols in blocks:
             for j in range(0, cols_n, blk):
                 cols = min(blk, cols_n - j)
                 for z in range(0, l, dblk):
@@ -566,14 +567,14 @@ def halo_estimate(batch: int, image: tuple, kernel: tuple, padding: tuple, n: in
             start = max(mte2, cube)
             mte1 = start + g1_mte1
             cube = max(mte1, start + g1_cube)
-            c2, m2 = second(min(th, ho - band * th), min(tn, n - ni * tn))
+            c2, m2 = second(min(tn, n - ni * tn))
             start = cube
             mte1 = max(mte1, start) + m2
             cube = max(mte1, start + c2)
         worst = max(worst, cube)
     moved = batch * (steps_h * rb * w * c * ix * steps_n + min(npu.cores, len(deal)) * (c * l * iw1 + kh * kw * l * n
                      * iw2) + ho * wo * n * iy)
-    g2_cube, g2_mte1 = second(th, min(tn, n))
+    g2_cube, g2_mte1 = second(min(tn, n))
     per_core = _cdiv(len(deal), npu.cores)
     return CubeEstimate(int(moved), int(per_core * (g1_cube + g2_cube)), int(per_core * x_copy(0)),
                         int(per_core * (g1_mte1 + g2_mte1)), cores, int(worst))

@@ -154,6 +154,19 @@ def insert_flags(instrs: list) -> list:
     return out
 
 
+def _products(instrs: list, core: str, l0: tuple, slot, shape: tuple, blocks: list, acc: Buf,
+              fresh: bool = True) -> None:
+    """acc (+)= the sum over `blocks` ((left buffer, at, right buffer, at, depth), ...) of left @ right,
+    each block loaded into the L0A and L0B slots `l0` = (slots of A, slots of B) that `slot()` gives in
+    turn; the first block starts from zero when `fresh`."""
+    for q, (lsrc, lat, rsrc, rat, depth) in enumerate(blocks):
+        s = slot()
+        la, lb = _view(l0[0][s], (shape[0], depth)), _view(l0[1][s], (depth, shape[1]))
+        instrs.append(LoadL0(core, "MTE1", src=lsrc, dst=la, at=lat))
+        instrs.append(LoadL0(core, "MTE1", src=rsrc, dst=lb, at=rat))
+        instrs.append(Mmad(core, "cube", a=la, b=lb, c=acc, accumulate=q > 0 or not fresh))
+
+
 def _gm_shape(shape3: tuple, layout: str) -> tuple:
     """The GM tensor that holds a [batch, rows, columns] matrix in `layout` (superopt/core/formats.py)."""
     if layout == "ND":
@@ -393,14 +406,7 @@ def chain_program(a: tuple, b: tuple, d: tuple, e: tuple, order: tuple, tiles: d
         return slots[(core, what)]
 
     def product(core, out_shape, depth_blocks, acc_buf, fresh=True):
-        """acc (+)= sum over depth blocks of left(block) @ right(block), through the L0 ping-pong slots;
-        the first block starts from zero when `fresh`."""
-        for q, (lsrc, lat, rsrc, rat, depth) in enumerate(depth_blocks):
-            s = nxt(core, "l0")
-            la, lb = _view(l0a[s], (out_shape[0], depth)), _view(l0b[s], (depth, out_shape[1]))
-            instrs.append(LoadL0(core, "MTE1", src=lsrc, dst=la, at=lat))
-            instrs.append(LoadL0(core, "MTE1", src=rsrc, dst=lb, at=rat))
-            instrs.append(Mmad(core, "cube", a=la, b=lb, c=acc_buf, accumulate=q > 0 or not fresh))
+        _products(instrs, core, (l0a, l0b), lambda: nxt(core, "l0"), out_shape, depth_blocks, acc_buf, fresh)
 
     def whole_c(core, bt, mi, li):
         """The C tile from the A rows and B columns over the whole K (B kept where it is resident), one L0C
@@ -540,12 +546,7 @@ def halo_chain_program(x: tuple, w1: tuple, w2: tuple, y: tuple, kernel: tuple, 
         return slots[(core, what)]
 
     def product(core, shape, blocks, acc_buf):
-        for q, (lsrc, lat, rsrc, rat, depth) in enumerate(blocks):
-            s = nxt(core, "l0")
-            la, lb = _view(l0a[s], (shape[0], depth)), _view(l0b[s], (depth, shape[1]))
-            instrs.append(LoadL0(core, "MTE1", src=lsrc, dst=la, at=lat))
-            instrs.append(LoadL0(core, "MTE1", src=rsrc, dst=lb, at=rat))
-            instrs.append(Mmad(core, "cube", a=la, b=lb, c=acc_buf, accumulate=q > 0))
+        _products(instrs, core, (l0a, l0b), lambda: nxt(core, "l0"), shape, blocks, acc_buf)
 
     for turn, (bt, band, ni) in enumerate(itertools.product(range(batch), range(steps_h), range(steps_n))):
         core = cores[turn % len(cores)]

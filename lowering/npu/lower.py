@@ -53,7 +53,7 @@ from superopt.egraph.siblings import internal, merged_body, run_before, sibling_
 from superopt.extract.cost import one_op_body, reduces_by_rows
 from superopt.extract.models import npu as npu_model
 from superopt.extract.target import Target
-from superopt.extract.tiling import Tiling, cone, plain_conv, pointwise
+from superopt.extract.tiling import Tiling, cone, halo_pair, plain_conv, pointwise
 from superopt.lowering import jax as jax_lowering
 from superopt.lowering.npu.codegen import (
     CodegenError, chain_program, check_precision, cube_dtype, gemm_program, halo_chain_program,
@@ -504,7 +504,7 @@ class KernelLowering:
             return None
         first, second = mats
         node = self.body[second]
-        halo = node.op == "conv" and self._halo(first, second)
+        halo = node.op == "conv" and halo_pair(self.body, self.body[first], node)
         if node.op == "conv" and not halo and not (plain_conv(node, self.body[first].shape)
                                                    and pointwise(node, self.body[node.inputs[1]].shape)):
             return None
@@ -515,14 +515,6 @@ class KernelLowering:
         if left != first or t is None or t.parts or set(t.order[:2]) != ({"h", "n"} if halo else {"m", "l"}):
             return None      # the extractor's tiles run the chain's GEMMs apart (`_extractor_tiles`)
         return first, second
-
-    def _halo(self, first: int, second: int) -> bool:
-        """Whether convolutions `first` then `second` are a pointwise one then a KH x KW one of stride 1
-        (`codegen.halo_chain_program`)."""
-        f, s = self.body[first], self.body[second]
-        return plain_conv(f, self.body[f.inputs[0]].shape) and pointwise(f, self.body[f.inputs[1]].shape) \
-            and plain_conv(s, f.shape) and not pointwise(s, self.body[s.inputs[1]].shape) \
-            and set(dict(s.attrs[0])["window_strides"]) == {1}
 
     @staticmethod
     def _gemm_views(a: Node, b: Node, c: Node) -> tuple:

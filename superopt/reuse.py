@@ -211,6 +211,8 @@ def compiled_rules(schedule) -> dict | None:
 def save_rules(schedule, store, data: dict | None = None) -> None:
     """Keep `schedule`'s compiled rules in `store`: those built or adopted in this process, with `data` a worker
     built (adopted here first), wherever the store's entry lacks some of them."""
+    if not _own(_rules(schedule)):   # rules that bring their own egglog rules are not kept
+        return
     key = rules_key(schedule)
     if data is not None:
         adopt_rules(schedule, data)

@@ -44,6 +44,15 @@ def flops(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> 
 MATRIX_DTYPES = frozenset({"float16", "bfloat16"})  # what tensor cores and the cube take at their peak
 
 
+def matrix_share(work: float, target: Target) -> float:
+    """The share of `target.matrix_flops` a matmul of `work` FLOPs reaches: on a CPU, XLA's GEMM runs a small
+    product at a fraction of a large one's rate ((work / matrix_full_work) ** 0.25, at least
+    matrix_least_share); elsewhere 1."""
+    if not target.matrix_full_work or work >= target.matrix_full_work:
+        return 1.0
+    return max(target.matrix_least_share, (work / target.matrix_full_work) ** 0.25)
+
+
 def compute_rate(op: str, ins: list[Type], target: Target) -> float:
     """FLOP/s this op gets: the matrix unit for matmul/conv where the target has one (on a GPU only for
     f16/bf16 operands; the NPU's cube is the only place a matmul runs well), the general units otherwise."""
@@ -232,6 +241,8 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
             moved = tiling.moved_bytes
     other = k.flops - k.matrix_flops
     matrix_rate = compute_rate("matmul", [ins[0]] if ins else [], target) if k.matrix_flops else 1.0
+    if k.matrix_flops and target.kind == "cpu":
+        matrix_rate *= matrix_share(k.matrix_flops, target)
     if target.kind == "gpu":
         per_thread = math.ceil(k.row_elements / 256) if k.row_reduction else 1
         regs_values = k.live_values * per_thread + (GPU_MATMUL_REGISTERS if k.matrix_flops else 0)

@@ -65,6 +65,8 @@ class Target:
     cache_bytes: int = 0       # cpu: the cache a tiled matmul keeps its tiles in
     cache_bandwidth: float = 0.0     # cpu: bytes/s of a kernel whose traffic stays in the caches
     cache_resident_bytes: int = 0    # cpu: the most bytes (read plus written) a kernel moves at that rate
+    matrix_full_work: float = 0.0    # cpu: the FLOPs of a matmul from which XLA's GEMM reaches matrix_flops; 0: any
+    matrix_least_share: float = 1.0  # cpu: the share of matrix_flops the smallest matmuls reach
 
     @property
     def tile_bytes(self) -> int:

@@ -11,6 +11,7 @@ to the jitted body as arguments (so packing or concatenating constant weights co
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
@@ -18,6 +19,7 @@ import numpy as np
 
 from superopt.core.ir import Graph
 from superopt.core.ops import OPS, lookup
+from superopt.extract.guard import check_graph
 
 # Each op's lowering is its op table entry's `jax` function (core/ops.py); every primitive is bound through
 # its public lax function, or with all of its params.
@@ -62,6 +64,8 @@ def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=N
 def lower(graph: Graph, effects: bool = True) -> Callable:
     """A jitted callable of the flat arguments returning fn's flat results (a list; hidden outputs left
     out). With `effects=False` the program's pinned effects (debug prints) do not run."""
+    if graph.guard is not None:
+        return _guarded(graph, effects)
     const_ids = graph.constant_nodes()
     # Constant nodes that feed computed nodes (or are outputs) are materialised once, here.
     needed = sorted({j for i in graph.live() if i not in const_ids for j in graph.nodes[i].inputs if j in const_ids}
@@ -79,3 +83,19 @@ def lower(graph: Graph, effects: bool = True) -> Callable:
 
     hoisted_values = [hoisted[i] for i in heavy]
     return lambda *flat_args: run(list(flat_args), hoisted_values)
+
+
+def _guarded(graph: Graph, effects: bool) -> Callable:
+    """A guarded program: `graph` where its guard's check (extract/guard.py `check_graph`) finds every checked
+    argument in range, the guard's fallback where it does not (one `lax.cond`: only the branch taken runs,
+    outside `vmap`)."""
+    guard = graph.guard
+    fast, slow = lower(dataclasses.replace(graph, guard=None), effects), lower(guard.fallback, effects)
+    check = check_graph(guard.exponent, guard.args, graph, guard.fallback)
+
+    @jax.jit
+    def run(flat_args):
+        ok = evaluate(check, flat_args)[check.outputs[0]] == 0
+        return jax.lax.cond(ok, lambda xs: fast(*xs), lambda xs: slow(*xs), flat_args)
+
+    return lambda *flat_args: run(list(flat_args))

@@ -27,12 +27,13 @@ from superopt import numerics as numerics_mode
 from superopt.backends import BACKENDS
 from superopt.core import lazy, verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
-from superopt.core.ir import Graph, body_str, type_str, unfused
+from superopt.core.ir import Graph, Guard, body_str, type_str, unfused
 from superopt.core.reference import evaluate as evaluate_reference
 from superopt.core.serial import NotSerializable, digest, to_data
 from superopt.egraph.capture import Captured, capture, without_debug_effects
 from superopt.egraph.limits import Limits, RunReport, StopReason
 from superopt.extract.cost import op_breakdown
+from superopt.extract import guard as guarding
 from superopt.extract.errors import ExtractionError
 from superopt.extract.extraction import Extraction, as_run, program_cost
 from superopt.extract.memory import peak_memory
@@ -332,7 +333,7 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     `tune`: a verified program is also timed against the original on this machine (`measured`)."""
     tgt = load_target(target)
     spec = _jax_specialization(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics,
-                               store, executor, tune)
+                               store, executor, tune, guard=backend == "jax")
     if backend != "jax" and (spec.original.hidden_outputs or spec.report.kind is Outcome.KEPT_WHOLE):
         # Effects run in the user's order only in the JAX program; the other backends check their program on
         # inputs of their own, which the user's callbacks must not see.
@@ -344,9 +345,10 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
 
 def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits, check_results: bool,
                         extractor: str, memory_budget: int | None, numerics: str, store=None,
-                        executor: str | None = None, tune: bool = False) -> Specialization:
+                        executor: str | None = None, tune: bool = False, guard: bool = False) -> Specialization:
     """Capture, then the specialization every backend starts from: optimized whole, from the cache, or in
-    segments (superopt/segments.py), each distinct one once."""
+    segments (superopt/segments.py), each distinct one once. `guard`: under strict numerics, a guarded
+    program may be chosen (`_guarded`; the JAX backend's only)."""
     timer = Stages()
     call = Deadline(limits.seconds)   # the whole call's, where it is in segments (each whole run keeps its own)
     captured = timer("capture", capture, fn, args)
@@ -355,7 +357,11 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
         if loops:
             captured = dataclasses.replace(captured, graph=rolled, traced=captured.graph)
     schedule, left_out = schedule_of(rulesets, numerics)
-    search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune)
+    reals = schedule_of(rulesets, "fast")[0] if guard and numerics == "strict" else None
+    guarded = reals if reals is not None and any(r.numerics == "reals" for ph in reals.phases for r in ph.rules) \
+        else None
+    search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune,
+                    guarded)
     segments = key = None
     if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
         try:
@@ -393,11 +399,13 @@ class Search:
     memory_budget: int | None
     numerics: str
     tune: bool = False
+    guarded: Schedule | None = None   # strict numerics on the JAX backend: the schedule a guarded program's search runs
 
     def fingerprint(self) -> str:
         return fingerprint(self.target, self.schedule, limits=self.limits, check=self.check_results,
                            extractor=self.extractor, memory_budget=self.memory_budget, numerics=self.numerics,
-                           **({"tune": True} if self.tune else {}))
+                           **({"tune": True} if self.tune else {}),
+                           **({"guarded": repr(self.guarded)} if self.guarded is not None else {}))
 
 
 def _whole(captured: Captured, search: Search, timer: Stages, store=None) -> tuple[Specialization, dict | None]:
@@ -408,6 +416,9 @@ def _whole(captured: Captured, search: Search, timer: Stages, store=None) -> tup
     run, outcome, reason, chosen, program = _optimize_program(captured, reference, search, timer, costs[0], store)
     if store is not None:
         save_rules(search.schedule, store)
+        if search.guarded is not None and any(r.numerics == "reals" and getattr(r, "compiled", False)
+                                               for ph in search.guarded.phases for r in ph.rules):   # one has run
+            save_rules(search.guarded, store)
     spec = _specialization(captured, search, timer, run, outcome, reason, chosen, program, reference, costs)
     return spec, _entry(run, outcome, reason, chosen, len(captured.graph.consts))
 
@@ -435,6 +446,8 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
         run = saturated.run
         chosen = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer,
                                looking), tgt)
+        if search.guarded is not None and segment is None:
+            chosen = _guarded(captured, search, chosen, deadline, looking, timer, rules)
         worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), search.memory_budget)
         # A changed program is returned only if it was verified before the deadline; else the original runs.
         for stage_name, step in (("extract", None), ("lower", lambda: lower(chosen.graph))):
@@ -456,6 +469,42 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
     except TimeLimit as exc:   # the original is always correct; no unverified program is returned
         outcome, reason = Outcome.TIME_LIMIT, ran_out(exc, limits)
     return run, outcome, reason, None if outcome is Outcome.KEPT_WHOLE else chosen, None
+
+
+def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: Deadline, looking: Deadline,
+             timer: Stages, rules=None) -> Extraction:
+    """`strict`, or a guarded program where one is predicted cheaper (extract/guard.py): the program the search
+    finds with "reals" rules too, run where a check of the call's arguments proves its intermediates, and the
+    original's, neither overflow nor fall below the smallest normal number; the original runs elsewhere. Tried
+    only for a program of polynomial ops with a sum or a matrix product, which "reals" rules re-associate or
+    factor. `rules`: where the compiled rules may come from, as for the strict search."""
+    program, original, tgt = captured.graph, traced(captured), search.target
+    if not guarding.worth_trying(program):
+        return strict
+    args = guarding.checked_args(original)
+    if not program_cost(guarding.check_graph(0, args, original), tgt)[0] < strict.cost * (1 - MIN_PREDICTED_GAIN):
+        return strict   # the check alone costs what the strict program does: no search can pay for it
+    if rules is not None:
+        timer("rules", prepare_rules, search.guarded, rules)
+    try:
+        saturated = saturate(captured, search.guarded, search.limits, looking, timer)
+        fast = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, search.limits, timer,
+                             looking), tgt)
+    except Kept:
+        return strict
+    reals = numerics_mode.overflow_rewrites(search.guarded, saturated.run.fired)
+    exponent = guarding.exponent(original, program, fast.graph)
+    if not reals or exponent is None:
+        return strict
+    args = guarding.checked_args(original, fast.graph)
+    check = program_cost(guarding.check_graph(exponent, args, original, fast.graph), tgt)[0]
+    if not fast.cost + check < strict.cost * (1 - MIN_PREDICTED_GAIN):
+        return strict
+    graph = dataclasses.replace(fast.graph, guard=Guard(exponent, args, program))
+    words = (f"{fast.method}; guarded: runs where arguments {', '.join(map(str, args))} are finite, each element "
+             f"0 or of magnitude 2**-{exponent} to 2**{exponent} (else the original), with rules equal over "
+             f"the reals: {', '.join(sorted(reals))}")
+    return Extraction(graph, fast.cost + check, fast.node_costs, words, fast.declined, fast.memory)
 
 
 def _specialization(captured: Captured, search: Search, timer: Stages, run: RunReport, outcome: Outcome,
@@ -487,7 +536,12 @@ def _entry(run: RunReport, outcome: Outcome, reason: str, chosen: Extraction | N
     try:
         term = None
         if outcome is Outcome.OPTIMIZED:
-            term = to_data(dataclasses.replace(chosen.graph, consts=chosen.graph.consts[shared_consts:]))
+            graph = chosen.graph
+            if graph.guard is not None:   # the original's constants, the guard's fallback's too, are in the key
+                fallback = graph.guard.fallback
+                graph = dataclasses.replace(graph, guard=dataclasses.replace(
+                    graph.guard, fallback=dataclasses.replace(fallback, consts=fallback.consts[shared_consts:])))
+            term = to_data(dataclasses.replace(graph, consts=graph.consts[shared_consts:]))
     except NotSerializable:
         return None
     found = {} if chosen is None else dict(cost=chosen.cost, node_costs=chosen.node_costs, method=chosen.method,

@@ -75,6 +75,8 @@ def term_from_entry(entry: dict, original: Graph, consts=None) -> Graph | None:
         return None
     if consts is not None:
         term.consts = list(consts) + term.consts
+        if term.guard is not None:
+            term.guard.fallback.consts = list(consts) + term.guard.fallback.consts
     args = sorted((n.attrs[0], n.shape, n.dtype) for n in term.nodes if n.op == "arg")
     want = sorted((n.attrs[0], n.shape, n.dtype) for n in original.nodes if n.op == "arg")
     if term.n_args != original.n_args or not set(args) <= set(want):

@@ -89,14 +89,26 @@ class Opaque:
 
 
 @dataclass
+class Guard:
+    """What makes a program guarded (extract/guard.py): it runs where each of the float arguments `args` is
+    finite, every element zero or of magnitude within [2**-exponent, 2**exponent]; `fallback` runs where one
+    is not."""
+    exponent: int
+    args: tuple[int, ...]
+    fallback: "Graph"
+
+
+@dataclass
 class Graph:
-    """A tensor program: nodes in topological order, outputs as node ids, plus side tables."""
+    """A tensor program: nodes in topological order, outputs as node ids, plus side tables. A `guard`'s
+    program runs in its place where the guard's check fails."""
     nodes: list[Node] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
     consts: list[np.ndarray] = field(default_factory=list)
     opaque: list[Opaque] = field(default_factory=list)
     n_args: int = 0
     hidden_outputs: int = 0   # trailing outputs that are not fn's: the token that keeps pinned effects live
+    guard: Guard | None = None
 
     @property
     def results(self) -> list[int]:
@@ -253,4 +265,9 @@ def pretty(graph: Graph) -> str:
             head = f"{node.op}[{attrs}]" if attrs else node.op
         lines.append(f"{names[i]} = {head}({args}) : {type_str(node)}")
     lines.append("return " + ", ".join(names[o] for o in graph.outputs))
+    if graph.guard is not None:
+        e, args = graph.guard.exponent, ", ".join(f"arg[{k}]" for k in graph.guard.args)
+        lines.append(f"where {args} are finite, each element 0 or of magnitude within 2**-{e} to 2**{e}; "
+                     "elsewhere:")
+        lines.append(pretty(graph.guard.fallback))
     return "\n".join(lines)

@@ -21,7 +21,7 @@ import json
 import numpy as np
 from jax import lax
 
-from superopt.core.ir import Graph, Node
+from superopt.core.ir import Graph, Guard, Node
 
 _TYPES: dict[str, type] = {}
 
@@ -99,9 +99,13 @@ def to_data(graph: Graph) -> dict:
     if graph.opaque:
         raise NotSerializable(f"the program has {len(graph.opaque)} opaque primitive(s) "
                               f"({', '.join(sorted({o.name for o in graph.opaque}))})")
-    return {"nodes": [_encode(n)["node"] for n in graph.nodes], "outputs": list(graph.outputs),
+    data = {"nodes": [_encode(n)["node"] for n in graph.nodes], "outputs": list(graph.outputs),
             "consts": [_array(c) for c in graph.consts], "n_args": graph.n_args,
             "hidden_outputs": graph.hidden_outputs}
+    if graph.guard is not None:   # only where there is one: an unguarded program's data (and key) stays as it was
+        data["guard"] = {"exponent": graph.guard.exponent, "args": list(graph.guard.args),
+                         "fallback": to_data(graph.guard.fallback)}
+    return data
 
 
 def from_data(data: dict) -> Graph:
@@ -117,6 +121,12 @@ def from_data(data: dict) -> Graph:
         graph.outputs = [int(o) for o in data["outputs"]]
         if not all(0 <= o < len(graph.nodes) for o in graph.outputs):
             raise NotSerializable("an output is not a node")
+        if data.get("guard") is not None:
+            guard = data["guard"]
+            args = tuple(int(k) for k in guard["args"])
+            if not all(0 <= k < graph.n_args for k in args):
+                raise NotSerializable("the guard checks an argument the program does not have")
+            graph.guard = Guard(int(guard["exponent"]), args, from_data(guard["fallback"]))
         return graph
     except NotSerializable:
         raise

@@ -16,8 +16,8 @@ product not rounded before it is added (a fused multiply-add) is a multiple of t
 grids. A program with any other op (a quotient, a transcendental, a comparison) gets no bound.
 
 The program superopt returns runs the rewritten program where the check holds on the call's arguments (finite,
-and every nonzero magnitude within the bounds) and the strict program otherwise (`lowering/jax.py`); the check
-costs one pass over the float arguments (`check_cost`).
+and every nonzero magnitude within the bounds) and the original otherwise (`lowering/jax.py`); the check
+(`check_graph`) is one pass over the float arguments the programs read.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ import numpy as np
 from superopt.core.dtypes import is_float
 from superopt.core.ir import Graph, Node, unfused
 
-# The least exponent worth a check: below it, ordinary data (standard normal draws of a few thousand elements)
-# would fail the check about as often as not.
+# The least exponent worth a check: at 2**-8, 200 standard normal draws hold a nonzero element below the range
+# about half the time, and the original would run as often.
 MIN_EXPONENT = 8
 
 _MOVES = frozenset({"neg", "abs", "transpose", "reshape", "broadcast", "slice", "reduce_max", "reduce_min",

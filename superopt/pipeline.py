@@ -775,6 +775,7 @@ def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reas
     else:
         report.cost_after = chosen.cost
         report.top_costs = describe(chosen.graph, chosen.node_costs, tgt)
+        report.guarded = chosen.graph.guard is not None
     return report
 
 

@@ -100,6 +100,7 @@ class Report:
     peak_memory: tuple = ()        # (before, after) extract.memory.Peak
     memory_note: str = ""          # what fitting the memory budget did, when one was given
     numerics: str = "strict"       # the numerics mode (superopt.numerics)
+    guarded: bool = False          # strict: rewrites equal over the reals run behind a check (extract/guard.py)
     left_out: list = field(default_factory=list)            # rules the mode did not run
     overflow_rewrites: dict = field(default_factory=dict)   # "reals" rules that fired (fast mode): name -> matches
     segments: str = ""             # how the program was split, and where each distinct segment's result came from
@@ -125,8 +126,10 @@ class Report:
             return f"fast; rewrites that can change overflow fired: {shown}"
         if not self.left_out:
             return "strict"
-        return (f"strict; {len(self.left_out)} rules that can change overflow left out "
-                f"(numerics=\"fast\" runs them)")
+        line = f"strict; {len(self.left_out)} rules that can change overflow left out (numerics=\"fast\" runs them)"
+        if self.guarded and self.optimized:
+            line += "; the program runs some of them behind a check of its arguments (the cost line says which)"
+        return line
 
     def _ops_changed(self, diffs: list[str]) -> str:
         if diffs:

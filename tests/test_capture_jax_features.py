@@ -346,7 +346,7 @@ def test_rematerialization_never_duplicates_an_effect(capfd):
             h = jax.nn.gelu(h @ w)
             jax.debug.print("layer {k} {v}", k=k, v=w[0, 0], ordered=True)
         return jnp.mean(h * h)
-    params = [rand(64, 64) * 0.1 for _ in range(3)]
+    params = [rand(64, 64) * 0.1 for _ in range(2)]
     args = (params, rand(512, 64))
     fn = jax.grad(loss)
     captured = capture(fn, args)
@@ -361,7 +361,7 @@ def test_rematerialization_never_duplicates_an_effect(capfd):
     assert graph.hidden_outputs == 1
     effects = [i for i in graph.live()
                if graph.nodes[i].op == "opaque" and graph.opaque[graph.nodes[i].attrs[0]].effectful]
-    assert len(effects) == len({graph.nodes[i].attrs[0] for i in effects}) == 3
+    assert len(effects) == len({graph.nodes[i].attrs[0] for i in effects}) == 2
     flat = jax.tree_util.tree_leaves(args)
     capfd.readouterr()
     got = lower(graph)(*flat)

@@ -109,7 +109,7 @@ def test_strict_runs_a_factored_sum_where_the_check_holds_and_the_original_elsew
         np.testing.assert_array_equal(fast(bad, w), jax.jit(sum_of_outer)(bad, w))
 
 
-def test_a_guarded_program_works_under_jit_grad_and_vmap():
+def test_a_guarded_program_works_under_jit_grad_vmap_and_export():
     rng = np.random.default_rng(1)
     a, b = (jnp.asarray(rng.standard_normal(1000), jnp.float32) for _ in range(2))
     fast = superopt(sum_of_outer, target="cpu", cache=False)
@@ -122,6 +122,10 @@ def test_a_guarded_program_works_under_jit_grad_and_vmap():
     got, want = jax.vmap(fast, (0, None))(batch, b), jax.vmap(ref, (0, None))(batch, b)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4)
     assert np.isinf(got[1]) == np.isinf(want[1]) and np.isnan(got[1]) == np.isnan(want[1])
+    restored = jax.export.deserialize(jax.export.export(jax.jit(fast))(a, b).serialize())
+    big, tiny = _overflowing(a, b)
+    assert restored.call(big, tiny) == ref(big, tiny)
+    np.testing.assert_allclose(restored.call(a, b), ref(a, b), rtol=1e-4)
 
 
 def test_the_cache_keeps_the_guard_and_its_fallback(tmp_path):

@@ -13,7 +13,8 @@ and finite in its dtype. The lower bound is the one cancellation leaves: the exa
 a multiple of 2**g is a multiple of 2**g, and so is its rounding, so a nonzero sum is at least 2**g however its
 terms cancel; a float of magnitude at least 2**lo is a multiple of 2**(lo - p + 1) (p: its significand bits); a
 product not rounded before it is added (a fused multiply-add) is a multiple of the product of its factors'
-grids. A program with any other op (a quotient, a transcendental, a comparison) gets no bound.
+grids; a quotient by a constant with no zero element (a mean's count) is rounded, so a multiple of its own ulp.
+A program with any other op (a quotient by a value, a transcendental, a comparison) gets no bound.
 
 The program superopt returns runs the rewritten program where the check holds on the call's arguments (finite,
 and every nonzero magnitude within the bounds) and the original otherwise (`lowering/jax.py`); the check
@@ -92,6 +93,7 @@ def _states(graph: Graph, e: int) -> bool:
     magnitudes lie within [2**-e, 2**e]. Raises _Unbounded for a program the analysis does not cover."""
     flat = unfused(graph)
     state: dict[int, tuple | None] = {}
+    divisors: set[int] = set()   # constants with no zero element (and their moves): what a value may be divided by
     for i in flat.live():
         node: Node = flat.nodes[i]
         info = _float_info(node.dtype)
@@ -101,12 +103,18 @@ def _states(graph: Graph, e: int) -> bool:
         ins = [state[j] for j in node.inputs]
         if node.op == "arg":
             s = (-e, e, -e - p + 1)
-        elif node.op == "lit":
-            s = _literal(np.asarray(node.attrs[0]), p)
-        elif node.op == "const":
-            s = _literal(flat.consts[node.attrs[0]], p)
+        elif node.op in ("lit", "const"):
+            values = np.asarray(node.attrs[0]) if node.op == "lit" else flat.consts[node.attrs[0]]
+            s = _literal(values, p)
+            if np.all(values != 0):
+                divisors.add(i)
         elif node.op in _MOVES:
             s = ins[0]
+            if node.inputs[0] in divisors:
+                divisors.add(i)
+        elif node.op == "div" and node.inputs[1] in divisors:   # a mean's division by its count
+            x, y = ins
+            s = None if x is None else (x[0] - y[1], x[1] - y[0], x[0] - y[1] - p + 1)
         elif node.op in _UNIONS:
             s = _union(ins)
         elif node.op == "convert":

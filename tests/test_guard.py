@@ -41,6 +41,9 @@ def test_the_bound_follows_products_sums_and_their_cancellation():
     assert exponent(_graph(lambda a, v: a @ (a @ v), (N, N), (N,))) == 19
     # Not bounded: a quotient, a transcendental, an integer argument; float16 leaves no room.
     assert exponent(_graph(lambda a, b: jnp.sum(a / b), (N,), (N,))) is None
+    assert exponent(_graph(lambda a: jnp.sum(a / jnp.asarray([1.0, 0.0] * (N // 2))), (N,))) is None
+    # a mean divides by its count, 576 < 2**10: the least sum's 2**(-2e - 46) over 2**10 is normal for e <= 35
+    assert exponent(_graph(lambda u, w: jnp.mean(jnp.outer(u, w)), (N,), (N,))) == 35
     assert exponent(_graph(lambda a: jnp.sum(jnp.exp(a)), (N,))) is None
     assert exponent(capture(lambda a, i: jnp.sum(a * i), (jax.ShapeDtypeStruct((N,), jnp.float32),
                                                          jax.ShapeDtypeStruct((N,), jnp.int32))).graph) is None
@@ -53,6 +56,7 @@ PROGRAMS = {
     "matvec-chain": (matvec_chain, ((8, 8), (8, 8), (8,))),
     "matvec-reassociated": (lambda a, b, v: a @ (b @ v), ((8, 8), (8, 8), (8,))),
     "square-of-difference": (lambda a, b: jnp.sum((a - b) ** 2 * a), ((N,), (N,))),
+    "mean-of-product": (lambda a, b: jnp.mean(a @ b, axis=0) / 3.0, ((8, 8), (8, 8))),
 }
 
 
@@ -78,8 +82,10 @@ def test_inside_the_bound_no_value_overflows_or_falls_below_the_least_normal(nam
     env = {}
     for i in graph.live():
         node = graph.nodes[i]
-        env[i] = args[node.attrs[0]] if node.op == "arg" else \
-            evaluate_node(node.op, node.attrs, [env[j] for j in node.inputs], node.shape, node.dtype)
+        if node.op in ("arg", "lit"):
+            env[i] = args[node.attrs[0]] if node.op == "arg" else np.asarray(node.attrs[0], node.dtype)
+        else:
+            env[i] = evaluate_node(node.op, node.attrs, [env[j] for j in node.inputs], node.shape, node.dtype)
         v = np.abs(env[i].astype(np.float64))
         assert np.isfinite(v).all(), f"{node.op} overflowed"
         assert ((v == 0) | (v >= np.finfo(np.float32).tiny)).all(), f"{node.op} fell below the least normal"

@@ -88,10 +88,10 @@ def _sum(state, terms: int):
     return state[2], state[1] + math.ceil(math.log2(max(terms, 1))), state[2]
 
 
-def _states(graph: Graph, e: int) -> bool:
-    """Whether every value of `graph` is zero or normal and finite, given float arguments whose nonzero
-    magnitudes lie within [2**-e, 2**e]. Raises _Unbounded for a program the analysis does not cover."""
-    flat = unfused(graph)
+def _states(flat: Graph, e: int) -> bool:
+    """Whether every value of `flat` (a program without kernel nodes: `unfused`) is zero or normal and finite,
+    given float arguments whose nonzero magnitudes lie within [2**-e, 2**e]. Raises _Unbounded for a program
+    the analysis does not cover."""
     state: dict[int, tuple | None] = {}
     divisors: set[int] = set()   # constants with no zero element (and their moves): what a value may be divided by
     for i in flat.live():
@@ -146,13 +146,14 @@ def exponent(*graphs: Graph) -> int | None:
     """The largest e (at least MIN_EXPONENT) such that, for float arguments whose elements are zero or of
     magnitude within [2**-e, 2**e], every value of every one of `graphs` is zero or normal and finite; None
     where a graph has an op the analysis does not bound, or no such e exists."""
+    flats = [unfused(g) for g in graphs]
     try:
-        if not all(_states(g, MIN_EXPONENT) for g in graphs):
+        if not all(_states(g, MIN_EXPONENT) for g in flats):
             return None
         lo, hi = MIN_EXPONENT, 1 << 12   # bisect: a wider range only widens every bound
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if all(_states(g, mid) for g in graphs):
+            if all(_states(g, mid) for g in flats):
                 lo = mid
             else:
                 hi = mid - 1
@@ -164,8 +165,14 @@ def exponent(*graphs: Graph) -> int | None:
 def worth_trying(graph: Graph) -> bool:
     """Whether a guarded program may pay for `graph`: it is bounded (`exponent`) and has a sum or a matrix
     product, which "reals" rules re-associate or factor."""
-    ops = unfused(graph).op_counts()
-    return ("matmul" in ops or "reduce_sum" in ops) and exponent(graph) is not None
+    flat = unfused(graph)
+    ops = flat.op_counts()
+    if "matmul" not in ops and "reduce_sum" not in ops:
+        return False
+    try:
+        return _states(flat, MIN_EXPONENT)
+    except _Unbounded:
+        return False
 
 
 def checked_args(*graphs: Graph) -> tuple[int, ...]:

@@ -53,6 +53,7 @@ from superopt.reuse import (
     run_to_data,
     save_rules,
     term_from_entry,
+    with_consts,
 )
 from superopt.rewrites.schedule import Schedule
 from superopt.segments import seam_windows, split, stitch
@@ -357,9 +358,8 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
         if loops:
             captured = dataclasses.replace(captured, graph=rolled, traced=captured.graph)
     schedule, left_out = schedule_of(rulesets, numerics)
-    reals = schedule_of(rulesets, "fast")[0] if guard and numerics == "strict" else None
-    guarded = reals if reals is not None and any(r.numerics == "reals" for ph in reals.phases for r in ph.rules) \
-        else None
+    # the rules strict leaves out are the "reals" ones a guarded program's search adds
+    guarded = schedule_of(rulesets, "fast")[0] if guard and numerics == "strict" and left_out else None
     search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune,
                     guarded)
     segments = key = None
@@ -536,12 +536,7 @@ def _entry(run: RunReport, outcome: Outcome, reason: str, chosen: Extraction | N
     try:
         term = None
         if outcome is Outcome.OPTIMIZED:
-            graph = chosen.graph
-            if graph.guard is not None:   # the original's constants, the guard's fallback's too, are in the key
-                fallback = graph.guard.fallback
-                graph = dataclasses.replace(graph, guard=dataclasses.replace(
-                    graph.guard, fallback=dataclasses.replace(fallback, consts=fallback.consts[shared_consts:])))
-            term = to_data(dataclasses.replace(graph, consts=graph.consts[shared_consts:]))
+            term = to_data(with_consts(chosen.graph, lambda consts: consts[shared_consts:]))
     except NotSerializable:
         return None
     found = {} if chosen is None else dict(cost=chosen.cost, node_costs=chosen.node_costs, method=chosen.method,

@@ -67,6 +67,13 @@ def program_key(graph: Graph, fingerprint_: str) -> str:
     return digest(fingerprint_, dumps(data))
 
 
+def with_consts(graph: Graph, change) -> Graph:
+    """`graph` with `change(consts)` as its constants, and so its guard's fallback (core/ir.py `Guard`): a cache
+    entry holds a program's own constants, its key the hashes of those it shares with the original."""
+    guard = graph.guard and dataclasses.replace(graph.guard, fallback=with_consts(graph.guard.fallback, change))
+    return dataclasses.replace(graph, consts=change(graph.consts), guard=guard)
+
+
 def term_from_entry(entry: dict, original: Graph, consts=None) -> Graph | None:
     """The chosen program an entry holds, if it is one for `original` (same argument and result types);
     None for an entry that keeps the original. NotSerializable for anything else."""
@@ -74,9 +81,7 @@ def term_from_entry(entry: dict, original: Graph, consts=None) -> Graph | None:
     if term is None:
         return None
     if consts is not None:
-        term.consts = list(consts) + term.consts
-        if term.guard is not None:
-            term.guard.fallback.consts = list(consts) + term.guard.fallback.consts
+        term = with_consts(term, lambda own: list(consts) + own)
     args = sorted((n.attrs[0], n.shape, n.dtype) for n in term.nodes if n.op == "arg")
     want = sorted((n.attrs[0], n.shape, n.dtype) for n in original.nodes if n.op == "arg")
     if term.n_args != original.n_args or not set(args) <= set(want):

@@ -35,6 +35,7 @@ may round to +-inf in one program and not in the other.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -48,6 +49,7 @@ from superopt.rewrites.pattern import SCALAR, TENSOR, Pattern, variables
 compiler = lazy.module("superopt.rewrites.compile")   # egglog: imported where a rule is first compiled
 
 NUMERICS = ("exact", "rounding", "order", "reals")
+TARGET_KINDS = ("cpu", "gpu", "npu")
 _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,6 +65,7 @@ class Rule:
     category: str = ""
     ruleset: str = ""
     source: str = ""
+    targets: tuple = ()     # the target kinds whose cost model the rule is written for; () for every one
 
     def __post_init__(self):
         if not _NAME.fullmatch(self.name):
@@ -82,6 +85,9 @@ class Rule:
             if free:
                 raise ValueError(f"rule {self.name!r}: two-way, but its left-hand side uses {free}, which the "
                                  "right-hand side does not bind")
+        unknown = [k for k in self.targets if k not in TARGET_KINDS]
+        if unknown:
+            raise ValueError(f"rule {self.name!r}: unknown target kinds {unknown}; valid: {', '.join(TARGET_KINDS)}")
         for name, _ in self.when:
             if name not in PREDICATES:
                 raise KeyError(f"rule {self.name!r}: unknown predicate {name!r}")
@@ -107,7 +113,8 @@ class Rule:
 
     def key(self) -> tuple:
         """Everything that defines the rule except where it was declared."""
-        return (self.name, self.pairs, self.when, self.two_way, self.numerics, self.doc, self.category, self.ruleset)
+        return (self.name, self.pairs, self.when, self.two_way, self.numerics, self.doc, self.category, self.ruleset,
+                self.targets)
 
     def __eq__(self, other):
         return isinstance(other, Rule) and self.key() == other.key()
@@ -128,9 +135,11 @@ def _caller() -> str:
 
 
 def rule(name: str, lhs: Pattern, rhs: Pattern, *conditions, doc: str, two_way: bool = False,
-         numerics: str = "exact") -> Rule:
-    """`lhs -> rhs` where every condition holds; `two_way=True` declares `lhs <-> rhs` once."""
-    return Rule(name, ((lhs, rhs),), tuple(conditions), two_way, numerics, doc, source=_caller())
+         numerics: str = "exact", targets: tuple = ()) -> Rule:
+    """`lhs -> rhs` where every condition holds; `two_way=True` declares `lhs <-> rhs` once; `targets`: the
+    target kinds it runs for (a rewrite that only pays on one kind's kernels), every kind by default."""
+    return Rule(name, ((lhs, rhs),), tuple(conditions), two_way, numerics, doc, source=_caller(),
+                targets=tuple(targets))
 
 
 def multi_rule(name: str, pairs, *conditions, doc: str, numerics: str = "exact") -> Rule:
@@ -154,8 +163,7 @@ class RuleSet:
                 if r.name in seen:
                     raise ValueError(f"rule set {self.name!r}: rule {r.name!r} declared twice")
                 seen.add(r.name)
-                self.rules.append(Rule(r.name, r.pairs, r.when, r.two_way, r.numerics, r.doc,
-                                       category or r.category, self.name, r.source))
+                self.rules.append(dataclasses.replace(r, category=category or r.category, ruleset=self.name))
 
     def __iter__(self):
         return iter(self.rules)

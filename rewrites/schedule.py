@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from superopt.egraph.limits import BackOff, Limits, Phase
@@ -28,6 +29,17 @@ class Schedule:
 
     def __add__(self, other: "Schedule") -> "Schedule":
         return Schedule(self.phases + other.phases)
+
+    def for_target(self, kind: str) -> "Schedule":
+        """This schedule without the rules written for other kinds of target (`Rule.targets`); a phase left
+        empty stays, so the report still names it."""
+        return Schedule(tuple(dataclasses.replace(ph, rules=tuple(r for r in ph.rules if _runs_on(r, kind)))
+                              for ph in self.phases))
+
+
+def _runs_on(rule, kind: str) -> bool:
+    targets = getattr(rule, "targets", ())    # a foreign rule object (a test's) runs everywhere
+    return not targets or kind in targets
 
 
 # Rule sets by name: `rulesets/__init__.py` registers the project's (this layer cannot import them).

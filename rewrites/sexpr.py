@@ -6,7 +6,8 @@
       :numerics reals :category matmul :ruleset algebra
       :doc "(x@y)@z <-> x@(y@z)")
 
-`:numerics` is `exact`, `rounding` or `reals` (rewrites/rule.py; `exact` when left out). `=>` is one-way,
+`:numerics` is `exact`, `rounding`, `order` or `reals` (rewrites/rule.py; `exact` when left out); `:targets (cpu)`
+limits a rule to those kinds of target (every kind when left out). `=>` is one-way,
 `<=>` two-way, and `(group (LHS => RHS) ...)` matches several patterns together.
 Elementwise ops and reductions are written by name (`(add ?x ?y)`, `(exp ?x)`, `(reduce_sum ?x [1])`);
 a variable op is written `(binary ?op ?x ?y)`. Vectors are `[0 1 2]`, strings are JSON strings, and a
@@ -80,7 +81,8 @@ def format_rule(r: Rule) -> str:
     if r.when:
         lines.append("  :when (" + " ".join("(" + " ".join([n] + [format_pattern(a) for a in args]) + ")"
                                          for n, args in r.when) + ")")
-    lines.append(f"  :numerics {r.numerics} :category {json.dumps(r.category)} :ruleset {json.dumps(r.ruleset)}")
+    lines.append(f"  :numerics {r.numerics} :category {json.dumps(r.category)} :ruleset {json.dumps(r.ruleset)}"
+                 + (f" :targets ({' '.join(r.targets)})" if r.targets else ""))
     lines.append(f"  :doc {json.dumps(r.doc)})")
     return "\n".join(lines)
 
@@ -202,16 +204,18 @@ class _Reader:
             pairs, body = [(lhs, rhs)], body[3:]
         if self.dialect == "taso" and len(pairs) == 1:
             pairs = _ungroup(pairs[0])
-        options = {"when": [], "numerics": "exact", "category": "", "ruleset": "", "doc": ""}
+        options = {"when": [], "numerics": "exact", "category": "", "ruleset": "", "doc": "", "targets": ()}
         for key, value in zip(body[::2], body[1::2]):
             if key == ":when":
                 options["when"] = [self.predicate(p) for p in value]
+            elif key == ":targets" and isinstance(value, list) and all(isinstance(k, str) for k in value):
+                options["targets"] = tuple(value)
             elif key in (":numerics", ":category", ":ruleset", ":doc"):
                 options[key[1:]] = json.loads(value) if value.startswith('"') else value
             else:
                 raise ParseError(f"rule {name}: unknown option {key!r}")
         return Rule(name, tuple(pairs), tuple(options["when"]), two_way, options["numerics"], options["doc"],
-                    options["category"], options["ruleset"], source="<text>")
+                    options["category"], options["ruleset"], source="<text>", targets=options["targets"])
 
     def predicate(self, node: list) -> tuple:
         name, args = node[0], node[1:]

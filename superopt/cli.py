@@ -62,7 +62,8 @@ def _rules_list(args) -> int:
     for rs in sets:
         print(f"{rs.name} ({len(rs)} rules)")
         for r in rs:
-            print(f"  {r.name:<34} {r.numerics:<6} {r.doc}  [{r.source}]")
+            only = f" (on {', '.join(r.targets)} only)" if r.targets else ""
+            print(f"  {r.name:<34} {r.numerics:<6} {r.doc}{only}  [{r.source}]")
     return 0
 
 

@@ -94,7 +94,7 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     greedy choice is always found)."""
     start = time.perf_counter()
     rulesets = DEFAULT if rulesets is None else rulesets
-    schedule, _ = schedule_of(rulesets, numerics)
+    schedule, _ = schedule_of(rulesets, numerics, load_target(target).kind)
     limits = limits or Limits()
     if budget is not None:
         limits = dataclasses.replace(limits, seconds=max(min(limits.seconds, budget), 1e-3))

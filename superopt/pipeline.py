@@ -152,10 +152,12 @@ class Saturated:
 
 # ---- the stages ----
 
-def schedule_of(rulesets, numerics: str) -> tuple[Schedule, list[str]]:
-    """The schedule of `rulesets` (names, RuleSets or a Schedule) with the rules the numerics mode runs, and
-    the names of those it leaves out."""
+def schedule_of(rulesets, numerics: str, kind: str | None = None) -> tuple[Schedule, list[str]]:
+    """The schedule of `rulesets` (names, RuleSets or a Schedule) with the rules the numerics mode runs (and,
+    given a target `kind`, that are written for it), and the names of those the mode leaves out."""
     schedule = rulesets if isinstance(rulesets, Schedule) else Schedule.of(*rulesets)
+    if kind is not None:
+        schedule = schedule.for_target(kind)
     return numerics_mode.restrict(schedule, numerics), numerics_mode.left_out(schedule, numerics)
 
 
@@ -357,9 +359,9 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
         rolled, loops = timer("reroll", reroll, captured.graph)
         if loops:
             captured = dataclasses.replace(captured, graph=rolled, traced=captured.graph)
-    schedule, left_out = schedule_of(rulesets, numerics)
+    schedule, left_out = schedule_of(rulesets, numerics, tgt.kind)
     # the rules strict leaves out are the "reals" ones a guarded program's search adds
-    guarded = schedule_of(rulesets, "fast")[0] if guard and numerics == "strict" and left_out else None
+    guarded = schedule_of(rulesets, "fast", tgt.kind)[0] if guard and numerics == "strict" and left_out else None
     search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune,
                     guarded)
     segments = key = None

@@ -56,7 +56,7 @@ def test_a_new_optimization_takes_the_rules_from_the_cache_and_chooses_the_same(
 
     # gpu-h100, whose model prices the GEMM chain fused (on cpu XLA runs the original as well: extract/xla.py)
     superopt(chain, rulesets=schedule, cache=tmp_path, target="gpu-h100").compile(a, a)
-    ran, _ = schedule_of(schedule, "strict")    # the rules strict numerics runs
+    ran, _ = schedule_of(schedule, "strict", "gpu")    # the rules strict numerics runs
     assert Store(tmp_path).get(reuse.rules_key(ran), reuse.RULES_KIND) is not None
     expected = superopt(chain, rulesets=schedule, cache=False, target="gpu-h100").compile(b, b)
     no_compiling(monkeypatch)
@@ -73,7 +73,7 @@ def test_the_cache_keeps_every_rule_a_process_built_and_a_later_one_builds_only_
     cache keeps those, a program that needs more builds only the others and the cache then holds both."""
     from superopt.rewrites import compile as compiler
     schedule = Schedule.of("algebra", "fusion")
-    ran, _ = schedule_of(schedule, "strict")
+    ran, _ = schedule_of(schedule, "strict", "gpu")
     a = jnp.linspace(-1, 1, 64).reshape(8, 8)
     # a copy whose rules are built here (the worker running this test may have built the schedule's rules before)
     superopt(lambda x, y: (x @ y) @ y, rulesets=fresh(schedule), cache=tmp_path, target="gpu-h100").compile(a, a)

@@ -32,13 +32,17 @@ def size(t: Type) -> int:
 
 def flops(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:
     """The op's arithmetic (its op table entry's `flops`), an element of a transcendental op counted as
-    `target.transcendental_flops`, an element of a reduction as `target.reduction_flops`. An op not in the
+    `target.transcendental_flops`, an element of a reduction as `target.reduction_flops` (on a CPU past
+    `reduction_split_bytes`, as `reduction_split_flops`). An op not in the
     table is an error naming it."""
     spec = lookup(op)
     work = spec.flops(attrs, ins, out)
     if spec.has("transcendental"):
         return work * target.transcendental_flops
-    return work * target.reduction_flops if op in REDUCTIONS else work
+    if op in REDUCTIONS:
+        slow = target.reduction_split_bytes and ins and nbytes(ins[0]) > target.reduction_split_bytes
+        return work * (target.reduction_split_flops if slow else target.reduction_flops)
+    return work
 
 
 MATRIX_DTYPES = frozenset({"float16", "bfloat16"})  # what tensor cores and the cube take at their peak
@@ -92,6 +96,7 @@ class KernelShape:
     reduce_after_matmul: bool = False
     row_reduction: bool = False
     row_elements: int = 1            # length of the longest reduced row
+    reduced_bytes: int = 0           # the bytes of the largest operand a reduction reads
     strided_bytes: float = 0.0       # bytes accessed with a permuted (transposed) pattern, where it costs
     prologue_bytes: float = 0.0      # bytes of matmul/conv operands the body computes (not plain loads)
     epilogue_compute: int = 0        # of the epilogue ops, those that compute (not transposes or views)
@@ -149,6 +154,7 @@ def describe(body: tuple, ins: list[Type], out: Type, target: Target) -> KernelS
         if node.op in REDUCTIONS:
             k.row_reduction = True
             k.row_elements = max(k.row_elements, node_ins[0][0][-1] if node_ins[0][0] else 1)
+            k.reduced_bytes = max(k.reduced_bytes, nbytes(node_ins[0]))
         if node.op == "transpose" or node.op in LAYOUT_OPS and node.attrs[0] != "ND":
             k.strided_bytes += nbytes((node.shape, node.dtype))
             if node.op == "transpose" and body[node.inputs[0]].op not in MATRIX_OPS \
@@ -298,7 +304,8 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
     # an elementwise loop reading a transposed operand re-reads it `STRIDED_CPU_FACTOR` times.
     unfused = 2 * (k.prologue_bytes + (k.matmul_bytes if k.epilogue_compute else 0.0)) if k.matrix_flops else 0.0
     strided = 0.0 if k.pure_movement else k.loop_strided_bytes * STRIDED_CPU_FACTOR
-    return cpu_model.breakdown(k.flops, k.matrix_flops, moved, unfused, strided, matrix_rate, target)
+    return cpu_model.breakdown(k.flops, k.matrix_flops, moved, unfused, strided, matrix_rate, target,
+                               k.reduced_bytes)
 
 
 def smallest_box_bytes(body: tuple) -> int | None:

@@ -65,6 +65,11 @@ class Target:
     cache_bytes: int = 0       # cpu: the cache a tiled matmul keeps its tiles in
     cache_bandwidth: float = 0.0     # cpu: bytes/s of a kernel whose traffic stays in the caches
     cache_resident_bytes: int = 0    # cpu: the most bytes (read plus written) a kernel moves at that rate
+    dot_read_bandwidth: float = 0.0  # cpu: bytes/s at which a lone dot reads ...
+    dot_read_bytes: int = 0          # cpu: ... operands of up to this many bytes
+    reduction_split_bytes: int = 0   # cpu: past this many bytes read, a reduction loop costs ...
+    reduction_split_overhead: float = 0.0   # cpu: ... this many seconds more
+    reduction_split_flops: float = 0.0      # cpu: ... and an element costs this many flops
     matrix_full_work: float = 0.0    # cpu: the FLOPs of a matmul from which XLA's GEMM reaches matrix_flops; 0: any
     matrix_least_share: float = 1.0  # cpu: the share of matrix_flops the smallest matmuls reach
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from superopt.rewrites.pattern import (
     add, app, arg, axes_of, binary, broadcast, compose, concat, const, conv, dim, div, dtypes, exp, floats, iadd,
-    ints, lit, log, last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_last, shape_of,
-    scan, slice_, sub, tensors, transpose, unary, vecs, zeros_like, integer_pow,
+    ints, lit, log, last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_at, set_last,
+    shape_of, scan, slice_, sub, tensors, transpose, unary, vecs, zeros_like, integer_pow,
 )
 from superopt.rewrites.rule import RuleSet, multi_rule, rule, when
 
@@ -157,6 +157,19 @@ ALGEBRA = RuleSet("algebra", {
              when("rank", x, 2), when("column_vector", y), when("same_shape", x, mul(x, y)),
              when("has_dtype", x, "float32"), when("has_dtype", y, "float32"), numerics="order",
              doc="sum(x * v[:, None], axis=0) -> v @ x (x as large as the product: not itself broadcast)"),
+        # A plain row or column sum is a product with ones: each term times 1 is the term, added by a dot.
+        # XLA's CPU dot (a GEMV) reads a cached matrix several times faster than its reduction loop adds it
+        # (extract/targets/cpu.toml); on a GPU or an NPU (whose cube takes float16) the sum stays a sum.
+        rule("row-sums-as-matvec", reduce("reduce_sum", x, (1,)),
+             reshape(matmul(x, transpose(broadcast(lit(1.0, "float32"), set_at(shape_of(x), 0, 1), ()), (1, 0)),
+                            "float32"), shape_of(reduce("reduce_sum", x, (1,)))),
+             when("rank", x, 2), when("has_dtype", x, "float32"), numerics="order", targets=("cpu",),
+             doc="sum(x, axis=1) -> x @ ones (x a float32 matrix)"),
+        rule("column-sums-as-vecmat", reduce("reduce_sum", x, (0,)),
+             reshape(matmul(transpose(broadcast(lit(1.0, "float32"), set_last(shape_of(x), 1), ()), (1, 0)), x,
+                            "float32"), shape_of(reduce("reduce_sum", x, (0,)))),
+             when("rank", x, 2), when("has_dtype", x, "float32"), numerics="order", targets=("cpu",),
+             doc="sum(x, axis=0) -> ones @ x (x a float32 matrix)"),
     ],
     # Identities on a known domain: the sign analysis (egraph/analysis.py) proves x >= -0 (NaN allowed).
     "domain": [

@@ -98,6 +98,8 @@ FIRES = {
     "sum-of-outer-product-left": (lambda u, v: jnp.sum(v[None, :] * u[:, None]), (V[:, 0], A[0])),
     "row-sums-of-scaled-rows": (lambda a, v: jnp.sum(a * v[None, :], axis=1), (A, V[:, 0])),
     "column-sums-of-scaled-columns": (lambda a, v: jnp.sum(a * v[:, None], axis=0), (A, V[:, 0])),
+    "row-sums-as-matvec": (lambda a: jnp.sum(a, axis=1), (A,)),
+    "column-sums-as-vecmat": (lambda a: jnp.sum(a, axis=0), (A,)),
     "exp-of-log-of-nonneg": (lambda a: jnp.exp(jnp.log(jnp.exp(a))), (A,)),
     "square-of-sqrt-of-nonneg": (lambda a: jnp.sqrt(jnp.abs(a)) ** 2, (A,)),
     "abs-of-nonneg": (lambda a: jnp.abs(jnp.exp(a)), (A,)),

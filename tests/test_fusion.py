@@ -36,7 +36,7 @@ def normal(*shape, dtype=np.float32):
 def fused(fn, args, target="cpu", rulesets=("algebra", "fusion"), extractor=extract):
     captured = capture(fn, args)
     enc = encode(captured.graph)
-    report = saturate(enc.egraph, Schedule.of(*rulesets))
+    report = saturate(enc.egraph, Schedule.of(*rulesets).for_target(load_target(target).kind))
     assert report.stop_reason is not StopReason.ERROR, report.error
     return extractor(freeze(enc.egraph), enc, load_target(target)), report
 
@@ -140,8 +140,10 @@ def test_layernorm_and_softmax_are_row_kernels_that_read_their_input_once(target
         args = (normal(32, 256),)
         chosen, _ = fused(fn, args, target)
         (k,) = kernels(chosen.graph)
-        assert "reduce_sum" in ops_in(k)
-        arrays = [graph_input for graph_input in k.inputs if chosen.graph.nodes[graph_input].shape]
+        # on a CPU a row sum of 32 x 256 may be a product with ones (rulesets/algebra.py "matvec")
+        assert "reduce_sum" in ops_in(k) or target == "cpu" and "matmul" in ops_in(k), body_str(k.attrs[0])
+        constant = chosen.graph.constant_nodes()    # the ones of a product with ones: built once
+        arrays = [i for i in k.inputs if chosen.graph.nodes[i].shape and i not in constant]
         assert len(arrays) == 1, body_str(k.attrs[0])
         assert_same(fn, args, chosen.graph)
 

@@ -166,3 +166,30 @@ def test_tune_times_the_verified_program_against_the_original_and_keeps_the_fast
     slower(a, b)
     assert slower.report.kind is Outcome.BELOW_THRESHOLD
     assert slower.report.outcome.startswith("kept original: measured here") and "(tune=True)" in slower.report.outcome
+
+
+def _sum_cost(rows: int, cols: int, fn) -> float:
+    return program_cost(graph(fn, jnp.ones((rows, cols), jnp.float32)), CPU)[0]
+
+
+def test_a_sum_past_the_slow_reduction_size_runs_as_a_product_with_ones():
+    row_sums = lambda a: jnp.sum(a, axis=1)                               # noqa: E731
+    with_ones = lambda a: a @ jnp.ones((a.shape[1],), jnp.float32)       # noqa: E731
+    # XLA's CPU reduction loop costs a fixed amount more past 128 KiB read (extract/targets/cpu.toml):
+    # 181x181 float32 is just under, 182x182 just over; a product with ones has no such step.
+    assert _sum_cost(182, 182, row_sums) - _sum_cost(181, 181, row_sums) >= CPU.reduction_split_overhead / 2
+    assert _sum_cost(182, 182, with_ones) - _sum_cost(181, 181, with_ones) < CPU.reduction_split_overhead / 10
+    # A lone dot reads a cached matrix faster than a loop moves it: at 200x200 the product is the cheaper.
+    assert _sum_cost(200, 200, with_ones) < _sum_cost(200, 200, row_sums) / 2
+    # So a column sum runs as `ones @ a` (an "order" rewrite: the same terms, added by the dot) with
+    # jax.jit's values: NaN, inf and -0 where it has them.
+    column_sums = superopt(lambda a: jnp.sum(a, axis=0), cache=False)
+    a = np.random.default_rng(1).standard_normal((200, 200)).astype(np.float32)
+    a[3, 5], a[7, 9], a[8, 9], a[:, 11] = np.nan, np.inf, -np.inf, -0.0
+    a[4, 12] = np.inf
+    got, want = np.asarray(column_sums(jnp.asarray(a))), np.asarray(jax.jit(lambda a: jnp.sum(a, axis=0))(a))
+    assert column_sums.report.optimized and "column-sums-as-vecmat" in column_sums.report.run.fired, \
+        str(column_sums.report)
+    assert "matmul" in column_sums.term
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert np.isnan(got[5]) and np.isnan(got[9]) and got[12] == np.inf and got[11] == 0.0

@@ -4,7 +4,8 @@ On a CPU the program runs through XLA, which fuses elementwise ops with each oth
 what a kernel computes before its matmul (a prologue) and the matmul's result that an epilogue computes on
 are written out and read back (`unfused_bytes`). A dot takes and gives either orientation for free, but an
 elementwise loop that reads a transposed operand walks it across cache lines (`strided_bytes`, charged by
-the caller as that many bytes again). Bytes that fit the cache move at the cache's bandwidth.
+the caller as that many bytes again). Bytes that fit the cache move at the cache's bandwidth, and a lone
+dot reads them at its own (`dot_read_bandwidth`).
 """
 from __future__ import annotations
 
@@ -22,11 +23,21 @@ class CpuBreakdown(Breakdown):
 
 
 def breakdown(flops: float, matrix_flops: float, moved: float, unfused: float, strided: float,
-              matrix_rate: float, target: Target) -> CpuBreakdown:
-    """`moved`: the bytes the kernel's operands and result take, before `unfused` and `strided` are added."""
+              matrix_rate: float, target: Target, reduced: float = 0.0) -> CpuBreakdown:
+    """`moved`: the bytes the kernel's operands and result take, before `unfused` and `strided` are added;
+    `reduced`: the bytes of the largest operand a reduction of the kernel reads."""
     moved += unfused + strided
     compute = matrix_flops / matrix_rate + (flops - matrix_flops) / target.peak_flops
+    if reduced > target.reduction_split_bytes:
+        # XLA's CPU reduction loops take a slower path past a size: a fixed cost more, whatever the loop
+        # computes, hidden like the rest of its arithmetic where the loop waits on memory.
+        compute += target.reduction_split_overhead
     cached = bool(target.cache_bandwidth) and moved <= target.cache_resident_bytes
     bandwidth = target.cache_bandwidth if cached else target.mem_bandwidth
+    if matrix_flops and not unfused and moved <= target.dot_read_bytes:
+        # A dot with nothing fused around it only reads (its result is a small share of its bytes where it
+        # is memory-bound, as a matrix-vector product is): XLA's GEMV streams a small matrix from the core's
+        # cache faster than a loop that reads and writes moves its bytes.
+        bandwidth = max(bandwidth, target.dot_read_bandwidth)
     return CpuBreakdown(max(compute, moved / bandwidth) + target.launch_overhead, flops, moved,
                         unfused_bytes=unfused, strided_bytes=strided, cached=cached)

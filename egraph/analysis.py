@@ -8,7 +8,9 @@ run fail loudly rather than yield a wrong program. Where a result needs a loop o
 The sign analysis (`nonneg`: no element below -0; NaN and +inf allowed) is a relation, derived from ops that
 give such values (exp, abs, sqrt, a square, an even power, a literal >= 0) and ops that keep them (sums,
 products, min and max, reductions, views), for rules that hold on a known domain to use as a predicate
-(`exp(log(x)) = x` where x >= 0).
+(`exp(log(x)) = x` where x >= 0). The integer analysis (`integral`: every element an integer, +-inf or NaN)
+is one too, derived from integer and bool dtypes, integer literals, iota and rounding ops and kept by sums,
+differences, products, min, max, their reductions and views (`floor(x) = x` where x is integral).
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from superopt.core.formats import FORMATS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, conv,
     conv_int32, convert,
-    dtype, fractal_matmul, integer_pow, iota, keeps_nonneg_op, lit, matmul, nonneg, nonneg_op, pack, pad,
-    pair_nonneg_op, pool, reduce, reshape, scan, select, shape, slice_, tcons, tnil, transpose, unary, unpack,
+    dtype, fractal_matmul, integer_dtype, integer_pow, integral, integral_op, iota, keeps_integral_op,
+    keeps_nonneg_op, lit, matmul, nonneg, nonneg_op, pack, pad, pair_integral_op, pair_nonneg_op, pool, reduce,
+    reshape, scan, select, shape, slice_, tcons, tnil, transpose, unary, unpack,
 )
 
 MAX_RANK = 6
@@ -160,6 +163,33 @@ def _sign_rules():
     yield rule(eq(z).to(select(w, x, y)), nonneg(x), nonneg(y)).then(nonneg(z))
 
 
+# The integer analysis's op tables: unary ops whose every result is an integer, +-inf or NaN; unary ops
+# that keep such a value so; binary ops of two such operands that give one (not a quotient: 1 / 2).
+INTEGRAL_OPS = ("floor", "ceil", "round", "round_even", "sign")
+KEEPS_INTEGRAL_OPS = ("neg", "abs", "square")
+PAIR_INTEGRAL_OPS = ("add", "sub", "mul", "max", "min")
+INTEGRAL_REDUCTIONS = ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min")
+INTEGER_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def _integral_rules():
+    yield rule(eq(d).to(dtype(z)), integer_dtype(d)).then(integral(z))
+    yield rule(eq(z).to(unary(op, x)), integral_op(op)).then(integral(z))
+    yield rule(eq(z).to(unary(op, x)), keeps_integral_op(op), integral(x)).then(integral(z))
+    yield rule(eq(z).to(binary(op, x, y)), pair_integral_op(op), integral(x), integral(y)).then(integral(z))
+    yield rule(eq(z).to(integer_pow(x, k)), k >= i64(0), integral(x)).then(integral(z))
+    yield rule(eq(z).to(lit(v, d)), eq(v).to(f64.from_i64(v.to_i64()))).then(integral(z))
+    yield rule(eq(z).to(iota(k, s, d))).then(integral(z))
+    for name in INTEGRAL_REDUCTIONS:
+        yield rule(eq(z).to(reduce(String(name), x, p)), integral(x)).then(integral(z))
+    yield rule(eq(z).to(reshape(x, s)), integral(x)).then(integral(z))
+    yield rule(eq(z).to(broadcast(x, s, p)), integral(x)).then(integral(z))
+    yield rule(eq(z).to(transpose(x, p)), integral(x)).then(integral(z))
+    yield rule(eq(z).to(slice_(x, s, t, p)), integral(x)).then(integral(z))
+    yield rule(eq(z).to(convert(x, d)), integral(x)).then(integral(z))
+    yield rule(eq(z).to(select(w, x, y)), integral(x), integral(y)).then(integral(z))
+
+
 def facts():
     """Ground facts the analyses need, registered once per e-graph."""
     bool_ops = flagged("bool_result")
@@ -167,7 +197,9 @@ def facts():
     return [float_dtype(String(f)) for f in floats] + [bool_result_op(String(o)) for o in sorted(bool_ops)] + [
         same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops)] + [
         nonneg_op(String(o)) for o in NONNEG_OPS] + [keeps_nonneg_op(String(o)) for o in KEEPS_NONNEG_OPS] + [
-        pair_nonneg_op(String(o)) for o in PAIR_NONNEG_OPS]
+        pair_nonneg_op(String(o)) for o in PAIR_NONNEG_OPS] + [
+        integral_op(String(o)) for o in INTEGRAL_OPS] + [keeps_integral_op(String(o)) for o in KEEPS_INTEGRAL_OPS] + [
+        pair_integral_op(String(o)) for o in PAIR_INTEGRAL_OPS] + [integer_dtype(String(t)) for t in INTEGER_DTYPES]
 
 
 _adopted: list = []   # the analysis rules as read back from the cache (superopt/reuse.py), if built so
@@ -179,7 +211,7 @@ def analysis_rules() -> tuple:
     if _adopted:
         return _adopted[0]
     return (*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(), *_packing_rules(),
-            *_sign_rules())
+            *_sign_rules(), *_integral_rules())
 
 
 def adopt(rules: tuple) -> None:

@@ -164,6 +164,12 @@ nonneg = relation("nonneg", Tensor, egg_fn="nonneg")
 nonneg_op = relation("nonneg_op", String, egg_fn="nonneg_op")            # gives such elements from any input
 keeps_nonneg_op = relation("keeps_nonneg_op", String, egg_fn="keeps_nonneg_op")  # from such an input
 pair_nonneg_op = relation("pair_nonneg_op", String, egg_fn="pair_nonneg_op")     # from two such operands
+# Integer analysis (egraph/analysis.py): every element of the tensor is an integer, +-inf or NaN.
+integral = relation("integral", Tensor, egg_fn="integral")
+integral_op = relation("integral_op", String, egg_fn="integral_op")            # gives such elements from any input
+keeps_integral_op = relation("keeps_integral_op", String, egg_fn="keeps_integral_op")  # from such an input
+pair_integral_op = relation("pair_integral_op", String, egg_fn="pair_integral_op")     # from two such operands
+integer_dtype = relation("integer_dtype", String, egg_fn="integer_dtype")       # bool and the integer dtypes
 # Conv params (an id into the encoding's table) whose output features and kernel output features are
 # both the last axis (NHWC / HWIO): a per-channel vector broadcast on the last axis scales both alike.
 conv_channels_last = relation("conv_channels_last", i64, egg_fn="conv_channels_last")

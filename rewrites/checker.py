@@ -217,6 +217,7 @@ class _Generator:
         self.row_vectors: set = set()  # leaves that broadcast as one row ([1, N]) where a matrix is wanted
         self.column_vectors: set = set()  # ... as one column ([N, 1])
         self.nonneg: set = set()       # leaves drawn >= -0 (their magnitudes: NaN, +inf and zeros kept)
+        self.integral: set = set()     # leaves drawn integral (truncated: NaN, +-inf and -0 kept)
         ints = []
         cast_targets = {t for lhs, _ in rule.pairs for t in _cast_targets(lhs)}
         for lhs, _ in rule.pairs:
@@ -241,6 +242,8 @@ class _Generator:
                 self.column_vectors.add(self.key(args[0]))
             if name == "nonneg" and _is_leaf(args[0]):
                 self.nonneg.add(self.key(args[0]))
+            if name == "integral" and _is_leaf(args[0]):
+                self.integral.add(self.key(args[0]))
         self.diagonals = {tuple(args[:3]) for name, args in rule.when if name == "main_diagonal"}
 
     def key(self, p):
@@ -488,6 +491,8 @@ class _Generator:
             self.env[k] = self.draw(drawn(shape, dtype, numerics))
             if k in self.nonneg:   # -0 stays: it is >= -0
                 self.env[k] = np.where(self.env[k] == 0, self.env[k], np.abs(self.env[k]))
+            if k in self.integral and is_float(self.env[k].dtype):   # -0.5 -> -0; NaN and +-inf stay
+                self.env[k] = np.trunc(self.env[k].astype(np.float64)).astype(self.env[k].dtype)
 
 
 def _inner_of(gen: _Generator, shape: tuple) -> tuple:

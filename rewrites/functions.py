@@ -17,6 +17,7 @@ import numpy as np
 from jax import lax
 
 from superopt.core import lazy
+from superopt.core.dtypes import is_float
 from superopt.core.formats import FORMATS
 from superopt.egraph.capture import capture
 from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var, _coerce
@@ -51,6 +52,15 @@ class AttributeFn:
     py: Callable             # (*values) -> value
     ranks: Callable = lambda *args: ()
 
+
+
+def _integral_py(t) -> bool:
+    values = np.asarray(t)
+    if not is_float(values.dtype):
+        return True
+    values = values.astype(np.float64)
+    finite = values[np.isfinite(values)]
+    return bool(np.all(np.floor(finite) == finite))
 
 def _vec(values) -> E.Vec[E.i64]:
     values = [v if not isinstance(v, int) else E.i64(v) for v in values]
@@ -199,6 +209,9 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
     Predicate("nonneg", (TENSOR,), "no element is below -0 (each is +-0, positive, +inf or NaN), as the sign "
               "analysis derives it (egraph/analysis.py)",
               lambda c, t: [[T.nonneg(c.expr(t))]], lambda t: not np.any(np.asarray(t, dtype=np.float64) < 0)),
+    Predicate("integral", (TENSOR,), "every element is an integer, +-inf or NaN, as the integer analysis derives "
+              "it (egraph/analysis.py)",
+              lambda c, t: [[T.integral(c.expr(t))]], lambda t: _integral_py(t)),
     Predicate("column_vector", (TENSOR,), "a rank-2 tensor with one column (a per-row vector, as broadcast)",
               lambda c, t: [[E.eq(c.shape(t).length()).to(E.i64(2)), E.eq(c.shape(t)[E.i64(1)]).to(E.i64(1))]],
               lambda t: np.ndim(t) == 2 and np.shape(t)[1] == 1),

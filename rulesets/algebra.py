@@ -171,7 +171,8 @@ ALGEBRA = RuleSet("algebra", {
              when("rank", x, 2), when("has_dtype", x, "float32"), numerics="order", targets=("cpu",),
              doc="sum(x, axis=0) -> ones @ x (x a float32 matrix)"),
     ],
-    # Identities on a known domain: the sign analysis (egraph/analysis.py) proves x >= -0 (NaN allowed).
+    # Identities on a known domain: the sign analysis (egraph/analysis.py) proves x >= -0 (NaN allowed), the
+    # integer analysis that every element is an integer (inf and NaN allowed).
     "domain": [
         rule("exp-of-log-of-nonneg", unary("exp", unary("log", x)), x, when("nonneg", x), numerics="rounding",
              doc="exp(log(x)) -> x where x >= 0 (log(0) = -inf and exp(-inf) = 0; inf and NaN stay)"),
@@ -179,6 +180,9 @@ ALGEBRA = RuleSet("algebra", {
              doc="sqrt(x)**2 -> x where x >= 0"),
         rule("abs-of-nonneg", unary("abs", x), x, when("nonneg", x), numerics="rounding",
              doc="|x| -> x where x >= 0 (|-0| is +0: a zero's sign only)"),
+        *(rule(f"{name.replace('_', '-')}-of-integral", unary(name, x), x, when("integral", x),
+               doc=f"{name}(x) -> x where every element of x is an integer (or +-inf, NaN, -0: kept as they are)")
+          for name in ("floor", "ceil", "round", "round_even")),
         rule("relu-of-nonneg", binary("max", x, lit(0.0, d)), x, when("nonneg", x), numerics="rounding",
              doc="max(x, 0) -> x where x >= 0 (max(-0, 0) is +0: a zero's sign only; NaN stays NaN)"),
     ],

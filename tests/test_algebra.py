@@ -99,6 +99,10 @@ FIRES = {
     "row-sums-of-scaled-rows": (lambda a, v: jnp.sum(a * v[None, :], axis=1), (A, V[:, 0])),
     "column-sums-of-scaled-columns": (lambda a, v: jnp.sum(a * v[:, None], axis=0), (A, V[:, 0])),
     "row-sums-as-matvec": (lambda a: jnp.sum(a, axis=1), (A,)),
+    "floor-of-integral": (lambda a: jnp.floor(a.astype(jnp.int32) * 2.0), (A,)),
+    "ceil-of-integral": (lambda a: jnp.ceil(jnp.floor(a) - jnp.round(a)), (A,)),
+    "round-of-integral": (lambda a: lax.round(jnp.abs(jnp.ceil(a)) ** 2 + 1.0), (A,)),   # away from zero
+    "round-even-of-integral": (lambda a: jnp.round(jnp.arange(64.0).reshape(8, 8) * a.astype(jnp.int8)), (A,)),
     "column-sums-as-vecmat": (lambda a: jnp.sum(a, axis=0), (A,)),
     "exp-of-log-of-nonneg": (lambda a: jnp.exp(jnp.log(jnp.exp(a))), (A,)),
     "square-of-sqrt-of-nonneg": (lambda a: jnp.sqrt(jnp.abs(a)) ** 2, (A,)),
@@ -182,6 +186,24 @@ def test_domain_rules_fire_only_where_the_sign_analysis_proves_the_domain():
     assert report.matches["abs-of-nonneg"] > 0, report.fired
     graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
     assert "abs" not in graph.op_counts()
+
+
+INTEGRAL = ("floor-of-integral", "ceil-of-integral", "round-of-integral", "round-even-of-integral")
+
+
+def test_rounding_is_dropped_only_where_the_integer_analysis_proves_every_element_an_integer():
+    # an argument, its half, a quotient of integers or their square root may hold fractions: rounding stays
+    for fn in (lambda a: jnp.floor(a), lambda a: jnp.round(jnp.floor(a) * 0.5),
+               lambda a: jnp.ceil(a.astype(jnp.int32) / 3.0), lambda a: jnp.floor(jnp.sqrt(jnp.abs(jnp.round(a))))):
+        _, _, report = saturated(fn, (A,))
+        assert not any(report.matches.get(name, 0) for name in INTEGRAL), report.fired
+    # an int cast, sums and products of it with integer literals, and its row maxima are integers: floor goes
+    fn = lambda a: jnp.floor(jnp.max(a.astype(jnp.int32) * 3.0 - 1.0, axis=1) + jnp.ceil(a[0]))   # noqa: E731
+    _, enc, report = saturated(fn, (A,))
+    assert report.matches["floor-of-integral"] > 0, report.fired
+    graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
+    assert "floor" not in graph.op_counts()
+    np.testing.assert_array_equal(np.asarray(lower(graph)(A)[0]), np.asarray(fn(A)))
 
 
 def test_a_sum_of_an_outer_product_is_not_taken_for_a_matrix_vector_product():

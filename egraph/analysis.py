@@ -155,12 +155,17 @@ def _sign_rules():
     yield rule(eq(z).to(lit(v, d)), v >= f64(0.0)).then(nonneg(z))
     for name in SIGN_REDUCTIONS:
         yield rule(eq(z).to(reduce(String(name), x, p)), nonneg(x)).then(nonneg(z))
-    yield rule(eq(z).to(reshape(x, s)), nonneg(x)).then(nonneg(z))
-    yield rule(eq(z).to(broadcast(x, s, p)), nonneg(x)).then(nonneg(z))
-    yield rule(eq(z).to(transpose(x, p)), nonneg(x)).then(nonneg(z))
-    yield rule(eq(z).to(slice_(x, s, t, p)), nonneg(x)).then(nonneg(z))
+    yield from _kept_by_views(nonneg)
     yield rule(eq(z).to(convert(x, d)), nonneg(x), float_dtype(d)).then(nonneg(z))
-    yield rule(eq(z).to(select(w, x, y)), nonneg(x), nonneg(y)).then(nonneg(z))
+
+
+def _kept_by_views(fact):
+    """A fact of every element holds for a view of the tensor, and for a choice between two that have it."""
+    yield rule(eq(z).to(reshape(x, s)), fact(x)).then(fact(z))
+    yield rule(eq(z).to(broadcast(x, s, p)), fact(x)).then(fact(z))
+    yield rule(eq(z).to(transpose(x, p)), fact(x)).then(fact(z))
+    yield rule(eq(z).to(slice_(x, s, t, p)), fact(x)).then(fact(z))
+    yield rule(eq(z).to(select(w, x, y)), fact(x), fact(y)).then(fact(z))
 
 
 # The integer analysis's op tables: unary ops whose every result is an integer, +-inf or NaN; unary ops
@@ -182,12 +187,8 @@ def _integral_rules():
     yield rule(eq(z).to(iota(k, s, d))).then(integral(z))
     for name in INTEGRAL_REDUCTIONS:
         yield rule(eq(z).to(reduce(String(name), x, p)), integral(x)).then(integral(z))
-    yield rule(eq(z).to(reshape(x, s)), integral(x)).then(integral(z))
-    yield rule(eq(z).to(broadcast(x, s, p)), integral(x)).then(integral(z))
-    yield rule(eq(z).to(transpose(x, p)), integral(x)).then(integral(z))
-    yield rule(eq(z).to(slice_(x, s, t, p)), integral(x)).then(integral(z))
+    yield from _kept_by_views(integral)
     yield rule(eq(z).to(convert(x, d)), integral(x)).then(integral(z))
-    yield rule(eq(z).to(select(w, x, y)), integral(x), integral(y)).then(integral(z))
 
 
 def facts():

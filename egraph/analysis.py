@@ -10,7 +10,15 @@ give such values (exp, abs, sqrt, a square, an even power, a literal >= 0) and o
 products, min and max, reductions, views), for rules that hold on a known domain to use as a predicate
 (`exp(log(x)) = x` where x >= 0). The integer analysis (`integral`: every element an integer, +-inf or NaN)
 is one too, derived from integer and bool dtypes, integer literals, iota and rounding ops and kept by sums,
-differences, products, min, max, their reductions and views (`floor(x) = x` where x is integral).
+differences, products, min, max, their reductions and views (`floor(x) = x` where x is integral). So are
+three range facts: `finite` (no NaN or inf: integer and bool dtypes and their casts to float32, float64 or
+bfloat16, finite literals, iota, kept by the ops
+that cannot overflow, such as neg, abs, sign, rounding, logistic, tanh, sin, cos, min and max), `positive` (at
+least the dtype's smallest normal number, +inf and NaN allowed: literals, cosh, and what keeps it: sqrt, abs,
+max with anything, a sum with a value >= -0, min and the smallest element of such values) and `at_most_one`
+(-inf and NaN allowed: logistic, tanh, sin, cos, literals, a min with such a value, a max or product of such
+values, the negation of a value >= -0). Rules use them as predicates: x - x = 0 where x is finite, x / x = 1
+where it is finite and positive, min(x, 1) = x where x is at most one.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ from superopt.egraph.terms import (
     dtype, fractal_matmul, integer_dtype, integer_pow, integral, integral_op, iota, keeps_integral_op,
     keeps_nonneg_op, lit, matmul, nonneg, nonneg_op, pack, pad, pair_integral_op, pair_nonneg_op, pool, reduce,
     reshape, scan, select, shape, slice_, tcons, tnil, transpose, unary, unpack,
+    finite, positive, at_most_one, keeps_finite_op, at_most_one_op,
 )
 
 MAX_RANK = 6
@@ -191,6 +200,51 @@ def _integral_rules():
     yield rule(eq(z).to(convert(x, d)), integral(x)).then(integral(z))
 
 
+# The range analysis's op tables: unary ops whose result is finite where their operand is (none overflows);
+# unary ops whose every result is at most one or NaN (logistic(+inf) = 1, sin(+inf) is NaN): XLA's CPU
+# approximations of these stay at most 1 on 5 million float32 values near and past saturation; its erf
+# does not (1.0000001 on 217 of them), so it is not one.
+KEEPS_FINITE_OPS = ("neg", "abs", "sign", "floor", "ceil", "round", "round_even", "logistic", "tanh", "sin",
+                    "cos", "erf", "atan")
+AT_MOST_ONE_OPS = ("logistic", "tanh", "sin", "cos")
+
+
+def _range_rules():
+    yield rule(eq(d).to(dtype(z)), integer_dtype(d)).then(finite(z))
+    for wide in ("float32", "float64", "bfloat16"):   # every integer dtype's range fits; float16's does not
+        yield rule(eq(z).to(convert(x, String(wide))), eq(d).to(dtype(x)), integer_dtype(d)).then(finite(z))
+    yield rule(eq(z).to(lit(v, d)), v <= f64(1.7976931348623157e308), v >= f64(-1.7976931348623157e308)).then(finite(z))
+    yield rule(eq(z).to(iota(k, s, d))).then(finite(z))
+    yield rule(eq(z).to(unary(op, x)), keeps_finite_op(op), finite(x)).then(finite(z))
+    for name in ("max", "min"):
+        yield rule(eq(z).to(binary(String(name), x, y)), finite(x), finite(y)).then(finite(z))
+    yield from _kept_by_views(finite)
+    # positive: at least the dtype's smallest normal number (+inf and NaN allowed), so no flush to zero of
+    # a subnormal makes it 0; a literal at least float16's smallest normal, 2**-14, the largest of them
+    yield rule(eq(z).to(lit(v, d)), v >= f64(2.0 ** -14)).then(positive(z))
+    yield rule(eq(z).to(unary(String("cosh"), x))).then(positive(z))
+    for name in ("sqrt", "abs"):
+        yield rule(eq(z).to(unary(String(name), x)), positive(x)).then(positive(z))
+    yield rule(eq(z).to(binary(String("max"), x, y)), positive(x)).then(positive(z))
+    yield rule(eq(z).to(binary(String("max"), x, y)), positive(y)).then(positive(z))
+    yield rule(eq(z).to(binary(String("min"), x, y)), positive(x), positive(y)).then(positive(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), positive(x), nonneg(y)).then(positive(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), nonneg(x), positive(y)).then(positive(z))
+    yield rule(eq(z).to(reduce(String("reduce_min"), x, p)), positive(x)).then(positive(z))   # empty: +inf
+    yield from _kept_by_views(positive)
+    # at most one (-inf and NaN allowed)
+    yield rule(eq(z).to(unary(op, x)), at_most_one_op(op)).then(at_most_one(z))
+    yield rule(eq(z).to(lit(v, d)), v <= f64(1.0)).then(at_most_one(z))
+    yield rule(eq(z).to(unary(String("neg"), x)), nonneg(x)).then(at_most_one(z))
+    yield rule(eq(z).to(binary(String("min"), x, y)), at_most_one(x)).then(at_most_one(z))
+    yield rule(eq(z).to(binary(String("min"), x, y)), at_most_one(y)).then(at_most_one(z))
+    yield rule(eq(z).to(binary(String("max"), x, y)), at_most_one(x), at_most_one(y)).then(at_most_one(z))
+    yield rule(eq(z).to(binary(String("mul"), x, y)), at_most_one(x), nonneg(x), at_most_one(y), nonneg(y)).then(
+        at_most_one(z))
+    yield rule(eq(z).to(reduce(String("reduce_max"), x, p)), at_most_one(x)).then(at_most_one(z))   # empty: -inf
+    yield from _kept_by_views(at_most_one)
+
+
 def facts():
     """Ground facts the analyses need, registered once per e-graph."""
     bool_ops = flagged("bool_result")
@@ -200,7 +254,8 @@ def facts():
         nonneg_op(String(o)) for o in NONNEG_OPS] + [keeps_nonneg_op(String(o)) for o in KEEPS_NONNEG_OPS] + [
         pair_nonneg_op(String(o)) for o in PAIR_NONNEG_OPS] + [
         integral_op(String(o)) for o in INTEGRAL_OPS] + [keeps_integral_op(String(o)) for o in KEEPS_INTEGRAL_OPS] + [
-        pair_integral_op(String(o)) for o in PAIR_INTEGRAL_OPS] + [integer_dtype(String(t)) for t in INTEGER_DTYPES]
+        pair_integral_op(String(o)) for o in PAIR_INTEGRAL_OPS] + [integer_dtype(String(t)) for t in INTEGER_DTYPES] + [
+        keeps_finite_op(String(o)) for o in KEEPS_FINITE_OPS] + [at_most_one_op(String(o)) for o in AT_MOST_ONE_OPS]
 
 
 _adopted: list = []   # the analysis rules as read back from the cache (superopt/reuse.py), if built so
@@ -212,7 +267,7 @@ def analysis_rules() -> tuple:
     if _adopted:
         return _adopted[0]
     return (*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(), *_packing_rules(),
-            *_sign_rules(), *_integral_rules())
+            *_sign_rules(), *_integral_rules(), *_range_rules())
 
 
 def adopt(rules: tuple) -> None:

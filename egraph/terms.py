@@ -170,6 +170,13 @@ integral_op = relation("integral_op", String, egg_fn="integral_op")            #
 keeps_integral_op = relation("keeps_integral_op", String, egg_fn="keeps_integral_op")  # from such an input
 pair_integral_op = relation("pair_integral_op", String, egg_fn="pair_integral_op")     # from two such operands
 integer_dtype = relation("integer_dtype", String, egg_fn="integer_dtype")       # bool and the integer dtypes
+# Range analysis (egraph/analysis.py): every element is finite (no NaN, no +-inf); every element is at least
+# its dtype's smallest normal number (+inf and NaN allowed); every element is at most one (-inf, NaN allowed).
+finite = relation("finite", Tensor, egg_fn="finite")
+positive = relation("positive", Tensor, egg_fn="positive")
+at_most_one = relation("at_most_one", Tensor, egg_fn="at_most_one")
+keeps_finite_op = relation("keeps_finite_op", String, egg_fn="keeps_finite_op")   # finite from a finite input
+at_most_one_op = relation("at_most_one_op", String, egg_fn="at_most_one_op")      # at most one from any input
 # Conv params (an id into the encoding's table) whose output features and kernel output features are
 # both the last axis (NHWC / HWIO): a per-channel vector broadcast on the last axis scales both alike.
 conv_channels_last = relation("conv_channels_last", i64, egg_fn="conv_channels_last")

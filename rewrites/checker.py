@@ -37,7 +37,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, assume, given, settings, strategies as st
 from hypothesis.internal.conjecture import providers as _providers
 
-from superopt.core.dtypes import is_float
+from superopt.core.dtypes import is_float, smallest_normal
 from superopt.core.formats import FORMATS, LayoutError, packed_shape
 from superopt.core.ops import SCANS, flagged
 from superopt.core.reference import evaluate_node
@@ -218,6 +218,7 @@ class _Generator:
         self.column_vectors: set = set()  # ... as one column ([N, 1])
         self.nonneg: set = set()       # leaves drawn >= -0 (their magnitudes: NaN, +inf and zeros kept)
         self.integral: set = set()     # leaves drawn integral (truncated: NaN, +-inf and -0 kept)
+        self.ranges: dict = {}         # leaf -> the range facts it is drawn to meet ("finite", "positive", ...)
         ints = []
         cast_targets = {t for lhs, _ in rule.pairs for t in _cast_targets(lhs)}
         for lhs, _ in rule.pairs:
@@ -244,6 +245,8 @@ class _Generator:
                 self.nonneg.add(self.key(args[0]))
             if name == "integral" and _is_leaf(args[0]):
                 self.integral.add(self.key(args[0]))
+            if name in RANGE_FACTS and _is_leaf(args[0]):
+                self.ranges.setdefault(self.key(args[0]), set()).add(name)
         self.diagonals = {tuple(args[:3]) for name, args in rule.when if name == "main_diagonal"}
 
     def key(self, p):
@@ -493,6 +496,31 @@ class _Generator:
                 self.env[k] = np.where(self.env[k] == 0, self.env[k], np.abs(self.env[k]))
             if k in self.integral and is_float(self.env[k].dtype):   # -0.5 -> -0; NaN and +-inf stay
                 self.env[k] = np.trunc(self.env[k].astype(np.float64)).astype(self.env[k].dtype)
+            if k in self.ranges and is_float(self.env[k].dtype):
+                self.env[k] = _in_ranges(self.env[k], self.ranges[k])
+
+
+RANGE_FACTS = ("finite", "positive", "at_most_one")
+
+
+def _in_ranges(values: np.ndarray, facts: set) -> np.ndarray:
+    """`values` moved into the range facts (rewrites/functions.py) a rule's leaf must meet, keeping every
+    value that meets them already: NaN and inf become 1 where finite; values below the smallest normal
+    number become their magnitude plus it where positive; values above 1 become 1 - v where at most one."""
+    v = values.astype(np.float64)
+    if "finite" in facts:
+        v = np.where(np.isfinite(v), v, 1.0)
+    if "positive" in facts:
+        tiny = smallest_normal(values.dtype)
+        v = np.where(v < tiny, np.abs(v) + tiny, v)
+    if "at_most_one" in facts:
+        v = np.where(v > 1, 1 - v, v)
+    if {"positive", "at_most_one"} <= facts:   # both: what left [tiny, 1] takes 0.5 (NaN stays)
+        v = np.where((v < smallest_normal(values.dtype)) | (v > 1), 0.5, v)
+    out = v.astype(values.dtype)
+    if "finite" in facts:   # a value that rounds to inf in the dtype (float16 past 65504)
+        out = np.where(np.isfinite(out.astype(np.float64)), out, np.asarray(1.0, values.dtype))
+    return out
 
 
 def _inner_of(gen: _Generator, shape: tuple) -> tuple:

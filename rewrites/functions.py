@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 
 from superopt.core import lazy
-from superopt.core.dtypes import is_float
+from superopt.core.dtypes import is_float, smallest_normal
 from superopt.core.formats import FORMATS
 from superopt.egraph.capture import capture
 from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var, _coerce
@@ -52,6 +52,13 @@ class AttributeFn:
     py: Callable             # (*values) -> value
     ranks: Callable = lambda *args: ()
 
+
+
+def _positive_py(t) -> bool:
+    values = np.asarray(t)
+    tiny = smallest_normal(values.dtype) if is_float(values.dtype) else 1.0
+    values = values.astype(np.float64)
+    return not np.any(values < tiny)     # NaN compares false: allowed
 
 
 def _integral_py(t) -> bool:
@@ -209,6 +216,15 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
     Predicate("nonneg", (TENSOR,), "no element is below -0 (each is +-0, positive, +inf or NaN), as the sign "
               "analysis derives it (egraph/analysis.py)",
               lambda c, t: [[T.nonneg(c.expr(t))]], lambda t: not np.any(np.asarray(t, dtype=np.float64) < 0)),
+    Predicate("finite", (TENSOR,), "no element is NaN or +-inf, as the range analysis derives it "
+              "(egraph/analysis.py)", lambda c, t: [[T.finite(c.expr(t))]],
+              lambda t: bool(np.all(np.isfinite(np.asarray(t, dtype=np.float64))))),
+    Predicate("positive", (TENSOR,), "every element is at least its dtype's smallest normal number, +inf or NaN, "
+              "as the range analysis derives it (egraph/analysis.py)", lambda c, t: [[T.positive(c.expr(t))]],
+              lambda t: _positive_py(t)),
+    Predicate("at_most_one", (TENSOR,), "no element is above 1 (-inf and NaN allowed), as the range analysis "
+              "derives it (egraph/analysis.py)", lambda c, t: [[T.at_most_one(c.expr(t))]],
+              lambda t: not np.any(np.asarray(t, dtype=np.float64) > 1)),
     Predicate("integral", (TENSOR,), "every element is an integer, +-inf or NaN, as the integer analysis derives "
               "it (egraph/analysis.py)",
               lambda c, t: [[T.integral(c.expr(t))]], lambda t: _integral_py(t)),

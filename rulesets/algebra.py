@@ -6,9 +6,9 @@ cheaper is the cost model's business, so identities that can pay either way are 
 from __future__ import annotations
 
 from superopt.rewrites.pattern import (
-    add, app, arg, axes_of, binary, broadcast, compose, concat, const, conv, dim, div, dtypes, exp, floats, iadd,
-    ints, lit, log, last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_at, set_last,
-    shape_of, scan, slice_, sub, tensors, transpose, unary, vecs, zeros_like, integer_pow,
+    add, app, arg, axes_of, binary, broadcast, compose, concat, const, conv, dim, div, dtype_of, dtypes, exp,
+    floats, iadd, ints, lit, log, last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_at,
+    set_last, shape_of, scan, slice_, sub, tensors, transpose, unary, vecs, zeros_like, integer_pow,
 )
 from superopt.rewrites.rule import RuleSet, multi_rule, rule, when
 
@@ -172,7 +172,8 @@ ALGEBRA = RuleSet("algebra", {
              doc="sum(x, axis=0) -> ones @ x (x a float32 matrix)"),
     ],
     # Identities on a known domain: the sign analysis (egraph/analysis.py) proves x >= -0 (NaN allowed), the
-    # integer analysis that every element is an integer (inf and NaN allowed).
+    # integer analysis that every element is an integer (inf and NaN allowed), the range analysis that every
+    # element is finite, at least the smallest normal number, or at most one.
     "domain": [
         rule("exp-of-log-of-nonneg", unary("exp", unary("log", x)), x, when("nonneg", x), numerics="rounding",
              doc="exp(log(x)) -> x where x >= 0 (log(0) = -inf and exp(-inf) = 0; inf and NaN stay)"),
@@ -183,6 +184,16 @@ ALGEBRA = RuleSet("algebra", {
         *(rule(f"{name.replace('_', '-')}-of-integral", unary(name, x), x, when("integral", x),
                doc=f"{name}(x) -> x where every element of x is an integer (or +-inf, NaN, -0: kept as they are)")
           for name in ("floor", "ceil", "round", "round_even")),
+        rule("sub-self-of-finite", sub(x, x), broadcast(lit(0.0, dtype_of(x)), shape_of(x), ()),
+             when("finite", x), when("float_dtype", dtype_of(x)),
+             doc="x - x -> 0 where no element of x is NaN or inf (a finite x - x is +0)"),
+        rule("div-self-of-finite-positive", div(x, x), broadcast(lit(1.0, dtype_of(x)), shape_of(x), ()),
+             when("finite", x), when("positive", x), when("float_dtype", dtype_of(x)),
+             doc="x / x -> 1 where every element of x is finite and at least the smallest normal number"),
+        rule("min-one-of-at-most-one", binary("min", x, lit(1.0, d)), x, when("at_most_one", x),
+             numerics="rounding", doc="min(x, 1) -> x where no element of x is above 1 (NaN stays NaN)"),
+        rule("min-one-of-at-most-one-left", binary("min", lit(1.0, d), x), x, when("at_most_one", x),
+             numerics="rounding", doc="min(1, x) -> x where no element of x is above 1 (NaN stays NaN)"),
         rule("relu-of-nonneg", binary("max", x, lit(0.0, d)), x, when("nonneg", x), numerics="rounding",
              doc="max(x, 0) -> x where x >= 0 (max(-0, 0) is +0: a zero's sign only; NaN stays NaN)"),
     ],

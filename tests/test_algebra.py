@@ -100,6 +100,11 @@ FIRES = {
     "column-sums-of-scaled-columns": (lambda a, v: jnp.sum(a * v[:, None], axis=0), (A, V[:, 0])),
     "row-sums-as-matvec": (lambda a: jnp.sum(a, axis=1), (A,)),
     "floor-of-integral": (lambda a: jnp.floor(a.astype(jnp.int32) * 2.0), (A,)),
+    "sub-self-of-finite": (lambda a: (lambda t: t - t + a)(jnp.tanh(a.astype(jnp.int32).astype(jnp.float32))), (A,)),
+    "div-self-of-finite-positive": (lambda a: (lambda c: c / c + a)(
+        jnp.maximum(jnp.tanh(a.astype(jnp.int32).astype(jnp.float32)), 0.5)), (A,)),
+    "min-one-of-at-most-one": (lambda a: jnp.minimum(jax.nn.sigmoid(a), 1.0), (A,)),
+    "min-one-of-at-most-one-left": (lambda a: jnp.minimum(1.0, jax.nn.sigmoid(a) * jax.nn.sigmoid(-a)), (A,)),
     "ceil-of-integral": (lambda a: jnp.ceil(jnp.floor(a) - jnp.round(a)), (A,)),
     "round-of-integral": (lambda a: lax.round(jnp.abs(jnp.ceil(a)) ** 2 + 1.0), (A,)),   # away from zero
     "round-even-of-integral": (lambda a: jnp.round(jnp.arange(64.0).reshape(8, 8) * a.astype(jnp.int8)), (A,)),
@@ -204,6 +209,31 @@ def test_rounding_is_dropped_only_where_the_integer_analysis_proves_every_elemen
     graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
     assert "floor" not in graph.op_counts()
     np.testing.assert_array_equal(np.asarray(lower(graph)(A)[0]), np.asarray(fn(A)))
+
+
+RANGE = ("sub-self-of-finite", "div-self-of-finite-positive", "min-one-of-at-most-one",
+         "min-one-of-at-most-one-left")
+
+
+def test_range_rules_fire_only_where_the_range_analysis_proves_the_range():
+    # an argument may hold NaN or inf; tanh of a finite value may be 0; a product of two values <= 1 may be
+    # above 1 (-2 * -2); XLA's erf reaches 1.0000001; float16 holds no int32 past 65504
+    for fn in (lambda a: a - a + 1.0, lambda a: jnp.tanh(a) - jnp.tanh(a),
+               lambda a: (lambda t: t / t)(jnp.tanh(a.astype(jnp.int32).astype(jnp.float32))),
+               lambda a: jnp.minimum(jnp.tanh(a) * jnp.tanh(a - 1.0) - 1.0, 1.0) * jnp.minimum(jnp.exp(a), 1.0),
+               lambda a: jnp.minimum(jax.scipy.special.erf(a), 1.0),
+               lambda a: (lambda h: h - h)(a.astype(jnp.int32).astype(jnp.float16))):
+        _, _, report = saturated(fn, (A,))
+        assert not any(report.matches.get(name, 0) for name in RANGE), report.fired
+    # an int cast is finite, so its tanh is, and the max of that with 0.5 is finite and positive: x / x goes,
+    # and min(sigmoid, 1) goes
+    fn = lambda a: (lambda c: c / c)(jnp.maximum(jnp.tanh(a.astype(jnp.int32).astype(jnp.float32)), 0.5)) \
+        + jnp.minimum(jax.nn.sigmoid(a), 1.0)   # noqa: E731
+    _, enc, report = saturated(fn, (A,))
+    assert report.matches["div-self-of-finite-positive"] > 0 and report.matches["min-one-of-at-most-one"] > 0
+    graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
+    assert "div" not in graph.op_counts() and "min" not in graph.op_counts(), graph.op_counts()
+    np.testing.assert_allclose(np.asarray(lower(graph)(A)[0]), np.asarray(fn(A)), rtol=1e-6)
 
 
 def test_a_sum_of_an_outer_product_is_not_taken_for_a_matrix_vector_product():

@@ -217,12 +217,14 @@ RANGE = ("sub-self-of-finite", "div-self-of-finite-positive", "min-one-of-at-mos
 
 def test_range_rules_fire_only_where_the_range_analysis_proves_the_range():
     # an argument may hold NaN or inf; tanh of a finite value may be 0; a product of two values <= 1 may be
-    # above 1 (-2 * -2); XLA's erf reaches 1.0000001; float16 holds no int32 past 65504
+    # above 1 (-2 * -2); XLA's erf reaches 1.0000001; float16 holds no int32 past 65504, and a float16
+    # iota counts to inf past 65504 elements
     for fn in (lambda a: a - a + 1.0, lambda a: jnp.tanh(a) - jnp.tanh(a),
                lambda a: (lambda t: t / t)(jnp.tanh(a.astype(jnp.int32).astype(jnp.float32))),
                lambda a: jnp.minimum(jnp.tanh(a) * jnp.tanh(a - 1.0) - 1.0, 1.0) * jnp.minimum(jnp.exp(a), 1.0),
                lambda a: jnp.minimum(jax.scipy.special.erf(a), 1.0),
-               lambda a: (lambda h: h - h)(a.astype(jnp.int32).astype(jnp.float16))):
+               lambda a: (lambda h: h - h)(a.astype(jnp.int32).astype(jnp.float16)),
+               lambda a: (lambda r: r - r)(jnp.arange(64, dtype=jnp.float16).reshape(8, 8)) * a):
         _, _, report = saturated(fn, (A,))
         assert not any(report.matches.get(name, 0) for name in RANGE), report.fired
     # an int cast is finite, so its tanh is, and the max of that with 0.5 is finite and positive: x / x goes,

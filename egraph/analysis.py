@@ -12,13 +12,13 @@ products, min and max, reductions, views), for rules that hold on a known domain
 is one too, derived from integer and bool dtypes, integer literals, iota and rounding ops and kept by sums,
 differences, products, min, max, their reductions and views (`floor(x) = x` where x is integral). So are
 three range facts: `finite` (no NaN or inf: integer and bool dtypes and their casts to float32, float64 or
-bfloat16, finite literals, kept by the ops
-that cannot overflow, such as neg, abs, sign, rounding, logistic, tanh, sin, cos, min and max), `positive` (at
-least the dtype's smallest normal number, +inf and NaN allowed: literals, cosh, and what keeps it: sqrt, abs,
-max with anything, a sum with a value >= -0, min and the smallest element of such values) and `at_most_one`
-(-inf and NaN allowed: logistic, tanh, sin, cos, literals, a min with such a value, a max or product of such
-values, the negation of a value >= -0). Rules use them as predicates: x - x = 0 where x is finite, x / x = 1
-where it is finite and positive, min(x, 1) = x where x is at most one.
+bfloat16, finite literals, kept by the ops that cannot overflow, such as neg, abs, sign, rounding, logistic,
+tanh, sin, cos, min and max), `positive` (at least the dtype's smallest normal number, +inf and NaN allowed:
+literals, cosh, and what keeps it: sqrt, abs, max with anything, a sum with a value >= -0, min and the
+smallest element of such values) and `at_most_one` (-inf and NaN allowed: logistic, tanh, sin, cos, literals,
+a min with such a value, a max or product of such values, the negation of a value >= -0). Rules use them as
+predicates: x - x = 0 where x is finite, x / x = 1 where it is finite and positive, min(x, 1) = x where x is
+at most one.
 """
 from __future__ import annotations
 

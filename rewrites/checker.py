@@ -216,9 +216,7 @@ class _Generator:
         self.dtype_hints: dict = {}
         self.row_vectors: set = set()  # leaves that broadcast as one row ([1, N]) where a matrix is wanted
         self.column_vectors: set = set()  # ... as one column ([N, 1])
-        self.nonneg: set = set()       # leaves drawn >= -0 (their magnitudes: NaN, +inf and zeros kept)
-        self.integral: set = set()     # leaves drawn integral (truncated: NaN, +-inf and -0 kept)
-        self.ranges: dict = {}         # leaf -> the range facts it is drawn to meet ("finite", "positive", ...)
+        self.facts: dict = {}          # leaf -> the analysis facts it is drawn to meet (`_meeting`)
         ints = []
         cast_targets = {t for lhs, _ in rule.pairs for t in _cast_targets(lhs)}
         for lhs, _ in rule.pairs:
@@ -241,12 +239,8 @@ class _Generator:
                 self.row_vectors.add(self.key(args[0]))
             if name == "column_vector" and _is_leaf(args[0]):
                 self.column_vectors.add(self.key(args[0]))
-            if name == "nonneg" and _is_leaf(args[0]):
-                self.nonneg.add(self.key(args[0]))
-            if name == "integral" and _is_leaf(args[0]):
-                self.integral.add(self.key(args[0]))
-            if name in RANGE_FACTS and _is_leaf(args[0]):
-                self.ranges.setdefault(self.key(args[0]), set()).add(name)
+            if name in LEAF_FACTS and _is_leaf(args[0]):
+                self.facts.setdefault(self.key(args[0]), set()).add(name)
         self.diagonals = {tuple(args[:3]) for name, args in rule.when if name == "main_diagonal"}
 
     def key(self, p):
@@ -492,31 +486,34 @@ class _Generator:
         for k, (shape, dtype) in sorted(self.types.items(), key=lambda kv: str(kv[0])):
             drawn = _arrays if math.prod(shape) <= DRAWN_ELEMENTS else _large_arrays
             self.env[k] = self.draw(drawn(shape, dtype, numerics))
-            if k in self.nonneg:   # -0 stays: it is >= -0
-                self.env[k] = np.where(self.env[k] == 0, self.env[k], np.abs(self.env[k]))
-            if k in self.integral and is_float(self.env[k].dtype):   # -0.5 -> -0; NaN and +-inf stay
-                self.env[k] = np.trunc(self.env[k].astype(np.float64)).astype(self.env[k].dtype)
-            if k in self.ranges and is_float(self.env[k].dtype):
-                self.env[k] = _in_ranges(self.env[k], self.ranges[k])
+            if k in self.facts:
+                self.env[k] = _meeting(self.env[k], self.facts[k])
 
 
-RANGE_FACTS = ("finite", "positive", "at_most_one")
+LEAF_FACTS = ("nonneg", "integral", "finite", "positive", "at_most_one")
 
 
-def _in_ranges(values: np.ndarray, facts: set) -> np.ndarray:
-    """`values` moved into the range facts (rewrites/functions.py) a rule's leaf must meet, keeping every
-    value that meets them already: NaN and inf become 1 where finite; values below the smallest normal
-    number become their magnitude plus it where positive; values above 1 become 1 - v where at most one."""
-    v = values.astype(np.float64)
+def _meeting(values: np.ndarray, facts: set) -> np.ndarray:
+    """`values` moved into the analysis facts (rewrites/functions.py) a rule's leaf must meet, keeping every
+    value that meets them already: negative values take their magnitude where nonneg (-0 stays: it is >= -0);
+    on floats, values are truncated where integral (-0.5 -> -0; NaN and +-inf stay), NaN and inf become 1
+    where finite, values below the smallest normal number become their magnitude plus it where positive,
+    values above 1 become 1 - v where at most one."""
+    if "nonneg" in facts:
+        values = np.where(values == 0, values, np.abs(values))
+    if not is_float(values.dtype) or not facts - {"nonneg"}:
+        return values
+    v, tiny = values.astype(np.float64), smallest_normal(values.dtype)
+    if "integral" in facts:
+        v = np.trunc(v)
     if "finite" in facts:
         v = np.where(np.isfinite(v), v, 1.0)
     if "positive" in facts:
-        tiny = smallest_normal(values.dtype)
         v = np.where(v < tiny, np.abs(v) + tiny, v)
     if "at_most_one" in facts:
         v = np.where(v > 1, 1 - v, v)
     if {"positive", "at_most_one"} <= facts:   # both: what left [tiny, 1] takes 0.5 (NaN stays)
-        v = np.where((v < smallest_normal(values.dtype)) | (v > 1), 0.5, v)
+        v = np.where((v < tiny) | (v > 1), 0.5, v)
     out = v.astype(values.dtype)
     if "finite" in facts:   # a value that rounds to inf in the dtype (float16 past 65504)
         out = np.where(np.isfinite(out.astype(np.float64)), out, np.asarray(1.0, values.dtype))

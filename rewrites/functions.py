@@ -53,7 +53,6 @@ class AttributeFn:
     ranks: Callable = lambda *args: ()
 
 
-
 def _positive_py(t) -> bool:
     values = np.asarray(t)
     tiny = smallest_normal(values.dtype) if is_float(values.dtype) else 1.0
@@ -68,6 +67,7 @@ def _integral_py(t) -> bool:
     values = values.astype(np.float64)
     finite = values[np.isfinite(values)]
     return bool(np.all(np.floor(finite) == finite))
+
 
 def _vec(values) -> E.Vec[E.i64]:
     values = [v if not isinstance(v, int) else E.i64(v) for v in values]
@@ -259,8 +259,7 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
 
 def _dtype_range(dtype: str) -> tuple[float, float]:
     """(smallest normal, largest finite) of a float dtype."""
-    info = ml_dtypes.finfo(dtype)
-    return float(info.tiny), float(info.max)
+    return smallest_normal(dtype), float(ml_dtypes.finfo(dtype).max)
 
 
 def _in_range_egg(v, d) -> list:

@@ -142,9 +142,10 @@ def rule(name: str, lhs: Pattern, rhs: Pattern, *conditions, doc: str, two_way: 
                 targets=tuple(targets))
 
 
-def multi_rule(name: str, pairs, *conditions, doc: str, numerics: str = "exact") -> Rule:
-    """Several patterns matched together; each lhs_i is unioned with its rhs_i."""
-    return Rule(name, tuple(pairs), tuple(conditions), False, numerics, doc, source=_caller())
+def multi_rule(name: str, pairs, *conditions, doc: str, numerics: str = "exact", targets: tuple = ()) -> Rule:
+    """Several patterns matched together; each lhs_i is unioned with its rhs_i (`targets` as for `rule`)."""
+    return Rule(name, tuple(pairs), tuple(conditions), False, numerics, doc, source=_caller(),
+                targets=tuple(targets))
 
 
 @dataclass

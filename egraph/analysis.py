@@ -56,9 +56,11 @@ def _elementwise_rules():
                eq(t.length()).to(i64(0))).then(set_(shape(z)).to(s))
     yield rule(eq(z).to(binary(op, x, y)), eq(s).to(shape(x)), eq(s.length()).to(i64(0)), eq(t).to(shape(y))).then(
         set_(shape(z)).to(t))
+    # (an axis of 1 against one of 0 is 0: the larger extent, times 0 where either is 0)
     for r in range(1, MAX_RANK + 1):
         yield rule(eq(z).to(binary(op, x, y)), eq(s).to(shape(x)), eq(s.length()).to(i64(r)), eq(t).to(shape(y)),
-                   eq(t.length()).to(i64(r))).then(set_(shape(z)).to(Vec[i64](*(s[i].max(t[i]) for i in range(r)))))
+                   eq(t.length()).to(i64(r))).then(set_(shape(z)).to(
+                       Vec[i64](*(s[i].max(t[i]) * s[i].min(t[i]).min(i64(1)) for i in range(r)))))
     yield rule(eq(z).to(binary(op, x, y)), eq(d).to(dtype(x)), same_dtype_op(op)).then(set_(dtype(z)).to(d))
     yield rule(eq(z).to(binary(op, x, y)), bool_result_op(op)).then(set_(dtype(z)).to(String("bool")))
     yield rule(eq(z).to(integer_pow(x, k)), eq(s).to(shape(x)), eq(d).to(dtype(x))).then(

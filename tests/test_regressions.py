@@ -228,3 +228,17 @@ def test_pallas_program_passes_its_own_check_on_a_bf16_program():
     fast(*args)
     assert "failed verification" not in fast.report.backend, fast.report.backend
     assert fast.report.backend.startswith("pallas"), fast.report.backend
+
+
+def test_a_size_one_axis_broadcast_against_an_empty_one_is_empty():
+    """(issue 33, found by tests/test_analysis.py) a row maximum kept as (3, 1) subtracted from a (3, 0)
+    array: the shape analysis gave the difference the larger extent, 1, against the captured 0, and egglog
+    stopped the saturation ("Illegal merge attempted for function shape"), so superopt kept the original.
+    Fixed in egraph/analysis.py: an axis of 1 against one of 0 is 0."""
+    fn = lambda a: jnp.exp(a - jnp.max(a, axis=1, keepdims=True, initial=-jnp.inf)) * 2.0   # noqa: E731
+    a = np.zeros((3, 0), np.float32)
+    _, _, frozen = _saturated(fn, (a,))
+    assert frozen.shapes[frozen.outputs[0]] == (3, 0)
+    fast = superopt(fn, cache=False)
+    assert fast(a).shape == (3, 0)
+    assert "saturation failed" not in (fast.report.reason or ""), fast.report.reason

@@ -16,9 +16,16 @@ bfloat16, finite literals, kept by the ops that cannot overflow, such as neg, ab
 tanh, sin, cos, min and max), `positive` (at least the dtype's smallest normal number, +inf and NaN allowed:
 literals, cosh, and what keeps it: sqrt, abs, max with anything, a sum with a value >= -0, min and the
 smallest element of such values) and `at_most_one` (-inf and NaN allowed: logistic, tanh, sin, cos, literals,
-a min with such a value, a max or product of such values, the negation of a value >= -0). Rules use them as
+a min with such a value, a max or product of such values, a value <= +0 and its exp). Rules use them as
 predicates: x - x = 0 where x is finite, x / x = 1 where it is finite and positive, min(x, 1) = x where x is
 at most one.
+
+Softmax and normalizations are sources through facts about rows: `row_max` and `peak` (a value's maximum
+along some axes, and that broadcast back against it), from which a value less its own maximum is `nonpos`
+(at most +0) and its exp at most one; `tops_one` (exp of that has exp(0) = 1 in each row), from which its
+sum along the same axes is `at_least_one`; `row_sum` (a sum of values >= -0 broadcast back against them),
+from which a quotient of those values by it, where it is positive, is at most one. A variance is nonneg (a
+sum of squares over a positive count), and positive once an epsilon that is a normal number is added.
 """
 from __future__ import annotations
 
@@ -31,15 +38,17 @@ from superopt.core.formats import FORMATS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, conv,
     conv_int32, convert,
-    dtype, fractal_matmul, integer_dtype, integer_pow, integral, integral_op, iota, keeps_integral_op,
+    dtype, fractal_matmul, ints, integer_dtype, integer_pow, integral, integral_op, iota, keeps_integral_op,
     keeps_nonneg_op, lit, matmul, nonneg, nonneg_op, pack, pad, pair_integral_op, pair_nonneg_op, pool, reduce,
     reshape, scan, select, shape, slice_, tcons, tnil, transpose, unary, unpack,
-    finite, positive, at_most_one, keeps_finite_op, at_most_one_op,
+    finite, positive, at_most_one, keeps_finite_op, at_most_one_op, nonpos, at_least_one, row_max, peak, kept_axes,
+    tops_one, row_sum, widening,
 )
 
 MAX_RANK = 6
 
 x, y, z, w = vars_("x y z w", Tensor)
+w2, u, u2 = vars_("w2 u u2", Tensor)
 v = var("v", f64)
 xs, rest = vars_("xs rest", TList)
 s, t, p, a, b, c = vars_("s t p a b c", Vec[i64])
@@ -148,7 +157,7 @@ def _concat_rules():
 # The sign analysis's op tables. Unary ops whose every result is >= -0 or NaN (sqrt(-0) is -0, of a negative
 # NaN); unary ops that keep such a value so (log1p(-0) = -0, tanh(+inf) = 1); binary ops of two such
 # operands that give one (a sum, a product: 0 * inf is NaN; not a quotient, x / -0 is -inf).
-NONNEG_OPS = ("exp", "exp2", "abs", "sqrt", "logistic", "cosh")
+NONNEG_OPS = ("exp", "exp2", "abs", "sqrt", "square", "logistic", "cosh")
 KEEPS_NONNEG_OPS = ("log1p", "tanh", "sinh", "expm1", "floor", "ceil", "round", "sign", "erf", "atan", "asinh")
 PAIR_NONNEG_OPS = ("add", "mul", "max", "min")
 SIGN_REDUCTIONS = ("reduce_sum", "reduce_prod", "reduce_min")   # not reduce_max: its empty reduction is -inf
@@ -167,7 +176,18 @@ def _sign_rules():
     for name in SIGN_REDUCTIONS:
         yield rule(eq(z).to(reduce(String(name), x, p)), nonneg(x)).then(nonneg(z))
     yield from _kept_by_views(nonneg)
+    yield from _kept_by_nan_guard(nonneg)
     yield rule(eq(z).to(convert(x, d)), nonneg(x), float_dtype(d)).then(nonneg(z))
+    for unsigned in ("bool", "uint8", "uint16", "uint32", "uint64"):
+        yield rule(eq(dtype(z)).to(String(unsigned))).then(nonneg(z))
+    # from the range analysis's facts: a quotient by a value >= the smallest normal (x / +inf is 0), the
+    # negation of a value <= +0, a value <= +0 taken from one >= -0, a log of a value >= 1 (XLA's is 0 or more
+    # on every float32 in [1, 2], every float16 and bfloat16 >= 1), rsqrt of a positive value (rsqrt(+inf) = 0)
+    yield rule(eq(z).to(binary(String("div"), x, y)), nonneg(x), positive(y)).then(nonneg(z))
+    yield rule(eq(z).to(unary(String("neg"), x)), nonpos(x)).then(nonneg(z))
+    yield rule(eq(z).to(binary(String("sub"), x, y)), nonneg(x), nonpos(y)).then(nonneg(z))
+    yield rule(eq(z).to(unary(String("log"), x)), at_least_one(x)).then(nonneg(z))
+    yield rule(eq(z).to(unary(String("rsqrt"), x)), positive(x)).then(nonneg(z))
 
 
 def _kept_by_views(fact):
@@ -177,6 +197,14 @@ def _kept_by_views(fact):
     yield rule(eq(z).to(transpose(x, p)), fact(x)).then(fact(z))
     yield rule(eq(z).to(slice_(x, s, t, p)), fact(x)).then(fact(z))
     yield rule(eq(z).to(select(w, x, y)), fact(x), fact(y)).then(fact(z))
+    yield rule(eq(z).to(unary(String("stop_gradient"), x)), fact(x)).then(fact(z))
+
+
+def _kept_by_nan_guard(fact):
+    """jnp.logaddexp(c, y) (and so softplus) chooses c + y where c - y is NaN and its result elsewhere: with y
+    finite, that is only where c is NaN, so c + y is NaN too, which every fact but `finite` allows."""
+    yield rule(eq(z).to(select(w, x, w2)), eq(w).to(binary(String("ne"), y, y)), eq(y).to(binary(String("sub"), u, u2)),
+               eq(w2).to(binary(String("add"), u, u2)), finite(u2), fact(x)).then(fact(z))
 
 
 # The integer analysis's op tables: unary ops whose every result is an integer, +-inf or NaN; unary ops
@@ -224,6 +252,12 @@ def _range_rules():
     # positive: at least the dtype's smallest normal number (+inf and NaN allowed), so no flush to zero of
     # a subnormal makes it 0; a literal at least float16's smallest normal, 2**-14, the largest of them
     yield rule(eq(z).to(lit(v, d)), v >= f64(2.0 ** -14)).then(positive(z))
+    for wide, tiny in (("float32", 2.0 ** -126), ("bfloat16", 2.0 ** -126), ("float64", 2.0 ** -1022)):
+        yield rule(eq(z).to(lit(v, String(wide))), v >= f64(tiny)).then(positive(z))   # an epsilon of 1e-5
+    yield rule(at_least_one(z)).then(positive(z))
+    # rsqrt of a finite positive value is finite and positive (rsqrt(2**-126) is 2**63, of 65504 is 2**-8)
+    yield rule(eq(z).to(unary(String("rsqrt"), x)), finite(x), positive(x)).then(finite(z), positive(z))
+    yield rule(eq(z).to(unary(String("sqrt"), x)), finite(x), nonneg(x)).then(finite(z))
     yield rule(eq(z).to(unary(String("cosh"), x))).then(positive(z))
     for name in ("sqrt", "abs"):
         yield rule(eq(z).to(unary(String(name), x)), positive(x)).then(positive(z))
@@ -232,12 +266,18 @@ def _range_rules():
     yield rule(eq(z).to(binary(String("min"), x, y)), positive(x), positive(y)).then(positive(z))
     yield rule(eq(z).to(binary(String("add"), x, y)), positive(x), nonneg(y)).then(positive(z))
     yield rule(eq(z).to(binary(String("add"), x, y)), nonneg(x), positive(y)).then(positive(z))
+    yield rule(eq(z).to(binary(String("sub"), x, y)), positive(x), nonpos(y)).then(positive(z))
     yield rule(eq(z).to(reduce(String("reduce_min"), x, p)), positive(x)).then(positive(z))   # empty: +inf
     yield from _kept_by_views(positive)
     # at most one (-inf and NaN allowed)
     yield rule(eq(z).to(unary(op, x)), at_most_one_op(op)).then(at_most_one(z))
     yield rule(eq(z).to(lit(v, d)), v <= f64(1.0)).then(at_most_one(z))
-    yield rule(eq(z).to(unary(String("neg"), x)), nonneg(x)).then(at_most_one(z))
+    yield rule(nonpos(z)).then(at_most_one(z))
+    # XLA's exp is at most 1 on every float32 in [-1, -0] and every float16 and bfloat16 <= 0
+    yield rule(eq(z).to(unary(String("exp"), x)), nonpos(x)).then(at_most_one(z))
+    # a quotient by the sum along axes p of values >= -0 (a softmax): the sum is each of them or more, as
+    # rounding is monotone, and at least the smallest normal number, so no flush to zero makes it less
+    yield rule(eq(z).to(binary(String("div"), x, y)), row_sum(y, x, p), positive(y)).then(at_most_one(z))
     yield rule(eq(z).to(binary(String("min"), x, y)), at_most_one(x)).then(at_most_one(z))
     yield rule(eq(z).to(binary(String("min"), x, y)), at_most_one(y)).then(at_most_one(z))
     yield rule(eq(z).to(binary(String("max"), x, y)), at_most_one(x), at_most_one(y)).then(at_most_one(z))
@@ -245,19 +285,107 @@ def _range_rules():
         at_most_one(z))
     yield rule(eq(z).to(reduce(String("reduce_max"), x, p)), at_most_one(x)).then(at_most_one(z))   # empty: -inf
     yield from _kept_by_views(at_most_one)
+    yield from _nonpos_rules()
+    yield from _at_least_one_rules()
 
 
-def facts():
+def _row_max_rules():
+    """`row_max(m, x, p)`: m is the largest element of x along axes p, none of them empty (NaN where one is)."""
+    for r in range(1, MAX_RANK + 1):
+        yield rule(eq(z).to(reduce(String("reduce_max"), x, p)), eq(p.length()).to(i64(r)), eq(s).to(shape(x)),
+                   *(s[p[i]] > i64(0) for i in range(r))).then(row_max(z, x, p))
+    # jax.nn.softmax takes max(-inf, the row maxima): each is -inf or more
+    yield rule(eq(z).to(binary(String("max"), y, w)), eq(y).to(lit(v, d)), v < f64(-1.7976931348623157e308),
+               row_max(w, x, p)).then(row_max(z, x, p))
+    yield rule(eq(z).to(binary(String("max"), w, y)), eq(y).to(lit(v, d)), v < f64(-1.7976931348623157e308),
+               row_max(w, x, p)).then(row_max(z, x, p))
+    # `peak(y, x, p)`: y is such a maximum broadcast back so that each element of x meets its own
+    yield rule(eq(y).to(broadcast(w, s, c)), row_max(w, x, p), kept_axes(p, c)).then(peak(y, x, p))
+    yield rule(eq(z).to(unary(String("stop_gradient"), y)), peak(y, x, p)).then(peak(z, x, p))
+
+
+def _nonpos_rules():
+    """`nonpos`: no element above +0 (-inf and NaN allowed). Its source that matters is a value less its own
+    maximum along some axes, broadcast back (softmax, logsumexp): exactly <= 0, so rounded <= 0, as is a
+    flush to zero of it."""
+    yield rule(eq(z).to(binary(String("sub"), x, y)), peak(y, x, p)).then(nonpos(z))
+    yield rule(eq(z).to(lit(v, d)), v <= f64(0.0)).then(nonpos(z))   # egglog orders NaN above +inf: not NaN
+    yield rule(eq(z).to(unary(String("neg"), x)), nonneg(x)).then(nonpos(z))
+    yield rule(eq(z).to(unary(op, x)), keeps_nonneg_op(op), nonpos(x)).then(nonpos(z))   # odd, monotone, f(0) = 0
+    yield rule(eq(z).to(binary(String("sub"), x, y)), nonpos(x), nonneg(y)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), nonpos(x), nonpos(y)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("mul"), x, y)), nonpos(x), nonneg(y)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("mul"), x, y)), nonneg(x), nonpos(y)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("div"), x, y)), nonpos(x), positive(y)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("min"), x, y)), nonpos(x)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("min"), x, y)), nonpos(y)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("max"), x, y)), nonpos(x), nonpos(y)).then(nonpos(z))
+    for name in ("reduce_sum", "reduce_max"):   # not reduce_min: its empty reduction is +inf
+        yield rule(eq(z).to(reduce(String(name), x, p)), nonpos(x)).then(nonpos(z))
+    yield from _kept_by_views(nonpos)
+    yield rule(eq(z).to(convert(x, d)), nonpos(x), float_dtype(d)).then(nonpos(z))
+
+
+def _at_least_one_rules():
+    """`at_least_one`: no element below 1 (+inf and NaN allowed). Its source that matters is the sum along
+    axes p of exp(x - its maximum along p): the maximum's own term is exp(0) = 1 and the others are >= 0."""
+    yield rule(eq(z).to(reduce(String("reduce_sum"), x, p)), tops_one(x, p), nonneg(x)).then(at_least_one(z))
+    yield rule(eq(z).to(lit(v, d)), v >= f64(1.0)).then(at_least_one(z))
+    # XLA's exp is at least 1 on every float32 in [+0, 1] and every float16 and bfloat16 >= 0
+    yield rule(eq(z).to(unary(String("exp"), x)), nonneg(x)).then(at_least_one(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), at_least_one(x), nonneg(y)).then(at_least_one(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), nonneg(x), at_least_one(y)).then(at_least_one(z))
+    yield rule(eq(z).to(binary(String("mul"), x, y)), at_least_one(x), at_least_one(y)).then(at_least_one(z))
+    yield rule(eq(z).to(binary(String("max"), x, y)), at_least_one(x)).then(at_least_one(z))
+    yield rule(eq(z).to(binary(String("max"), x, y)), at_least_one(y)).then(at_least_one(z))
+    yield rule(eq(z).to(binary(String("min"), x, y)), at_least_one(x), at_least_one(y)).then(at_least_one(z))
+    yield rule(eq(z).to(reduce(String("reduce_min"), x, p)), at_least_one(x)).then(at_least_one(z))   # empty: +inf
+    yield from _kept_by_views(at_least_one)
+    yield rule(eq(z).to(convert(x, d)), at_least_one(x), float_dtype(d)).then(at_least_one(z))   # 1 is exact
+
+
+def _row_sum_rules():
+    """`tops_one(e, p)`: each row of e along axes p has an element at least one: exp(x - its maximum along p)
+    has exp(0) = 1 there. `row_sum(y, x, p)`: y is the sum of x along p broadcast back against x, with x's
+    elements >= -0, so each of them or more, as rounding is monotone (jnp sums float16 in float32 and
+    converts the sum back, which keeps it: each float16 is a float32)."""
+    yield rule(eq(z).to(unary(String("exp"), y)), eq(y).to(binary(String("sub"), x, w)), peak(w, x, p)).then(
+        tops_one(z, p))
+    yield rule(eq(z).to(convert(x, d)), tops_one(x, p), float_dtype(d)).then(tops_one(z, p))
+    yield rule(eq(y).to(broadcast(w, s, c)), eq(w).to(reduce(String("reduce_sum"), x, p)), kept_axes(p, c),
+               nonneg(x)).then(row_sum(y, x, p))
+    yield rule(eq(y).to(broadcast(w, s, c)), eq(w).to(reduce(String("reduce_sum"), u, p)), eq(u).to(convert(x, d)),
+               widening(dtype(x), d), kept_axes(p, c), nonneg(x)).then(row_sum(y, x, p))
+    yield rule(eq(z).to(convert(y, d)), row_sum(y, x, p), eq(dtype(x)).to(d)).then(row_sum(z, x, p))
+    yield rule(eq(z).to(unary(String("stop_gradient"), y)), row_sum(y, x, p)).then(row_sum(z, x, p))
+
+
+@functools.cache
+def facts() -> tuple:
     """Ground facts the analyses need, registered once per e-graph."""
     bool_ops = flagged("bool_result")
     floats = ("float16", "bfloat16", "float32", "float64")
-    return [float_dtype(String(f)) for f in floats] + [bool_result_op(String(o)) for o in sorted(bool_ops)] + [
+    return tuple([float_dtype(String(f)) for f in floats] + [bool_result_op(String(o)) for o in sorted(bool_ops)] + [
         same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops)] + [
         nonneg_op(String(o)) for o in NONNEG_OPS] + [keeps_nonneg_op(String(o)) for o in KEEPS_NONNEG_OPS] + [
         pair_nonneg_op(String(o)) for o in PAIR_NONNEG_OPS] + [
         integral_op(String(o)) for o in INTEGRAL_OPS] + [keeps_integral_op(String(o)) for o in KEEPS_INTEGRAL_OPS] + [
         pair_integral_op(String(o)) for o in PAIR_INTEGRAL_OPS] + [integer_dtype(String(t)) for t in INTEGER_DTYPES] + [
-        keeps_finite_op(String(o)) for o in KEEPS_FINITE_OPS] + [at_most_one_op(String(o)) for o in AT_MOST_ONE_OPS]
+        keeps_finite_op(String(o)) for o in KEEPS_FINITE_OPS] + [at_most_one_op(String(o)) for o in AT_MOST_ONE_OPS] + [
+        widening(String(a), String(b)) for a, b in WIDENING])
+
+
+def axes_facts(graph) -> list:
+    """`kept_axes` of the reductions in `graph` (not of every set of axes of every rank: 120 facts that
+    took longer to register than a small program to encode): a reduction that rewrites create along other
+    axes only goes without the facts that need them."""
+    found = {(n.attrs[0], len(graph.nodes[n.inputs[0]].shape)) for n in graph.nodes
+             if n.op in ("reduce_max", "reduce_sum") and n.attrs and n.attrs[0]}
+    return [kept_axes(ints(p), ints([i for i in range(rank) if i not in p])) for p, rank in sorted(found)]
+
+
+WIDENING = (("float16", "float32"), ("float16", "float64"), ("bfloat16", "float32"), ("bfloat16", "float64"),
+            ("float32", "float64"))
 
 
 _adopted: list = []   # the analysis rules as read back from the cache (superopt/reuse.py), if built so
@@ -269,7 +397,7 @@ def analysis_rules() -> tuple:
     if _adopted:
         return _adopted[0]
     return (*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(), *_packing_rules(),
-            *_sign_rules(), *_integral_rules(), *_range_rules())
+            *_sign_rules(), *_integral_rules(), *_row_max_rules(), *_row_sum_rules(), *_range_rules())
 
 
 def adopt(rules: tuple) -> None:

@@ -23,7 +23,7 @@ from egglog.bindings import Call, Lit, Var
 
 from superopt.core.deadline import Deadline
 from superopt.egraph import terms as T
-from superopt.egraph.analysis import facts
+from superopt.egraph.analysis import axes_facts, facts
 from superopt.core.ir import Graph, Node
 from superopt.core.ops import lookup
 
@@ -176,7 +176,7 @@ def encode(graph: Graph, deadline: Deadline | None = None) -> Encoding:
     (checked after every `_CHUNK` nodes)."""
     enc = Encoding(EGraph(), graph)
     eg = enc.egraph
-    eg.register(*facts())
+    eg.register(*facts(), *axes_facts(graph))
     live = graph.live()
     if not live:
         return enc

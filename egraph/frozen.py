@@ -12,6 +12,8 @@ from egglog import EGraph
 
 TENSOR_SORTS = ("Tensor", "TList", "Scalar")  # sorts whose rows are e-nodes
 _ANALYSES = ("shape", "dtype")
+# the analysis's facts of one tensor (egraph/analysis.py), read into FrozenEGraph.facts
+FACTS = ("nonneg", "nonpos", "integral", "finite", "positive", "at_most_one", "at_least_one")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class FrozenEGraph:
     shapes: dict[Hashable, tuple] = field(default_factory=dict)
     dtypes: dict[Hashable, str] = field(default_factory=dict)
     outputs: dict[int, Hashable] = field(default_factory=dict)  # program output index -> e-class
+    facts: dict[Hashable, set[str]] = field(default_factory=dict)  # e-class -> the analysis's facts of it
     growth_cut: int = 0           # kernels whose growth the work budget cut (extract/kernels.py: expand)
     # kernel variant -> the tensor classes whose matmul or convolution it recomputes in its body
     # (extract/kernels.py: expand), so extraction can see a producer computed in several kernels
@@ -89,6 +92,10 @@ def freeze(egraph: EGraph) -> FrozenEGraph:
         if name == "output":
             for row in fn.rows:
                 view.outputs[raw.value_to_i64(row.inputs[0])] = row.inputs[1]
+            continue
+        if name in FACTS:
+            for row in fn.rows:
+                view.facts.setdefault(row.inputs[0], set()).add(name)
             continue
         if name in _ANALYSES:
             table = view.shapes if name == "shape" else view.dtypes

@@ -175,6 +175,21 @@ integer_dtype = relation("integer_dtype", String, egg_fn="integer_dtype")       
 finite = relation("finite", Tensor, egg_fn="finite")
 positive = relation("positive", Tensor, egg_fn="positive")
 at_most_one = relation("at_most_one", Tensor, egg_fn="at_most_one")
+# Facts the range analysis derives on the way to those: every element is at most +0 (-inf and NaN allowed);
+# every element is at least one (+inf and NaN allowed); m is the largest element of x along the axes p, which
+# are none of them empty (NaN where one is), ...; reducing the axes p of a tensor keeps the axes dims, in order.
+nonpos = relation("nonpos", Tensor, egg_fn="nonpos")
+at_least_one = relation("at_least_one", Tensor, egg_fn="at_least_one")
+row_max = relation("row_max", Tensor, Tensor, Vec[i64], egg_fn="row_max")
+# ... and y is such an m broadcast back against x, so that y - x subtracts from each element its own maximum
+peak = relation("peak", Tensor, Tensor, Vec[i64], egg_fn="peak")
+# along the axes p, each row of e (whose elements are >= -0) has an element at least one (or NaN)
+tops_one = relation("tops_one", Tensor, Vec[i64], egg_fn="tops_one")
+# y, broadcast back against x (whose elements are >= -0), is at least each element of x along the axes p
+row_sum = relation("row_sum", Tensor, Tensor, Vec[i64], egg_fn="row_sum")
+# converting from the first float dtype to the second is exact
+widening = relation("widening", String, String, egg_fn="widening")
+kept_axes = relation("kept_axes", Vec[i64], Vec[i64], egg_fn="kept_axes")
 keeps_finite_op = relation("keeps_finite_op", String, egg_fn="keeps_finite_op")   # finite from a finite input
 at_most_one_op = relation("at_most_one_op", String, egg_fn="at_most_one_op")      # at most one from any input
 # Conv params (an id into the encoding's table) whose output features and kernel output features are

@@ -17,7 +17,7 @@ from superopt import Limits, StopReason, superopt
 from superopt.core.deadline import Deadline, TimeLimit, current
 from superopt.egraph import encode as encode_module
 from superopt.egraph import terms as T
-from superopt.egraph.analysis import facts
+from superopt.egraph.analysis import axes_facts, facts
 from superopt.egraph.capture import capture
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
@@ -88,7 +88,7 @@ def _reference_encode(graph) -> EGraph:
     """The encoder before issue 28: egglog's expression layer, one global `let` per node."""
     enc = encode_module.Encoding(EGraph(), graph)
     eg = enc.egraph
-    eg.register(*facts())
+    eg.register(*facts(), *axes_facts(graph))
     exprs, pending = {}, []
     for i in graph.live():
         node, a = graph.nodes[i], graph.nodes[i].attrs

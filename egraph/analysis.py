@@ -42,7 +42,7 @@ from superopt.egraph.terms import (
     keeps_nonneg_op, lit, matmul, nonneg, nonneg_op, pack, pad, pair_integral_op, pair_nonneg_op, pool, reduce,
     reshape, scan, select, shape, slice_, tcons, tnil, transpose, unary, unpack,
     finite, positive, at_most_one, keeps_finite_op, at_most_one_op, nonpos, at_least_one, row_max, peak, kept_axes,
-    tops_one, row_sum, widening,
+    tops_one, row_sum, widening, view_of, nan_guarded,
 )
 
 MAX_RANK = 6
@@ -176,7 +176,6 @@ def _sign_rules():
     for name in SIGN_REDUCTIONS:
         yield rule(eq(z).to(reduce(String(name), x, p)), nonneg(x)).then(nonneg(z))
     yield from _kept_by_views(nonneg)
-    yield from _kept_by_nan_guard(nonneg)
     yield rule(eq(z).to(convert(x, d)), nonneg(x), float_dtype(d)).then(nonneg(z))
     for unsigned in ("bool", "uint8", "uint16", "uint32", "uint64"):
         yield rule(eq(dtype(z)).to(String(unsigned))).then(nonneg(z))
@@ -190,21 +189,28 @@ def _sign_rules():
     yield rule(eq(z).to(unary(String("rsqrt"), x)), positive(x)).then(nonneg(z))
 
 
+def _view_rules():
+    """`view_of(z, x)`: every element of z is one of x (a reshape, broadcast, transpose, slice or stop_gradient
+    of it). `nan_guarded(z, x)`: z is x where x is not NaN and NaN elsewhere: jnp.logaddexp(c, y) (and so
+    softplus) chooses c + y where c - y is NaN and its own result elsewhere, and with y finite that is only
+    where c is NaN, so c + y is NaN too."""
+    yield rule(eq(z).to(reshape(x, s))).then(view_of(z, x))
+    yield rule(eq(z).to(broadcast(x, s, p))).then(view_of(z, x))
+    yield rule(eq(z).to(transpose(x, p))).then(view_of(z, x))
+    yield rule(eq(z).to(slice_(x, s, t, p))).then(view_of(z, x))
+    yield rule(eq(z).to(unary(String("stop_gradient"), x))).then(view_of(z, x))
+    yield rule(eq(z).to(select(w, x, w2)), eq(w).to(binary(String("ne"), y, y)),
+               eq(y).to(binary(String("sub"), u, u2)), eq(w2).to(binary(String("add"), u, u2)), finite(u2)).then(
+        nan_guarded(z, x))
+
+
 def _kept_by_views(fact):
-    """A fact of every element holds for a view of the tensor, and for a choice between two that have it."""
-    yield rule(eq(z).to(reshape(x, s)), fact(x)).then(fact(z))
-    yield rule(eq(z).to(broadcast(x, s, p)), fact(x)).then(fact(z))
-    yield rule(eq(z).to(transpose(x, p)), fact(x)).then(fact(z))
-    yield rule(eq(z).to(slice_(x, s, t, p)), fact(x)).then(fact(z))
+    """A fact of every element holds for a view of the tensor, for a choice between two that have it, and but
+    for `finite` (NaN is no finite number) for a NaN-guarded one."""
+    yield rule(view_of(z, x), fact(x)).then(fact(z))
     yield rule(eq(z).to(select(w, x, y)), fact(x), fact(y)).then(fact(z))
-    yield rule(eq(z).to(unary(String("stop_gradient"), x)), fact(x)).then(fact(z))
-
-
-def _kept_by_nan_guard(fact):
-    """jnp.logaddexp(c, y) (and so softplus) chooses c + y where c - y is NaN and its result elsewhere: with y
-    finite, that is only where c is NaN, so c + y is NaN too, which every fact but `finite` allows."""
-    yield rule(eq(z).to(select(w, x, w2)), eq(w).to(binary(String("ne"), y, y)), eq(y).to(binary(String("sub"), u, u2)),
-               eq(w2).to(binary(String("add"), u, u2)), finite(u2), fact(x)).then(fact(z))
+    if fact is not finite:
+        yield rule(nan_guarded(z, x), fact(x)).then(fact(z))
 
 
 # The integer analysis's op tables: unary ops whose every result is an integer, +-inf or NaN; unary ops
@@ -397,7 +403,8 @@ def analysis_rules() -> tuple:
     if _adopted:
         return _adopted[0]
     return (*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(), *_packing_rules(),
-            *_sign_rules(), *_integral_rules(), *_row_max_rules(), *_row_sum_rules(), *_range_rules())
+            *_view_rules(), *_sign_rules(), *_integral_rules(), *_row_max_rules(), *_row_sum_rules(),
+            *_range_rules())
 
 
 def adopt(rules: tuple) -> None:

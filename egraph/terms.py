@@ -187,6 +187,9 @@ peak = relation("peak", Tensor, Tensor, Vec[i64], egg_fn="peak")
 tops_one = relation("tops_one", Tensor, Vec[i64], egg_fn="tops_one")
 # y, broadcast back against x (whose elements are >= -0), is at least each element of x along the axes p
 row_sum = relation("row_sum", Tensor, Tensor, Vec[i64], egg_fn="row_sum")
+# every element of z is one of x (a view); z is x where x is not NaN, and NaN elsewhere
+view_of = relation("view_of", Tensor, Tensor, egg_fn="view_of")
+nan_guarded = relation("nan_guarded", Tensor, Tensor, egg_fn="nan_guarded")
 # converting from the first float dtype to the second is exact
 widening = relation("widening", String, String, egg_fn="widening")
 kept_axes = relation("kept_axes", Vec[i64], Vec[i64], egg_fn="kept_axes")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
-from egglog import EGraph
+from egglog import EGraph, bindings
 
 TENSOR_SORTS = ("Tensor", "TList", "Scalar")  # sorts whose rows are e-nodes
 _ANALYSES = ("shape", "dtype")
@@ -54,6 +54,18 @@ class FrozenEGraph:
 
 def _is_tensor_sort(sort: str) -> bool:
     return sort.rsplit(".", 1)[-1] in TENSOR_SORTS
+
+
+_SPAN = bindings.RustSpan("", 0, 0)
+
+
+def table_sizes(egraph: EGraph) -> dict[str, int]:
+    """Rows per table of the expression layer's functions and relations, by egglog name (a constructor's own
+    name: `slice`, not `slice_`): what `EGraph.all_function_sizes` says, without building a Python callable
+    for every table at every call (the runner asks after each rule it applies)."""
+    (output,) = egraph._egraph.run_program(bindings.PrintSize(_SPAN, None))
+    declared = egraph._state.egg_fn_to_callable_refs
+    return {name: n for name, n in output.sizes if declared.get(name)}
 
 
 def count(egraph: EGraph) -> tuple[int, int]:

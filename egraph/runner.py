@@ -36,9 +36,8 @@ from egglog import EGraph, back_off, bindings, ruleset
 from egglog import run as egg_run
 
 from superopt.core import progress
-from superopt.egraph import terms as T
 from superopt.egraph.analysis import analysis
-from superopt.egraph.frozen import count
+from superopt.egraph.frozen import count, table_sizes
 from superopt.egraph.limits import SATURATION_SHARE, BackOff, Limits, Phase, PhaseReport, RunReport, StopReason
 from superopt.egraph.signatures import CONSTRUCTORS
 
@@ -49,18 +48,30 @@ __all__ = ["saturate", "rows_per_match", "NODE_SLACK", "SATURATION_SHARE", "Back
 
 def _rows(egraph: EGraph) -> int:
     """Rows in every table (e-nodes plus analysis rows): cheap, and what memory grows with."""
-    return sum(n for _, n in egraph.all_function_sizes())
+    return sum(table_sizes(egraph).values())
 
 
-# constructor name -> the name egglog reports its table under (`slice` is `slice_` in terms.py)
-_TABLE = {name: str(getattr(T, name, None) or getattr(T, name + "_")) for name in CONSTRUCTORS}
+_SPAN = bindings.RustSpan("", 0, 0)
+
+
+def saturate_analysis(egraph: EGraph) -> None:
+    """Run the analysis rule set to its fixpoint (after every step). Once it is registered in `egraph` (by
+    its first run), through egglog's bindings (pinned to 13.2): the expression layer hashes each of its
+    rules again at every run to see whether it is registered, which took a third of a small program's
+    saturation."""
+    rules = analysis()
+    ident = rules.__egg_ident__
+    if ident not in egraph._state.rulesets:
+        egraph.run(rules.saturate())
+        return
+    egraph._egraph.run_program(bindings.RunSchedule(bindings.Saturate(_SPAN, bindings.Run(
+        _SPAN, bindings.RunConfig(str(ident), None)))))
 
 
 def _census(egraph: EGraph) -> tuple[int, frozenset]:
     """(`_rows`, the constructors the e-graph holds e-nodes of, by name), from one walk of its tables."""
-    sizes = egraph.all_function_sizes()
-    tables = {str(f) for f, n in sizes if n}
-    return sum(n for _, n in sizes), frozenset(name for name, table in _TABLE.items() if table in tables)
+    sizes = table_sizes(egraph)
+    return sum(sizes.values()), frozenset(name for name in CONSTRUCTORS if sizes.get(name))
 
 
 def needs(rule) -> tuple[frozenset, ...]:
@@ -210,7 +221,7 @@ class _PhaseRunner:
             active = [r for r in self.phase.rules if self.banned_until.get(r.name, -1) < it]
             banned = len(active) < len(self.phase.rules)
             updated, step_matches, stopped = self.step(active, start)
-            self.egraph.run(analysis().saturate())
+            saturate_analysis(self.egraph)
             report.iterations += 1
             if self.on_step is not None:
                 self.on_step(report.iterations)
@@ -250,7 +261,7 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
     report = RunReport(StopReason.SATURATED)
     bar = progress.task("saturate", transient=True)   # a no-op unless the caller shows progress bars
     try:
-        egraph.run(analysis().saturate())
+        saturate_analysis(egraph)
         for phase in phases:
             runner = _PhaseRunner(egraph, phase, phase.limits or limits, start, limits)
             cap = (phase.limits or limits).iterations

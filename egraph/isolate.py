@@ -28,11 +28,10 @@ import struct
 import sys
 import tempfile
 import time
-import warnings
 from dataclasses import replace
 
 from superopt.core import progress
-from superopt.core.forked import read_exactly
+from superopt.core.forked import fork, read_exactly
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
 from superopt.core.deadline import Deadline
@@ -79,9 +78,7 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     start = time.perf_counter()
     read_fd, write_fd = os.pipe()
     errors = tempfile.TemporaryFile()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # JAX warns that fork and threads do not mix: the child runs egglog only
-        pid = os.fork()
+    pid = fork()   # the child runs egglog only, and collects none of the garbage it inherits
     if pid == 0:  # pragma: no cover - the child; coverage is not collected there
         os.close(read_fd)
         _child(egraph, schedule, limits, write_fd, errors.fileno(), cpu)

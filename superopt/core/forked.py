@@ -14,6 +14,7 @@ thirteenfold (119 s against 8.8 s for a d=4096 layer).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import select
@@ -37,6 +38,29 @@ def one_blas_thread():
         yield
 
 
+def fork() -> int:
+    """`os.fork()`, where the child never collects the garbage it inherits. An egglog e-graph that the parent
+    no longer reaches, but has not collected yet, waits on egglog's worker threads when it is dropped, and a
+    forked child has none of the parent's threads: a collection in the child that reached one hung it for
+    good (an NPU emulation child in the test suite). So collection is held off across the fork, and the child
+    freezes what it inherited (`gc.freeze`: never collected there) before it collects again."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # JAX warns that fork and threads do not mix: the child runs no JAX
+            pid = os.fork()
+    except BaseException:
+        if collecting:
+            gc.enable()
+        raise
+    if pid == 0:
+        gc.freeze()
+    if collecting:
+        gc.enable()
+    return pid
+
+
 class ForkedError(RuntimeError):
     """The child failed in a way that could not be sent back as its own exception."""
 
@@ -49,9 +73,7 @@ class Forked:
         if not enabled():
             return
         read_fd, write_fd = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # JAX warns that fork and threads do not mix: the child runs no JAX
-            pid = os.fork()
+        pid = fork()
         if pid == 0:  # pragma: no cover - the child; coverage is not collected there
             os.close(read_fd)
             _child(fn, args, write_fd)

@@ -291,8 +291,6 @@ def _range_rules():
         at_most_one(z))
     yield rule(eq(z).to(reduce(String("reduce_max"), x, p)), at_most_one(x)).then(at_most_one(z))   # empty: -inf
     yield from _kept_by_views(at_most_one)
-    yield from _nonpos_rules()
-    yield from _at_least_one_rules()
 
 
 def _row_max_rules():
@@ -366,6 +364,11 @@ def _row_sum_rules():
     yield rule(eq(z).to(unary(String("stop_gradient"), y)), row_sum(y, x, p)).then(row_sum(z, x, p))
 
 
+# dtype pairs whose conversion (first to second) is exact
+WIDENING = (("float16", "float32"), ("float16", "float64"), ("bfloat16", "float32"), ("bfloat16", "float64"),
+            ("float32", "float64"))
+
+
 @functools.cache
 def facts() -> tuple:
     """Ground facts the analyses need, registered once per e-graph."""
@@ -390,10 +393,6 @@ def axes_facts(graph) -> list:
     return [kept_axes(ints(p), ints([i for i in range(rank) if i not in p])) for p, rank in sorted(found)]
 
 
-WIDENING = (("float16", "float32"), ("float16", "float64"), ("bfloat16", "float32"), ("bfloat16", "float64"),
-            ("float32", "float64"))
-
-
 _adopted: list = []   # the analysis rules as read back from the cache (superopt/reuse.py), if built so
 
 
@@ -404,7 +403,7 @@ def analysis_rules() -> tuple:
         return _adopted[0]
     return (*_elementwise_rules(), *_layout_rules(), *_contraction_rules(), *_concat_rules(), *_packing_rules(),
             *_view_rules(), *_sign_rules(), *_integral_rules(), *_row_max_rules(), *_row_sum_rules(),
-            *_range_rules())
+            *_range_rules(), *_nonpos_rules(), *_at_least_one_rules())
 
 
 def adopt(rules: tuple) -> None:

@@ -12,7 +12,7 @@ from egglog import EGraph, bindings
 
 TENSOR_SORTS = ("Tensor", "TList", "Scalar")  # sorts whose rows are e-nodes
 _ANALYSES = ("shape", "dtype")
-# the analysis's facts of one tensor (egraph/analysis.py), read into FrozenEGraph.facts
+# the analysis's facts of one tensor (egraph/analysis.py), read into FrozenEGraph.facts where asked for
 FACTS = ("nonneg", "nonpos", "integral", "finite", "positive", "at_most_one", "at_least_one")
 
 
@@ -37,7 +37,8 @@ class FrozenEGraph:
     shapes: dict[Hashable, tuple] = field(default_factory=dict)
     dtypes: dict[Hashable, str] = field(default_factory=dict)
     outputs: dict[int, Hashable] = field(default_factory=dict)  # program output index -> e-class
-    facts: dict[Hashable, set[str]] = field(default_factory=dict)  # e-class -> the analysis's facts of it
+    facts: dict[Hashable, set[str]] = field(default_factory=dict)  # e-class -> the analysis's facts (freeze's
+    # `facts=True`: no extractor reads them)
     growth_cut: int = 0           # kernels whose growth the work budget cut (extract/kernels.py: expand)
     # kernel variant -> the tensor classes whose matmul or convolution it recomputes in its body
     # (extract/kernels.py: expand), so extraction can see a producer computed in several kernels
@@ -68,6 +69,18 @@ def table_sizes(egraph: EGraph) -> dict[str, int]:
     return {name: n for name, n in output.sizes if declared.get(name)}
 
 
+def saturate_registered(egraph: EGraph, rules) -> None:
+    """Run the rule set `rules` to its fixpoint. Once it is registered in `egraph` (by its first run), through
+    the bindings: the expression layer hashes each of its rules again at every run to see whether it is
+    registered, which took a third of a small program's saturation for the analysis rule set."""
+    ident = rules.__egg_ident__
+    if ident not in egraph._state.rulesets:
+        egraph.run(rules.saturate())
+        return
+    egraph._egraph.run_program(bindings.RunSchedule(bindings.Saturate(_SPAN, bindings.Run(
+        _SPAN, bindings.RunConfig(str(ident), None)))))
+
+
 def count(egraph: EGraph) -> tuple[int, int]:
     """(e-nodes, e-classes) of the tensor sorts, without decoding any values."""
     nodes, classes = 0, set()
@@ -81,7 +94,8 @@ def count(egraph: EGraph) -> tuple[int, int]:
     return nodes, len(classes)
 
 
-def freeze(egraph: EGraph) -> FrozenEGraph:
+def freeze(egraph: EGraph, facts: bool = False) -> FrozenEGraph:
+    """The e-graph's e-classes, shapes, dtypes and outputs; with `facts`, the analysis's facts of each class."""
     raw = egraph._egraph  # private: the bindings object
     frozen = raw.freeze()
     decoders = {
@@ -106,7 +120,7 @@ def freeze(egraph: EGraph) -> FrozenEGraph:
                 view.outputs[raw.value_to_i64(row.inputs[0])] = row.inputs[1]
             continue
         if name in FACTS:
-            for row in fn.rows:
+            for row in fn.rows if facts else ():
                 view.facts.setdefault(row.inputs[0], set()).add(name)
             continue
         if name in _ANALYSES:

@@ -37,7 +37,7 @@ from egglog import run as egg_run
 
 from superopt.core import progress
 from superopt.egraph.analysis import analysis
-from superopt.egraph.frozen import count, table_sizes
+from superopt.egraph.frozen import count, saturate_registered, table_sizes
 from superopt.egraph.limits import SATURATION_SHARE, BackOff, Limits, Phase, PhaseReport, RunReport, StopReason
 from superopt.egraph.signatures import CONSTRUCTORS
 
@@ -51,21 +51,9 @@ def _rows(egraph: EGraph) -> int:
     return sum(table_sizes(egraph).values())
 
 
-_SPAN = bindings.RustSpan("", 0, 0)
-
-
 def saturate_analysis(egraph: EGraph) -> None:
-    """Run the analysis rule set to its fixpoint (after every step). Once it is registered in `egraph` (by
-    its first run), through egglog's bindings (pinned to 13.2): the expression layer hashes each of its
-    rules again at every run to see whether it is registered, which took a third of a small program's
-    saturation."""
-    rules = analysis()
-    ident = rules.__egg_ident__
-    if ident not in egraph._state.rulesets:
-        egraph.run(rules.saturate())
-        return
-    egraph._egraph.run_program(bindings.RunSchedule(bindings.Saturate(_SPAN, bindings.Run(
-        _SPAN, bindings.RunConfig(str(ident), None)))))
+    """Run the analysis rule set to its fixpoint (before the first step and after every one)."""
+    saturate_registered(egraph, analysis())
 
 
 def _census(egraph: EGraph) -> tuple[int, frozenset]:

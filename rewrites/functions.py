@@ -221,13 +221,13 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
               lambda t: bool(np.all(np.isfinite(np.asarray(t, dtype=np.float64))))),
     Predicate("positive", (TENSOR,), "every element is at least its dtype's smallest normal number, +inf or NaN, "
               "as the range analysis derives it (egraph/analysis.py)", lambda c, t: [[T.positive(c.expr(t))]],
-              lambda t: _positive_py(t)),
+              _positive_py),
     Predicate("at_most_one", (TENSOR,), "no element is above 1 (-inf and NaN allowed), as the range analysis "
               "derives it (egraph/analysis.py)", lambda c, t: [[T.at_most_one(c.expr(t))]],
               lambda t: not np.any(np.asarray(t, dtype=np.float64) > 1)),
     Predicate("integral", (TENSOR,), "every element is an integer, +-inf or NaN, as the integer analysis derives "
               "it (egraph/analysis.py)",
-              lambda c, t: [[T.integral(c.expr(t))]], lambda t: _integral_py(t)),
+              lambda c, t: [[T.integral(c.expr(t))]], _integral_py),
     Predicate("column_vector", (TENSOR,), "a rank-2 tensor with one column (a per-row vector, as broadcast)",
               lambda c, t: [[E.eq(c.shape(t).length()).to(E.i64(2)), E.eq(c.shape(t)[E.i64(1)]).to(E.i64(1))]],
               lambda t: np.ndim(t) == 2 and np.shape(t)[1] == 1),

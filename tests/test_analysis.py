@@ -79,7 +79,7 @@ def _facts(fn, args) -> list[set]:
     """The analysis's facts of each value `fn` returns."""
     enc = encode(capture(fn, args).graph)
     enc.egraph.run(analysis().saturate())
-    frozen = freeze(enc.egraph)
+    frozen = freeze(enc.egraph, facts=True)
     return [frozen.facts.get(frozen.outputs[k], set()) for k in range(len(frozen.outputs))]
 
 

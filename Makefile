@@ -40,5 +40,17 @@ fuzz: $(STAMP)
 bench-gpu: $(STAMP)
 	$(PY) -m bench.gpu
 
+# The wheels the GPU machine lacks (it has Python 3.12, jax with CUDA, no network), into the ignored .whl/:
+# carry .whl with the device command that runs .ci/gpu-run (docs/pallas.md, "Running on a GPU").
+GPU_WHEELS := egglog==13.2.0 highspy==1.16.0 black==26.10.1 graphviz==0.21 opentelemetry-api==1.45.2 \
+              platformdirs==4.14.8 pytokens==0.4.1
+.PHONY: gpu-wheels
+gpu-wheels:
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    -d .whl $(GPU_WHEELS)
+	@du -sh .whl
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -32,7 +32,11 @@ SECTION = "## Pallas kernels on a GPU"
 HOPPER = ("H100", "H200", "H800", "GH200")
 
 
+SHRINK = 1   # --dry-run divides every dimension by 16 (interpret mode on a CPU cannot run the real sizes)
+
+
 def _normal(key: int, shape, dtype=jnp.float32, scale=1.0):
+    shape = tuple(max(1, d // SHRINK) for d in shape)
     return (scale * jax.random.normal(jax.random.PRNGKey(key), shape, jnp.float32)).astype(dtype)
 
 
@@ -160,13 +164,45 @@ def write_section(path: Path, section: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def dry_run(pattern: str | None) -> int:
+    """Each workload, shrunk, through `superopt(..., backend="pallas")` on whatever JAX runs here, its
+    outputs compared with jax.jit's: the benchmark cannot rot between the times a GPU is available."""
+    global SHRINK
+    SHRINK = 16
+    failed = 0
+    for name, (description, build) in WORKLOADS.items():
+        if pattern and not re.search(pattern, name):
+            continue
+        fn, args = build()
+        try:
+            fast = superopt(fn, target="gpu-h100", backend="pallas")
+            got, want = fast(*args), jax.jit(fn)(*args)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                g, w = (jnp.asarray(v, jnp.float32) for v in (g, w))
+                tol = 2e-2 if w.dtype != jnp.float32 or any(
+                    a.dtype == jnp.bfloat16 for a in jax.tree.leaves(args)) else 1e-4
+                if not bool(jnp.allclose(g, w, rtol=tol, atol=tol * float(jnp.max(jnp.abs(w))))):
+                    raise AssertionError(f"outputs differ from jax.jit's (max |diff| "
+                                         f"{float(jnp.max(jnp.abs(g - w))):.3g})")
+            print(f"dry run: {name}: {fast.compile(*args).report.backend.splitlines()[0]}", file=sys.stderr)
+        except Exception as exc:  # every workload is tried; the exit status says whether any failed
+            failed += 1
+            print(f"dry run: {name} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--filter", help="regex over the workload names (default: all)")
     ap.add_argument("--repeats", type=int, default=20, help="timed runs per round after warm-up")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file to put the section in")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU needed: every workload at 1/16 of its size in interpret mode, checked against "
+                         "jax.jit, nothing timed or written (what `.ci/gpu-run --dry-run` runs)")
     ns = ap.parse_args(argv)
+    if ns.dry_run:
+        return dry_run(ns.filter)
     if jax.default_backend() != "gpu":
         print(f"bench-gpu: no GPU: JAX's backend here is {jax.default_backend()!r}. The Pallas kernels only "
               "compile on a GPU (on a CPU they run in interpret mode, which says nothing about speed), so "

@@ -1,10 +1,14 @@
 """Pallas lowering (`lowering/pallas`): every template in interpret mode on random shapes and random tiles,
 ragged edges included, with blocks as the term gives them and rounded up to powers of two (Triton's
 rule; the padding is NaN in interpret mode, so a mask that misses shows); whole programs through
-`superopt(..., backend="pallas")`; and the BERT-base encoder layer entirely in Pallas kernels."""
+`superopt(..., backend="pallas")`; and the BERT-base encoder layer entirely in Pallas kernels.
+
+With SUPEROPT_PALLAS_MODE=gpu (what `.ci/gpu-run` sets on a GPU machine) the same tests compile the
+kernels with Triton instead: blocks are then always powers of two, as Triton requires."""
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +24,17 @@ from superopt.lowering.jax import lower
 from superopt.lowering.pallas.blocks import Options, plural
 from superopt.lowering.pallas.program import PallasProgram, compare, narrowest_floats
 from superopt.core.reference import evaluate as reference
+from superopt.lowering.pallas.program import default_options
+
+ON_GPU = os.environ.get("SUPEROPT_PALLAS_MODE", "interpret") == "gpu"
+if ON_GPU and jax.default_backend() != "gpu":
+    raise RuntimeError("SUPEROPT_PALLAS_MODE=gpu, but JAX sees no GPU")
+MODE = "compiled with Triton" if ON_GPU else "interpret mode"
+
+
+def mode(pow2: bool) -> Options:
+    """The kernels' options: interpret mode here, Triton (power-of-two blocks) on a GPU."""
+    return default_options() if ON_GPU else Options(interpret=True, pow2=pow2)
 
 H100 = load_target("gpu-h100")
 FEW = settings(max_examples=5, deadline=None)
@@ -99,7 +114,7 @@ def assert_close(got, want, rtol):
 
 def check(graph: Graph, args, pow2=False, rtol=2e-5) -> PallasProgram:
     """Run `graph` on Pallas and with the JAX lowering; they must agree."""
-    program = PallasProgram(graph, H100, Options(interpret=True, pow2=pow2))
+    program = PallasProgram(graph, H100, mode(pow2))
     for got, want in zip(program(*args), lower(graph)(*args)):
         assert_close(got, want, rtol)
     assert not program.in_jax
@@ -402,7 +417,7 @@ def test_superopt_backend_pallas(target):
     fast = superopt(mlp, target=target, backend="pallas")
     for got, want in zip(fast(*args), mlp(*args)):
         assert_close(got, want, 2e-5)
-    assert fast.report.backend.startswith("pallas (interpret mode)"), fast.report.backend
+    assert fast.report.backend.startswith(f"pallas ({MODE})"), fast.report.backend
     program = fast.compile(*args).run
     assert isinstance(program, PallasProgram) and program.launches and not program.in_jax
 
@@ -422,7 +437,7 @@ def test_a_bf16_value_rounds_at_its_type_inside_a_kernel(m, n, k, tk, pow2):
     rng = np.random.default_rng(m * n * k)
     args = [rng.integers(-3, 4, (m, k)).astype(F32), rng.integers(-3, 4, (k, n)).astype(F32),
             (1 + rng.integers(1, 128, (1, n)) / 128).astype(jnp.bfloat16), np.full((1, n), 0.5, F32)]
-    program = PallasProgram(graph, H100, Options(interpret=True, pow2=pow2))
+    program = PallasProgram(graph, H100, mode(pow2))
     only_launch(program, "matmul")
     np.testing.assert_array_equal(np.asarray(program(*args)[0]), reference(graph, args)[0])
 
@@ -436,7 +451,7 @@ def test_check_judges_an_output_at_the_narrowest_type_it_is_computed_through():
             np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)]
     fast = superopt(fn, target="gpu-h100", backend="pallas")
     got = fast(*args)
-    assert fast.report.backend.startswith("pallas (interpret mode)"), fast.report.backend
+    assert fast.report.backend.startswith(f"pallas ({MODE})"), fast.report.backend
     rounded = np.exp(np.asarray(jnp.sin(args[0]), np.float32))      # sin rounded to bf16, as declared
     assert_close(got[0], rounded, 1e-6)
     graph = fast.compile(*args).term

@@ -57,7 +57,7 @@ from superopt.reuse import (
 )
 from superopt.rewrites.schedule import Schedule
 from superopt.segments import seam_windows, split, stitch
-from superopt.workers import executor_name, run_all
+from superopt.workers import Failed, executor_name, run_all
 
 # The stages that import egglog, imported where a program is saturated: a call the cache answers loads none.
 encoding = lazy.module("superopt.egraph.encode")
@@ -70,6 +70,9 @@ ilp = lazy.module("superopt.extract.ilp")
 # The cost model does not resolve differences of a few percent; a program that is predicted to be
 # less than this much faster is not worth swapping in for the original.
 MIN_PREDICTED_GAIN = 0.03
+# A segment's worker is killed this many seconds past the call's time limit (a backstop: a job stops at the
+# limit by itself), and its segment runs as captured.
+WORKER_MARGIN = 30.0
 EXTRACTORS = ("greedy", "ilp")
 
 
@@ -643,10 +646,18 @@ def _optimize_distinct(distinct: dict, search: Search, store, executor: str | No
         timer("rules", prepare_rules, search.schedule, store)
         rules = compiled_rules(search.schedule)
     jobs = [SegmentJob(seg.graph, each, rules, seg.key) for seg in misses]
-    done = timer(label, run_all, optimize_segment, jobs, executor)
+    # A job that fails (raises, its worker killed or out of memory, past the call's time and a margin)
+    # leaves its segment as captured, with the reason; the call goes on with the others' results.
+    backstop = each.limits.seconds + WORKER_MARGIN if each.limits.seconds else None
+    done = timer(label, lambda: run_all(optimize_segment, jobs, executor, failures="keep", timeout=backstop))
     if store is not None:
-        save_rules(search.schedule, store, next((out["rules"] for out in done if out["rules"]), None))
+        save_rules(search.schedule, store, next((out["rules"] for out in done
+                                                  if not isinstance(out, Failed) and out["rules"]), None))
     for seg, out in zip(misses, done):
+        if isinstance(out, Failed):
+            results[seg.key] = (RunReport(StopReason.ERROR, error=out.reason), Outcome.WORKER_FAILED,
+                                f"its worker failed ({out.reason}); it runs as captured", None, None)
+            continue
         for stage, seconds in out["seconds"].items():
             timer.seconds[f"{stage} ({label})"] = timer.seconds.get(f"{stage} ({label})", 0.0) + seconds
         found = None
@@ -715,10 +726,13 @@ def _segmented(captured: Captured, segments: list, search: Search, store, execut
     spec.pieces = pieces
     hits = len(distinct) - len(misses)
     timed_out = sum(results[seg.key][1] is Outcome.TIME_LIMIT for seg in misses)
+    failed = [results[seg.key][2] for seg in misses if results[seg.key][1] is Outcome.WORKER_FAILED]
     spec.report.segments = (f"{len(segments)} ({len(distinct)} distinct: {len(misses)} optimized"
                             f"{' on ' + executor_name(executor) + ' workers' if len(misses) > 1 else ''}, "
                             f"{hits} from the cache"
-                            + (f"; {timed_out} ran out of time and run as captured" if timed_out else "") + ")"
+                            + (f"; {timed_out} ran out of time and run as captured" if timed_out else "")
+                            + (f"; {len(failed)} whose worker failed run as captured (the first: {failed[0]})"
+                               if failed else "") + ")"
                             + (f"; {seams[2]}" if seams is not None else ""))
     return spec
 

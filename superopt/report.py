@@ -32,6 +32,7 @@ class Outcome(enum.Enum):
     EXTRACTION_FAILED = "extraction failed"
     VERIFICATION_FAILED = "verification failed"
     KEPT_WHOLE = "kept whole"       # a program superopt does not rewrite (callbacks whose results it uses)
+    WORKER_FAILED = "worker failed"  # a segment's worker process raised, died or outran the call's time
 
 
 def plural(n: int, word: str) -> str:

@@ -54,6 +54,14 @@ xs, rest = vars_("xs rest", TList)
 s, t, p, a, b, c = vars_("s t p a b c", Vec[i64])
 op, d = vars_("op d", String)
 k, e, n = vars_("k e n", i64)
+fd = var("fd", String)
+
+
+def _floating(t):
+    """The conditions that `t` has a float dtype: integer arithmetic wraps (two's complement, as XLA's does),
+    so a fact that holds of a sum, product, negation or difference over the reals holds of it only in a float
+    dtype (int32's x * x is negative for 46341; abs and neg of its smallest value are that value)."""
+    return eq(fd).to(dtype(t)), float_dtype(fd)
 
 
 def _elementwise_rules():
@@ -159,22 +167,25 @@ def _concat_rules():
 # operands that give one (a sum, a product: 0 * inf is NaN; not a quotient, x / -0 is -inf).
 NONNEG_OPS = ("exp", "exp2", "abs", "sqrt", "square", "logistic", "cosh")
 KEEPS_NONNEG_OPS = ("log1p", "tanh", "sinh", "expm1", "floor", "ceil", "round", "sign", "erf", "atan", "asinh")
-PAIR_NONNEG_OPS = ("add", "mul", "max", "min")
+PAIR_NONNEG_OPS = ("add", "mul")   # (and max, min: their own rules, for integers too)
 SIGN_REDUCTIONS = ("reduce_sum", "reduce_prod", "reduce_min")   # not reduce_max: its empty reduction is -inf
 
 
 def _sign_rules():
-    yield rule(eq(z).to(unary(op, x)), nonneg_op(op)).then(nonneg(z))
+    # abs, square, a sum, a product, a power of integers wrap (abs(-128) is -128 in int8): floats only
+    yield rule(eq(z).to(unary(op, x)), nonneg_op(op), *_floating(z)).then(nonneg(z))
     yield rule(eq(z).to(unary(op, x)), keeps_nonneg_op(op), nonneg(x)).then(nonneg(z))
-    yield rule(eq(z).to(binary(op, x, y)), pair_nonneg_op(op), nonneg(x), nonneg(y)).then(nonneg(z))
-    yield rule(eq(z).to(binary(String("mul"), x, x))).then(nonneg(z))
+    yield rule(eq(z).to(binary(op, x, y)), pair_nonneg_op(op), nonneg(x), nonneg(y), *_floating(z)).then(nonneg(z))
+    yield rule(eq(z).to(binary(String("min"), x, y)), nonneg(x), nonneg(y)).then(nonneg(z))
+    yield rule(eq(z).to(binary(String("mul"), x, x)), *_floating(z)).then(nonneg(z))
     yield rule(eq(z).to(binary(String("max"), x, y)), nonneg(y)).then(nonneg(z))
     yield rule(eq(z).to(binary(String("max"), x, y)), nonneg(x)).then(nonneg(z))
-    yield rule(eq(z).to(integer_pow(x, k)), eq(k % i64(2)).to(i64(0))).then(nonneg(z))
-    yield rule(eq(z).to(integer_pow(x, k)), k >= i64(0), nonneg(x)).then(nonneg(z))
+    yield rule(eq(z).to(integer_pow(x, k)), eq(k % i64(2)).to(i64(0)), *_floating(z)).then(nonneg(z))
+    yield rule(eq(z).to(integer_pow(x, k)), k >= i64(0), nonneg(x), *_floating(z)).then(nonneg(z))
     yield rule(eq(z).to(lit(v, d)), v >= f64(0.0)).then(nonneg(z))
     for name in SIGN_REDUCTIONS:
-        yield rule(eq(z).to(reduce(String(name), x, p)), nonneg(x)).then(nonneg(z))
+        wraps = () if name == "reduce_min" else _floating(z)   # an empty integer reduce_min is the dtype's max
+        yield rule(eq(z).to(reduce(String(name), x, p)), nonneg(x), *wraps).then(nonneg(z))
     yield from _kept_by_views(nonneg)
     yield rule(eq(z).to(convert(x, d)), nonneg(x), float_dtype(d)).then(nonneg(z))
     for unsigned in ("bool", "uint8", "uint16", "uint32", "uint64"):
@@ -183,8 +194,8 @@ def _sign_rules():
     # negation of a value <= +0, a value <= +0 taken from one >= -0, a log of a value >= 1 (XLA's is 0 or more
     # on every float32 in [1, 2], every float16 and bfloat16 >= 1), rsqrt of a positive value (rsqrt(+inf) = 0)
     yield rule(eq(z).to(binary(String("div"), x, y)), nonneg(x), positive(y)).then(nonneg(z))
-    yield rule(eq(z).to(unary(String("neg"), x)), nonpos(x)).then(nonneg(z))
-    yield rule(eq(z).to(binary(String("sub"), x, y)), nonneg(x), nonpos(y)).then(nonneg(z))
+    yield rule(eq(z).to(unary(String("neg"), x)), nonpos(x), *_floating(z)).then(nonneg(z))
+    yield rule(eq(z).to(binary(String("sub"), x, y)), nonneg(x), nonpos(y), *_floating(z)).then(nonneg(z))
     yield rule(eq(z).to(unary(String("log"), x)), at_least_one(x)).then(nonneg(z))
     yield rule(eq(z).to(unary(String("rsqrt"), x)), positive(x)).then(nonneg(z))
 
@@ -270,9 +281,9 @@ def _range_rules():
     yield rule(eq(z).to(binary(String("max"), x, y)), positive(x)).then(positive(z))
     yield rule(eq(z).to(binary(String("max"), x, y)), positive(y)).then(positive(z))
     yield rule(eq(z).to(binary(String("min"), x, y)), positive(x), positive(y)).then(positive(z))
-    yield rule(eq(z).to(binary(String("add"), x, y)), positive(x), nonneg(y)).then(positive(z))
-    yield rule(eq(z).to(binary(String("add"), x, y)), nonneg(x), positive(y)).then(positive(z))
-    yield rule(eq(z).to(binary(String("sub"), x, y)), positive(x), nonpos(y)).then(positive(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), positive(x), nonneg(y), *_floating(z)).then(positive(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), nonneg(x), positive(y), *_floating(z)).then(positive(z))
+    yield rule(eq(z).to(binary(String("sub"), x, y)), positive(x), nonpos(y), *_floating(z)).then(positive(z))
     yield rule(eq(z).to(reduce(String("reduce_min"), x, p)), positive(x)).then(positive(z))   # empty: +inf
     yield from _kept_by_views(positive)
     # at most one (-inf and NaN allowed)
@@ -312,20 +323,22 @@ def _nonpos_rules():
     """`nonpos`: no element above +0 (-inf and NaN allowed). Its source that matters is a value less its own
     maximum along some axes, broadcast back (softmax, logsumexp): exactly <= 0, so rounded <= 0, as is a
     flush to zero of it."""
-    yield rule(eq(z).to(binary(String("sub"), x, y)), peak(y, x, p)).then(nonpos(z))
+    # (an integer x less its maximum wraps: int8's -128 - 1 is 127; so do the sums, products and
+    # negations below, and an unsigned one's negation)
+    yield rule(eq(z).to(binary(String("sub"), x, y)), peak(y, x, p), *_floating(z)).then(nonpos(z))
     yield rule(eq(z).to(lit(v, d)), v <= f64(0.0)).then(nonpos(z))   # egglog orders NaN above +inf: not NaN
-    yield rule(eq(z).to(unary(String("neg"), x)), nonneg(x)).then(nonpos(z))
+    yield rule(eq(z).to(unary(String("neg"), x)), nonneg(x), *_floating(z)).then(nonpos(z))
     yield rule(eq(z).to(unary(op, x)), keeps_nonneg_op(op), nonpos(x)).then(nonpos(z))   # odd, monotone, f(0) = 0
-    yield rule(eq(z).to(binary(String("sub"), x, y)), nonpos(x), nonneg(y)).then(nonpos(z))
-    yield rule(eq(z).to(binary(String("add"), x, y)), nonpos(x), nonpos(y)).then(nonpos(z))
-    yield rule(eq(z).to(binary(String("mul"), x, y)), nonpos(x), nonneg(y)).then(nonpos(z))
-    yield rule(eq(z).to(binary(String("mul"), x, y)), nonneg(x), nonpos(y)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("sub"), x, y)), nonpos(x), nonneg(y), *_floating(z)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), nonpos(x), nonpos(y), *_floating(z)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("mul"), x, y)), nonpos(x), nonneg(y), *_floating(z)).then(nonpos(z))
+    yield rule(eq(z).to(binary(String("mul"), x, y)), nonneg(x), nonpos(y), *_floating(z)).then(nonpos(z))
     yield rule(eq(z).to(binary(String("div"), x, y)), nonpos(x), positive(y)).then(nonpos(z))
     yield rule(eq(z).to(binary(String("min"), x, y)), nonpos(x)).then(nonpos(z))
     yield rule(eq(z).to(binary(String("min"), x, y)), nonpos(y)).then(nonpos(z))
     yield rule(eq(z).to(binary(String("max"), x, y)), nonpos(x), nonpos(y)).then(nonpos(z))
-    for name in ("reduce_sum", "reduce_max"):   # not reduce_min: its empty reduction is +inf
-        yield rule(eq(z).to(reduce(String(name), x, p)), nonpos(x)).then(nonpos(z))
+    yield rule(eq(z).to(reduce(String("reduce_sum"), x, p)), nonpos(x), *_floating(z)).then(nonpos(z))
+    yield rule(eq(z).to(reduce(String("reduce_max"), x, p)), nonpos(x)).then(nonpos(z))   # not reduce_min: +inf
     yield from _kept_by_views(nonpos)
     yield rule(eq(z).to(convert(x, d)), nonpos(x), float_dtype(d)).then(nonpos(z))
 
@@ -337,9 +350,10 @@ def _at_least_one_rules():
     yield rule(eq(z).to(lit(v, d)), v >= f64(1.0)).then(at_least_one(z))
     # XLA's exp is at least 1 on every float32 in [+0, 1] and every float16 and bfloat16 >= 0
     yield rule(eq(z).to(unary(String("exp"), x)), nonneg(x)).then(at_least_one(z))
-    yield rule(eq(z).to(binary(String("add"), x, y)), at_least_one(x), nonneg(y)).then(at_least_one(z))
-    yield rule(eq(z).to(binary(String("add"), x, y)), nonneg(x), at_least_one(y)).then(at_least_one(z))
-    yield rule(eq(z).to(binary(String("mul"), x, y)), at_least_one(x), at_least_one(y)).then(at_least_one(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), at_least_one(x), nonneg(y), *_floating(z)).then(at_least_one(z))
+    yield rule(eq(z).to(binary(String("add"), x, y)), nonneg(x), at_least_one(y), *_floating(z)).then(at_least_one(z))
+    yield rule(eq(z).to(binary(String("mul"), x, y)), at_least_one(x), at_least_one(y), *_floating(z)).then(
+        at_least_one(z))
     yield rule(eq(z).to(binary(String("max"), x, y)), at_least_one(x)).then(at_least_one(z))
     yield rule(eq(z).to(binary(String("max"), x, y)), at_least_one(y)).then(at_least_one(z))
     yield rule(eq(z).to(binary(String("min"), x, y)), at_least_one(x), at_least_one(y)).then(at_least_one(z))

@@ -28,6 +28,7 @@ produces), or normal numbers of it (what constant folding produces, `fold_in_ran
 """
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,6 +62,10 @@ from superopt.rewrites.pattern import (
 )
 
 DTYPES = ("float32", "float16", "bfloat16")
+# Integer dtypes a rule guarded by an analysis fact is also checked in (where its ops take integers), and in
+# which every derivation of the facts is checked (`check_facts`): integer arithmetic wraps, as XLA's does.
+FACT_DTYPES = ("int8", "int16", "int32", "uint8", "uint16", "uint32")
+INTEGER_OPS = frozenset({"neg", "abs", "sign", "add", "sub", "mul", "max", "min", "gt", "eq"})
 DRAWN_ELEMENTS = 128   # larger arrays are filled from a drawn seed (`_large_arrays`)
 # Targets of a cast in a rule's left-hand side are drawn from these, independently of the operands'
 # dtype, so a cast rule is checked on real conversions (narrowing, widening, float <-> int).
@@ -100,6 +105,7 @@ class CheckResult:
     rejected: int = 0
     counterexample: Counterexample | None = None
     notes: list = field(default_factory=list)
+    dtypes: set = field(default_factory=set)   # the dtypes of the bindings compared
 
     @property
     def sound(self) -> bool:
@@ -209,7 +215,7 @@ def _evaluate_scalar(p, values):
 class _Generator:
     def __init__(self, rule, draw):
         self.rule, self.draw = rule, draw
-        self.dtype = draw(st.sampled_from(DTYPES))
+        self.dtype = draw(st.sampled_from(DTYPES + (FACT_DTYPES if _integer_checkable(rule) else ())))
         self.env: dict = {}
         self.types: dict = {}     # tensor leaf key -> (shape, dtype)
         self.hints: dict = {}     # tensor leaf key -> rank
@@ -493,12 +499,39 @@ class _Generator:
 LEAF_FACTS = ("nonneg", "integral", "finite", "positive", "at_most_one")
 
 
+def integer_elements(dtype: str):
+    """Elements of an integer dtype, half of them its extremes: 0, +-1, 2, its smallest and largest values and
+    their neighbours, and the values around the square root of its largest (where a square wraps)."""
+    info = np.iinfo(np.dtype(dtype))
+    lo, hi, root = int(info.min), int(info.max), math.isqrt(int(info.max))
+    edges = [0, 1, -1, 2, lo, lo + 1, hi, hi - 1, root, root + 1, -root, -root - 1]
+    return st.one_of(st.sampled_from(sorted({e for e in edges if lo <= e <= hi})), st.integers(lo, hi))
+
+
+def _integer_checkable(rule) -> bool:
+    """Whether `rule` reads an analysis fact and every op it names takes integers (`INTEGER_OPS`)."""
+    if not any(name in LEAF_FACTS for name, _ in rule.when):
+        return False
+    stack = [p for pair in rule.pairs for p in pair]
+    while stack:
+        p = stack.pop()
+        if isinstance(p, App):
+            if p.fn not in ("binary", "unary", "lit", "arg", "const", "broadcast", "reshape") \
+                    or (p.fn in ("binary", "unary") and not (isinstance(p.args[0], Const)
+                                                             and p.args[0].value in INTEGER_OPS)):
+                return False
+            stack.extend(p.args[1:] if p.fn in ("binary", "unary") else p.args)
+    return True
+
+
 def _meeting(values: np.ndarray, facts: set) -> np.ndarray:
     """`values` moved into the analysis facts (rewrites/functions.py) a rule's leaf must meet, keeping every
     value that meets them already: negative values take their magnitude where nonneg (-0 stays: it is >= -0);
     on floats, values are truncated where integral (-0.5 -> -0; NaN and +-inf stay), NaN and inf become 1
     where finite, values below the smallest normal number become their magnitude plus it where positive,
     values above 1 become 1 - v where at most one."""
+    if not is_float(values.dtype) and values.dtype != np.bool_:
+        return _meeting_integers(values, facts)
     if "nonneg" in facts:
         values = np.where(values == 0, values, np.abs(values))
     if not is_float(values.dtype) or not facts - {"nonneg"}:
@@ -518,6 +551,17 @@ def _meeting(values: np.ndarray, facts: set) -> np.ndarray:
     if "finite" in facts:   # a value that rounds to inf in the dtype (float16 past 65504)
         out = np.where(np.isfinite(out.astype(np.float64)), out, np.asarray(1.0, values.dtype))
     return out
+
+
+def _meeting_integers(values: np.ndarray, facts: set) -> np.ndarray:
+    """`_meeting` for an integer dtype, in which every value is finite and integral: a value outside the
+    facts' range (at least 0 where nonneg, 1 where positive; at most 1 where at most one) becomes its
+    magnitude taken into that range (abs of the dtype's smallest value would be that value)."""
+    info, v = np.iinfo(values.dtype), values.astype(np.int64)
+    lo = 1 if "positive" in facts else 0 if "nonneg" in facts else int(info.min)
+    hi = 1 if "at_most_one" in facts else int(info.max)
+    inside = (v >= lo) & (v <= hi)
+    return np.where(inside, v, lo + np.abs(v) % (hi - lo + 1)).astype(values.dtype)
 
 
 def _inner_of(gen: _Generator, shape: tuple) -> tuple:
@@ -734,6 +778,8 @@ def _literals(dtype: str, numerics: str):
     constant), which `FLOATS` has (1e-3, say)."""
     if numerics == "reals":
         return st.sampled_from(FLOATS)
+    if dtype in FACT_DTYPES:
+        return st.one_of(st.sampled_from(FLOATS), integer_elements(dtype).map(float))
     return st.one_of(st.sampled_from(FLOATS), st.sampled_from(_extremes(dtype, numerics)))
 
 
@@ -742,10 +788,7 @@ def _arrays(shape, dtype: str, numerics: str):
         return st.lists(st.booleans(), min_size=math.prod(shape), max_size=math.prod(shape)).map(
             lambda xs: np.array(xs, dtype=bool).reshape(shape))
     if np.dtype(dtype).kind in "iu":
-        info = np.iinfo(np.dtype(dtype))
-        edges = [0, 1, -1, info.min, info.max] if info.min < 0 else [0, 1, info.max]
-        elements = st.one_of(st.sampled_from(edges), st.integers(int(info.min), int(info.max)))
-        return st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)).map(
+        return st.lists(integer_elements(dtype), min_size=math.prod(shape), max_size=math.prod(shape)).map(
             lambda xs: np.array(xs, dtype=np.int64).astype(np.dtype(dtype)).reshape(shape))
     if numerics == "reals":
         elements = st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-4, 4, width=32))
@@ -796,7 +839,7 @@ def _one_case(rule, draw) -> tuple[dict, str | None]:
                 raise Reject(f"predicate {name} does not hold")
         except IllTyped as exc:
             raise Reject(str(exc)) from exc
-    shown = {str(k): v for k, v in env.items()}
+    shown = {"dtype": gen.dtype} | {str(k): v for k, v in env.items()}
     for (lhs, rhs), left in zip(rule.pairs, lhs_values):
         try:
             right = evaluate(rhs, env)
@@ -976,6 +1019,7 @@ def check_rule(rule, examples: int = 60, seed: int = 0, shrink: bool = True) -> 
             assume(False)
             return
         result.cases += 1
+        result.dtypes.add(shown.get("dtype", ""))
         if problem:
             failure[:] = [Counterexample(shown, problem)]
             raise AssertionError(problem)
@@ -988,4 +1032,106 @@ def check_rule(rule, examples: int = 60, seed: int = 0, shrink: bool = True) -> 
             result.notes.append(f"{type(exc).__name__}: {exc}")
     if failure:
         result.counterexample = failure[-1]
+    read = {name for name, _ in rule.when if name in FACT_HOLDS}
+    for dtype in FACT_DTYPES if read and result.counterexample is None else ():
+        derived = _fact_failures(dtype, examples)
+        wrong = next((derived.failures[f] for f in sorted(read) if f in derived.failures), None)
+        if wrong is not None:
+            result.counterexample = Counterexample(wrong.bindings, f"the fact it reads: {wrong.problem}")
+            break
+    return result
+
+
+# ---- the analysis's derivations of facts ----
+
+FACT_HOLDS = {name: PREDICATES[name].py for name in LEAF_FACTS}
+FACT_HOLDS["nonpos"] = lambda t: not np.any(np.asarray(t, dtype=np.float64) > 0)
+FACT_HOLDS["at_least_one"] = lambda t: not np.any(np.asarray(t, dtype=np.float64) < 1)
+FACT_SHAPE = (2, 3)
+
+
+def _fact_terms(a, b) -> tuple:
+    """Values that reach every derivation of the analysis's facts a value of an integer dtype can take
+    (egraph/analysis.py): squares, powers, abs, negations, signs, sums, differences, products, quotients,
+    min and max with 0 and 1, reductions, a value less its maximum; and each of those ops again on them."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    def peak(t):
+        return t - jnp.max(t, axis=-1, keepdims=True)
+    divisor = jnp.maximum(b, 1)
+    factful = [a * a, jnp.abs(a), jnp.maximum(a, 0), jnp.minimum(a, 0), jnp.maximum(a, 1), jnp.minimum(a, 1),
+               peak(a), -(a * a)]
+    base = factful + [a * b, lax.integer_pow(a, 2), lax.integer_pow(a, 3), -a, jnp.sign(a), a + b, a - b,
+                      lax.div(a, divisor)]
+    out = [a, *base]
+    for t in base:
+        out += [-t, jnp.abs(t), t * t, t + t, jnp.sign(t), lax.integer_pow(t, 2), jnp.minimum(t, 1),
+                jnp.maximum(t, 0), peak(t), lax.div(t, divisor), jnp.minimum(t, a), jnp.maximum(t, a),
+                *(r(t, axis=-1) for r in (jnp.sum, jnp.prod, jnp.min, jnp.max))]
+    out += [op(t, u) for t in factful for u in factful for op in (lax.add, lax.sub, lax.mul)]
+    return tuple(out)
+
+
+@dataclass
+class FactCheck:
+    dtype: str
+    cases: int = 0
+    failures: dict = field(default_factory=dict)    # fact -> the first Counterexample that breaks it
+
+
+def _derived_facts(dtype: str, extra: tuple = ()) -> tuple[list[set], object]:
+    """The analysis's facts (and those of `extra` rules) of each value of `_fact_terms` in `dtype`, and the
+    program as captured."""
+    from egglog import ruleset
+
+    from superopt.egraph.analysis import analysis, analysis_rules
+    from superopt.egraph.capture import capture
+    from superopt.egraph.encode import encode
+    from superopt.egraph.frozen import freeze
+    zeros = np.zeros(FACT_SHAPE, np.dtype(dtype))
+    graph = capture(lambda a, b: _fact_terms(a, b), (zeros, zeros)).graph
+    enc = encode(graph)
+    enc.egraph.run((ruleset(*analysis_rules(), *extra) if extra else analysis()).saturate())
+    frozen = freeze(enc.egraph, facts=True)
+    return [frozen.facts.get(frozen.outputs[k], set()) & set(FACT_HOLDS) for k in range(len(frozen.outputs))], graph
+
+
+@functools.lru_cache(maxsize=32)
+def _fact_failures(dtype: str, examples: int, extra: tuple = ()) -> FactCheck:
+    """Each fact the analysis derives of a value of `_fact_terms`, checked on `examples` pairs of operands
+    drawn from the integer dtype's extremes (`integer_elements`), the values computed as XLA computes them
+    (by the reference evaluator: compiling the few hundred values takes XLA seconds): the first operands that
+    break each fact. Integer arithmetic wraps, so a fact that holds over the reals may not."""
+    from superopt.core.reference import evaluate as run_graph
+    facts, graph = _derived_facts(dtype, extra)
+    checked = FactCheck(dtype)
+    n = math.prod(FACT_SHAPE)
+    operand = st.lists(integer_elements(dtype), min_size=n, max_size=n).map(
+        lambda xs: np.array(xs, np.int64).astype(np.dtype(dtype)).reshape(FACT_SHAPE))
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck), phases=(Phase.generate,))
+    @given(operand, operand)
+    def each(a, b):
+        checked.cases += 1
+        for k, out in enumerate(run_graph(graph, [a, b])):
+            for fact in sorted(facts[k] - set(checked.failures)):
+                if not FACT_HOLDS[fact](np.asarray(out)):
+                    checked.failures[fact] = Counterexample(
+                        {"a": a, "b": b, f"value {k} of checker._fact_terms": np.asarray(out)},
+                        f"the analysis derives {fact} of value {k} of checker._fact_terms in {dtype}, "
+                        "which it is not (integer arithmetic wraps)")
+    with _only_drawn_values():
+        each()
+    return checked
+
+
+def check_facts(dtype: str, examples: int = 60, extra: tuple = ()) -> CheckResult:
+    """Every derivation of the analysis's facts (with `extra` rules added) checked in an integer `dtype`
+    on its extremes (`_fact_failures`): unsound where a derived fact does not hold of a value."""
+    checked = _fact_failures.__wrapped__(dtype, examples, tuple(extra)) if extra else _fact_failures(dtype, examples)
+    result = CheckResult(f"facts in {dtype}", cases=checked.cases, dtypes={dtype})
+    if checked.failures:
+        result.counterexample = checked.failures[min(checked.failures)]
     return result

@@ -3,6 +3,7 @@ inputs and on adversarial ones built per argument dtype (near overflow, zeros, i
 extremes), with tolerances per dtype. `verify` is what superopt runs on every specialization."""
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 import ml_dtypes
@@ -244,14 +245,20 @@ def _finfo(dtype):
 
 
 def _as(values: np.ndarray, dtype) -> np.ndarray:
-    """float64 values as `dtype` (through float32, as random_args does, for the ml_dtypes floats)."""
-    return np.asarray(values, np.float64).astype(np.float32).astype(np.dtype(dtype), copy=False)
+    """float64 values as `dtype`: float64 as they are, the narrower floats through float32 (as random_args
+    does, for the ml_dtypes floats); the values are the dtype's own, so no cast overflows."""
+    dt = np.dtype(dtype)
+    values = np.asarray(values, np.float64)
+    return values.astype(dt, copy=False) if dt.itemsize >= 8 else values.astype(np.float32).astype(dt, copy=False)
 
 
 def _int_extremes(rng, n: int, dt: np.dtype) -> np.ndarray:
+    """Integer extremes: the values around the square root of the largest (where a square wraps: int32's
+    46341 ** 2 is negative), the smallest and largest values (where a sum or difference wraps), 0, +-1."""
     info = np.iinfo(dt)
-    edges = np.array([info.min, info.max, info.min + 1, info.max - 1, 0, 1, -1 if info.min < 0 else 2],
-                     dtype=np.int64)
+    root = math.isqrt(int(info.max))
+    edges = [root + 1, info.min, info.max, -root - 1, root, info.min + 1, info.max - 1, -root, 0, 1, -1, 2]
+    edges = np.array([e for e in edges if info.min <= e <= info.max], dtype=np.int64)
     pick = rng.integers(0, 2, n).astype(bool)
     wide = rng.integers(int(info.min), int(info.max), n, endpoint=True, dtype=np.int64)
     out = np.where(pick, edges[rng.integers(0, edges.size, n)], wide)

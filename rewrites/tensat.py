@@ -139,9 +139,29 @@ def verdict(pairs: list, index: int, text: str, name: str = "tensat") -> Verdict
     return Verdict(index, text, "unsound", "reals" if label == "reals" else "", found)
 
 
-def import_rules(text: str, multi: bool = False, name: str | None = None) -> list[Verdict]:
-    """A verdict for every rule of a Tensat file (`multi`: every two lines one rule). Rule i is named
-    `{name}-{i}`, name "tensat" or "tensat-multi" by default."""
+def _variables(side: str) -> set[str]:
+    return {tok.strip("()") for tok in side.replace("(", " ").replace(")", " ").split() if tok.startswith("?")}
+
+
+def looks_multi(text: str) -> bool:
+    """Whether `text` reads as Tensat's multi-pattern format: an even number of lines, some line's right
+    side names a variable its own left side does not bind, and in every pair of lines (1-2, 3-4, ...) the
+    two left sides together bind both right sides' variables. A file of single rules has no unbound line
+    (such a line is no rule on its own)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines or len(lines) % 2 or any("=>" not in line for line in lines):
+        return False
+    sides = [tuple(_variables(part) for part in line.split("=>", 1)) for line in lines]
+    if all(rhs <= lhs for lhs, rhs in sides):
+        return False
+    return all(sides[i][1] | sides[i + 1][1] <= sides[i][0] | sides[i + 1][0] for i in range(0, len(sides), 2))
+
+
+def import_rules(text: str, multi: bool | None = None, name: str | None = None) -> list[Verdict]:
+    """A verdict for every rule of a Tensat file (`multi`: every two lines one rule; None: as the file
+    reads, `looks_multi`). Rule i is named `{name}-{i}`, name "tensat" or "tensat-multi" by default."""
+    if multi is None:
+        multi = looks_multi(text)
     name = name or ("tensat-multi" if multi else "tensat")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     groups = [lines[i:i + 2] for i in range(0, len(lines), 2)] if multi else [[line] for line in lines]

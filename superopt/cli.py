@@ -48,7 +48,7 @@ from superopt.rewrites import synthesis
 from superopt.rewrites.checker import check_rule
 from superopt.rewrites.schedule import resolve
 from superopt.rewrites.sexpr import format_rules
-from superopt.rewrites.tensat import import_rules, summary
+from superopt.rewrites.tensat import import_rules, looks_multi, summary
 from superopt.rulesets import ALGEBRA, RULESETS
 
 DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
@@ -142,7 +142,16 @@ def _rules_import(args) -> int:
             text = f.read()
     except OSError as exc:
         raise ValueError(f"superopt: cannot read rule file {args.file!r}: {exc.strerror}") from None
-    verdicts = import_rules(text, multi=args.multi)
+    multi = True if args.multi else None
+    if multi is None and looks_multi(text):
+        multi = True
+        print(f"{args.file}: read as multi-pattern rules (every two lines one rule, as Tensat's "
+              "converted_multi.txt; the two lines bind each other's variables)", flush=True)
+    verdicts = import_rules(text, multi=bool(multi))
+    unbound = sum("which no left side binds" in v.detail for v in verdicts if v.status == "unsupported")
+    if unbound:
+        print(f"{unbound} lines name variables their own left side does not bind: if every two lines are "
+              "one multi-pattern rule, pass --multi", flush=True)
     for v in verdicts:
         print(v, flush=True)
     print(summary(verdicts))
@@ -546,7 +555,7 @@ def parser() -> argparse.ArgumentParser:
     imp.add_argument("file", help="the rule file, e.g. Tensat's converted.txt")
     imp.add_argument("--dialect", choices=["tensat"], default="tensat", help="the file's format (default tensat)")
     imp.add_argument("--multi", action="store_true",
-                     help="every two lines are one multi-pattern rule (Tensat's converted_multi.txt)")
+                     help="every two lines are one multi-pattern rule (Tensat's converted_multi.txt); without it, a file whose pairs of lines bind each other's variables is read so")
     imp.add_argument("--write", metavar="FILE", help="also write the sound rules superopt can state in its "
                                                        "text format (rewrites/sexpr.py)")
     imp.set_defaults(run=_rules_import)

@@ -3,7 +3,10 @@ them by evaluating both sides on symbols (`rewrites/symbolic.py`). Tensat's file
 project; the lines here are written for these tests in their format, one per kind of verdict."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 
@@ -11,7 +14,7 @@ from superopt import superopt
 from superopt.cli import main
 from superopt.rewrites import symbolic
 from superopt.rewrites.sexpr import format_rules, parse_rules
-from superopt.rewrites.tensat import import_rules, parse, ruleset, summary
+from superopt.rewrites.tensat import import_rules, looks_multi, parse, ruleset, summary
 
 LINES = {
     "commute": "(ewadd ?input_1 ?input_2)=>(ewadd ?input_2 ?input_1)",
@@ -107,3 +110,38 @@ def test_the_command_prints_a_verdict_per_rule_and_the_counts(tmp_path, capsys):
     assert out[-2] == "3 rules: parsed 2, sound 1, unsound 1, unsupported 1"
     assert [r.name for r in parse_rules(out_rules.read_text())] == ["tensat-1"]
     assert main(["rules", "import", str(tmp_path / "missing.txt")]) == 2
+
+
+# ---- Tensat's two published files (beside the project, in ../shared/data/tensat: not part of it) ----
+
+TENSAT_FILES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tensat"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, multi, rules", [("converted.txt", False, 120), ("converted_multi.txt", True, 13)])
+def test_tensats_published_files_import_with_a_verdict_for_every_rule(name, multi, rules, capsys):
+    """Every rule of both files gets a verdict (sound or unsound, none unsupported: every operator they use
+    is modelled); the multi-pattern file is read as pairs without being told (`looks_multi`)."""
+    path = TENSAT_FILES / name
+    text = path.read_text(encoding="utf-8")
+    assert looks_multi(text) is multi
+    verdicts = import_rules(text)
+    assert len(verdicts) == rules
+    assert all(v.status in ("sound", "unsound") for v in verdicts), [v for v in verdicts if v.status == "unsupported"]
+    assert sum(v.status == "sound" for v in verdicts) > rules // 2
+    assert main(["rules", "import", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == summary(verdicts)
+    assert ("read as multi-pattern rules" in "\n".join(out)) is multi
+
+
+def test_a_multi_pattern_file_read_as_single_rules_says_to_pass_multi(tmp_path, capsys):
+    """Told it is single rules (or a file whose pairs do not bind each other), the unbound lines are named
+    and the last line before the summary says --multi is needed."""
+    assert looks_multi(SPLIT) and not looks_multi("\n".join(LINES.values()))
+    odd = tmp_path / "odd.txt"
+    odd.write_text(SPLIT + LINES["commute"] + "\n")            # three lines: not pairs
+    assert not looks_multi(odd.read_text())
+    assert main(["rules", "import", str(odd)]) == 0
+    out = capsys.readouterr().out
+    assert "pass --multi" in out and "2 lines name variables" in out, out

@@ -26,6 +26,11 @@ along some axes, and that broadcast back against it), from which a value less it
 sum along the same axes is `at_least_one`; `row_sum` (a sum of values >= -0 broadcast back against them),
 from which a quotient of those values by it, where it is positive, is at most one. A variance is nonneg (a
 sum of squares over a positive count), and positive once an epsilon that is a normal number is added.
+
+Integer arithmetic wraps (two's complement, as XLA's): of an integer dtype, sums, differences, products,
+squares, powers, abs and negations get no sign or range fact (int32's 46341 * 46341 is negative), and a
+value less its maximum is not nonpos; an unsigned dtype, literals, min, max, sign, quotients and views keep
+theirs. `rules check` tests each derivation on integer extremes (rewrites/checker.py, `check_facts`).
 """
 from __future__ import annotations
 

@@ -51,8 +51,27 @@ from superopt.rewrites.sexpr import format_rules
 from superopt.rewrites.tensat import import_rules, looks_multi, summary
 from superopt.rulesets import ALGEBRA, RULESETS
 
-DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
-          "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}
+# --shapes' dtype suffixes: superopt's short names count bits (f16, i8, u8); numpy's one-letter codes count
+# bytes (its f8 is float64, its i8 int64), so those are refused rather than guessed. Full names (float64,
+# bfloat16, int4, float8_e4m3fn: numpy's and JAX's) are accepted as they are.
+DTYPES = {"f16": "float16", "f32": "float32", "f64": "float64", "bf16": "bfloat16",
+          "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",
+          "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64",
+          "c64": "complex64", "c128": "complex128", "bool": "bool"}
+
+
+def dtype_name(text: str) -> str:
+    """A --shapes dtype suffix as its full name: a short name of DTYPES, or a full dtype name."""
+    if text in DTYPES:
+        return DTYPES[text]
+    try:
+        name = jnp.dtype(text).name
+    except (TypeError, ValueError):
+        name = None
+    if name != text:   # numpy's byte codes (f8, u4, i8, <f4) and unknown words
+        raise ValueError(f"superopt: unknown dtype {text!r}; write a short name ({', '.join(DTYPES)}: bits, "
+                         f"not numpy's bytes) or a full name (float64, bfloat16, int4, float8_e4m3fn, ...)")
+    return name
 
 
 # ---- rules, calibrate, demo ----
@@ -299,14 +318,22 @@ def _demo(args) -> int:
 def parse_shape(text: str, default_dtype: str = "float32") -> tuple[tuple, str]:
     """`128x768`, `128x768:f16`, `scalar:i32` or `()` -> (shape, dtype name)."""
     dims, _, dtype = text.partition(":")
-    dtype = DTYPES.get(dtype, dtype) or default_dtype
     try:
         shape = () if dims in ("", "()", "scalar") else tuple(int(d) for d in dims.lower().split("x"))
-        name = jnp.dtype(dtype).name
-    except (TypeError, ValueError):
-        raise ValueError(f"superopt: cannot read the shape {text!r}; write e.g. 128x768 or 128x768:f16 "
-                         f"(dtypes: {', '.join(DTYPES)})") from None
+    except ValueError:
+        raise ValueError(f"superopt: cannot read the shape {text!r}; write e.g. 128x768 or 128x768:f16") from None
+    try:
+        name = dtype_name(dtype or default_dtype)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (in --shapes {text})") from None
     return shape, name
+
+
+def _wide(shapes) -> bool:
+    """Whether --shapes names a 64-bit dtype, which JAX keeps only with x64 on (main turns it on for the
+    command, as a context, so a caller of main keeps its own setting)."""
+    return any(dtype_name(s.partition(":")[2] or "float32") in ("float64", "int64", "uint64", "complex128")
+               for s in shapes or ())
 
 
 def load_function(target_spec: str):
@@ -596,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
     try:
-        with progress.bars():
+        with progress.bars(), jax.enable_x64(_wide(getattr(args, "shapes", None))):
             return args.run(args)
     except ValueError as exc:
         print(exc, file=sys.stderr)

@@ -53,6 +53,9 @@ import json  # noqa: E402
 import xml.etree.ElementTree as ET  # noqa: E402
 from html.parser import HTMLParser  # noqa: E402
 
+import re  # noqa: E402
+
+import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from superopt import html as html_report  # noqa: E402
@@ -82,6 +85,31 @@ def test_shapes_are_read_with_their_dtypes():
     assert parse_shape("scalar:i32") == ((), "int32")
     with pytest.raises(ValueError, match="cannot read the shape"):
         parse_shape("4xq")
+
+
+@pytest.mark.parametrize("suffix, name", [("f64", "float64"), ("float64", "float64"), ("c64", "complex64"),
+                                          ("complex64", "complex64"), ("c128", "complex128"), ("u16", "uint16"),
+                                          ("i8", "int8"), ("bf16", "bfloat16"), ("bfloat16", "bfloat16"),
+                                          ("int4", "int4"), ("float8_e4m3fn", "float8_e4m3fn")])
+def test_shape_dtypes_are_short_names_in_bits_or_full_names(suffix, name):
+    assert parse_shape(f"2x3:{suffix}") == ((2, 3), name)
+
+
+@pytest.mark.parametrize("suffix", ["f8", "u4", "i4", "<f4", "float", "f99"])
+def test_numpys_byte_codes_and_unknown_dtypes_are_refused_in_one_line(suffix):
+    """numpy's f8 is float64 and its u4 uint32 (bytes), superopt's short names count bits: such a code is
+    refused, not guessed (f8 had become float32 and u4 uint32)."""
+    with pytest.raises(ValueError, match=rf"unknown dtype '{re.escape(suffix)}'") as err:
+        parse_shape(f"2x3:{suffix}")
+    assert "\n" not in str(err.value) and "f16" in str(err.value) and "float64" in str(err.value)
+
+
+def test_a_float64_shape_runs_in_float64(program, capsys):
+    """--shapes ...:f64 turns on x64 for the command (not for its caller) and the program runs in float64."""
+    assert main(["optimize", program + ":chain", "--shapes", "8x8:f64", "8x8:f64", "8x8:f64"]) == 0
+    out = capsys.readouterr().out
+    assert "f64[8,8]" in out or "float64" in out, out
+    assert not jax.config.jax_enable_x64
 
 
 def test_a_function_needs_shapes_unless_it_is_a_workload(program):

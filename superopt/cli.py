@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from superopt import cache as store_cache
-from superopt import html, superopt
+from superopt import Limits, html, superopt
 from superopt.core import progress
 from superopt.core.ir import pretty
 from superopt.core.verify import random_args
@@ -442,7 +442,7 @@ def _compile(args, backend: str | None = None, timed: bool = False):
     fn, example, name = function_and_args(args.function, args.shapes, args.dtype)
     fast = superopt(fn, target=args.target, extractor=args.extractor, verify=not args.no_verify, backend=backend,
                     memory_budget=args.memory_budget, numerics=args.numerics,
-                    precision=getattr(args, "precision", None))
+                    precision=getattr(args, "precision", None), limits=limits_of(args))
     start = time.perf_counter()
     spec = fast.compile(*example)
     if timed:
@@ -533,8 +533,31 @@ def _add_program_options(p, target: str = "cpu", html: bool = True) -> None:
                         "equal over the reals that may overflow where the original does not")
     p.add_argument("--memory-budget", metavar="SIZE",
                    help="peak memory to fit, e.g. 64MB or 1.5GiB: reorder, then recompute intermediates (greedy only)")
+    defaults = Limits()
+    for flag, field, kind, text in LIMIT_OPTIONS:
+        p.add_argument(flag, type=kind, metavar="N", dest=field,
+                       help=f"{text} (default {getattr(defaults, field):g})")
     if html:
         p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+
+
+# The search's limits (superopt.Limits) as options: a report's "kept original: time limit (...)" has a remedy.
+LIMIT_OPTIONS = (
+    ("--seconds", "seconds", float, "the whole call's time limit, in seconds"),
+    ("--saturation-seconds", "saturation_seconds", float, "the most saturation may take, in seconds"),
+    ("--segment-seconds", "segment_seconds", float, "CPU seconds for one segment's search"),
+    ("--iterations", "iterations", int, "saturation's iterations at most"),
+    ("--nodes", "nodes", int, "rows in the e-graph's tables at most"),
+)
+
+
+def limits_of(args) -> Limits:
+    """The Limits the command's options ask for (the defaults where none is given)."""
+    given = {field: getattr(args, field) for _, field, _, _ in LIMIT_OPTIONS if getattr(args, field, None) is not None}
+    try:
+        return Limits(**given)
+    except ValueError as exc:
+        raise ValueError(f"superopt: {exc}") from None
 
 
 def parser() -> argparse.ArgumentParser:

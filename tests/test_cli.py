@@ -339,3 +339,19 @@ def test_rules_check_bad_arguments_are_one_line_errors(capsys):
                           (["--jobs", "0", "neg-neg"], "superopt: --jobs must be at least 1, got 0")]:
         assert main(["rules", "check", *argv]) == 2
         assert capsys.readouterr().err == message + "\n"
+
+
+def test_the_search_limits_are_options(program, capsys):
+    """optimize, explain and emulate take the limits a report's "time limit" outcome names."""
+    from superopt.cli import limits_of, parser
+    args = parser().parse_args(["optimize", program + ":chain", "--shapes", "8x8", "8x8", "8x8", "--seconds", "5",
+                                "--saturation-seconds", "0.5", "--iterations", "3", "--nodes", "2000"])
+    limits = limits_of(args)
+    assert (limits.seconds, limits.saturation_seconds, limits.iterations, limits.nodes) == (5, 0.5, 3, 2000)
+    for command in ("explain", "emulate"):
+        assert limits_of(parser().parse_args([command, program + ":chain", "--iterations", "2"])).iterations == 2
+    assert main(["optimize", program + ":chain", "--shapes", "8x8", "8x8", "8x8", "--iterations", "0"]) == 2
+    assert "Limits.iterations must be positive, got 0" in capsys.readouterr().err
+    assert main(["optimize", program + ":chain", "--shapes", "64x64", "64x64", "64x1", "--saturation-seconds",
+                 "0.000001"]) == 0
+    assert "time limit" in capsys.readouterr().out

@@ -6,23 +6,30 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test bench clean
 
+TESTED := $(VENV)/.installed-test
+
+# `make demo` installs superopt alone; `make test` adds the test extra (pytest, Ray, the import linter).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 
-install: $(STAMP)
+$(TESTED): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(TESTED)
+
+install: $(TESTED)
 
 demo: $(STAMP)
 	$(PY) -m superopt.demo
 
 # pytest exits 5 when no test ran; make treats that as a failure, as it should. The suite runs on one
 # worker per core, at most 4 (each worker loads JAX; tests are independent and write only to tmp dirs).
-test: $(STAMP)
+test: $(TESTED)
 	$(PY) -m pytest -q -n auto --maxprocesses=4
 
-bench: $(STAMP)
+bench: $(TESTED)
 	$(PY) -m bench.run
 	$(PY) -m bench.scale
 	$(PY) -m bench.everyday
@@ -32,12 +39,12 @@ bench: $(STAMP)
 # target and backend plus 1500 extracted for every target (tens of minutes); a failure prints as source.
 # SUPEROPT_FUZZ_PER_COMBO and SUPEROPT_FUZZ_EXTRACTED change the budget.
 .PHONY: fuzz
-fuzz: $(STAMP)
+fuzz: $(TESTED)
 	SUPEROPT_FUZZ=long $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py
 
 # Times the Pallas kernels against jax.jit on a GPU (needs a CUDA build of jax); refuses without one.
 .PHONY: bench-gpu
-bench-gpu: $(STAMP)
+bench-gpu: $(TESTED)
 	$(PY) -m bench.gpu
 
 # The wheels the GPU machine lacks (it has Python 3.12, jax with CUDA, no network), into the ignored .whl/:

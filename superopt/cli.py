@@ -651,6 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # one line, the shell's status for SIGINT; the cache commits whole entries only
+        print("superopt: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -355,3 +355,23 @@ def test_the_search_limits_are_options(program, capsys):
     assert main(["optimize", program + ":chain", "--shapes", "64x64", "64x64", "64x1", "--saturation-seconds",
                  "0.000001"]) == 0
     assert "time limit" in capsys.readouterr().out
+
+
+def test_ctrl_c_is_one_line_and_status_130(tmp_path):
+    """Ctrl-C while a command works prints one line (no traceback) and exits 130, as shells expect."""
+    import signal
+    import time
+    marker = tmp_path / "started"
+    (tmp_path / "slow.py").write_text(
+        "import pathlib, time\n"
+        f"def slow(x):\n    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(120)\n    return x\n")
+    proc = subprocess.Popen([sys.executable, "-m", "superopt", "optimize", str(tmp_path / "slow.py") + ":slow",
+                             "--shapes", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert marker.exists(), proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip() == "superopt: interrupted", err

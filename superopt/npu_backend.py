@@ -107,14 +107,15 @@ class EmulatorRun:
                  check: bool = False, primed: tuple | None = None):
         self.executable, self.jax_program, self.original = executable, jax_program, original
         self.report, self.target_name, self.check = report, target_name, check
-        self.primed = primed        # (arguments, outputs) the build checked; the first call with them reuses them
+        self.primed = primed        # (copies of the arguments, outputs) the build checked; see __call__
         self.fallbacks = 0          # calls JAX ran instead
         self.last_error: str | None = None
 
     def __call__(self, *flat_args) -> list:
         primed, self.primed = self.primed, None
-        if primed is not None and len(primed[0]) == len(flat_args) and all(a is b for a, b in zip(primed[0], flat_args)):
-            return list(primed[1])      # the very arguments the build ran and checked a moment ago
+        if primed is not None and _same_values(primed[0], flat_args):
+            return list(primed[1])      # the values the build ran and checked a moment ago (not merely the
+                                        # same objects: a numpy argument may have been changed in place)
         try:
             outputs = self.executable(*flat_args)
         except Exception as exc:    # noqa: BLE001 -- jax.jit would not raise here, so neither may superopt
@@ -240,11 +241,22 @@ def _concrete(example, avals) -> tuple | None:
     return example
 
 
+def _same_values(copies: list, args) -> bool:
+    """Whether `args` hold, byte for byte, the values `copies` were taken of (same dtypes and shapes)."""
+    if len(copies) != len(args):
+        return False
+    for copy, arg in zip(copies, args):
+        arg = np.asarray(arg)
+        if arg.dtype != copy.dtype or arg.shape != copy.shape or arg.tobytes() != copy.tobytes():
+            return False
+    return True
+
+
 def _check(executable, reference: _OriginalProgram, spec, avals, precision: str, target, types: list,
            example: tuple | None = None, known: dict | None = None) -> tuple[str | None, tuple | None]:
-    """(None, (example, its outputs)) if the NPU program's outputs agree with the original program's on
-    CHECK_SEEDS' random inputs and on `example` (the last this process runs, so the executable's `last`
-    run is the caller's), else (the reason the JAX program runs instead, None)."""
+    """(None, (copies of example's arrays, its outputs)) if the NPU program's outputs agree with the original
+    program's on CHECK_SEEDS' random inputs and on `example` (the last this process runs, so the executable's
+    `last` run is the caller's), else (the reason the JAX program runs instead, None)."""
     operands = f"{', '.join(types)} cube operands" if types else "no cube stages"
     buffers = verification.Buffers()     # a finished trial's memory goes to the next (a model's are large)
     trials = [(f"random inputs (seed {seed})", lambda seed=seed: verification.random_args(avals, seed, buffers), seed)
@@ -264,6 +276,8 @@ def _check(executable, reference: _OriginalProgram, spec, avals, precision: str,
             stack.enter_context(one_blas_thread())
         for where, make, seed in order:
             args = make()
+            if args is example:   # as they are now: the caller may change a numpy argument in place later
+                copies = [np.array(a, copy=True) for a in example]
             try:
                 if make is trials[0][1] and aside is not None:
                     actual = aside.result()
@@ -275,7 +289,7 @@ def _check(executable, reference: _OriginalProgram, spec, avals, precision: str,
             except Exception as exc:    # noqa: BLE001
                 return f"the NPU program failed on {where}: {type(exc).__name__}: {_short(str(exc))}", None
             if args is example:
-                primed = (example, actual)
+                primed = (copies, actual)
             expected = known[seed] if seed in known else [np.asarray(o) for o in (spec.reference or reference())(*args)]
             problem = _differs(expected, actual, spec.original, args)
             if problem is None:

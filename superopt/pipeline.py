@@ -358,6 +358,10 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     timer = Stages()
     call = Deadline(limits.seconds)   # the whole call's, where it is in segments (each whole run keeps its own)
     captured = timer("capture", capture, fn, args)
+    symbolic = sorted({str(d) for shape, _ in captured.in_avals for d in shape if not isinstance(d, int)})
+    if symbolic:   # the cost model, the cache key and the checker's inputs all need sizes
+        return _as_captured(captured, tgt, numerics, timer, f"symbolic dimensions ({', '.join(symbolic)}): "
+                            f"superopt optimizes programs of known shapes, so this one runs as captured")
     if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
         rolled, loops = timer("reroll", reroll, captured.graph)
         if loops:
@@ -528,6 +532,15 @@ def _specialization(captured: Captured, search: Search, timer: Stages, run: RunR
                               reference=reference)
     return Specialization(user_program(captured), report, original, original, captured.out_tree,
                           captured.in_avals, reference=reference)
+
+
+def _as_captured(captured: Captured, tgt, numerics: str, timer: Stages, reason: str) -> Specialization:
+    """The user's program as captured, unpriced and unsearched, with `reason` in its report."""
+    ops = captured.graph.op_counts()
+    report = Report(tgt.name, RunReport(StopReason.SATURATED), kind=Outcome.KEPT_WHOLE, reason=reason,
+                    numerics=numerics, ops_before=ops, ops_after=ops, stage_seconds=timer.seconds)
+    return Specialization(user_program(captured), report, captured.graph, captured.graph, captured.out_tree,
+                          captured.in_avals, reference=reference_program(captured))
 
 
 # ---- results kept between processes (superopt/cache.py, superopt/reuse.py) ----

@@ -47,3 +47,19 @@ def test_npu_outputs_follow_an_argument_changed_in_place():
     out = np.asarray(fast(a, b))
     np.testing.assert_allclose(out, np.asarray(jax.jit(f)(a, b)), rtol=2e-2, atol=2e-2)
     assert not np.allclose(out, np.asarray(jax.jit(f)(-a, b)), atol=1e-3)
+
+
+# ---- 10: symbolic dimensions run as captured ----
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_export_with_a_symbolic_dimension(tmp_path, cached):
+    def f(x):
+        return jnp.tanh(x * 2.0) + 1.0
+
+    fast = superopt(f, cache=str(tmp_path / "c") if cached else False)
+    spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 128"), jnp.float32)
+    exported = jax.export.export(jax.jit(fast))(spec)
+    assert "symbolic" in fast.report.reason and not fast.report.optimized, fast.report.reason
+    for rows in (3, 5):
+        x = jnp.linspace(-2, 2, rows * 128, dtype=jnp.float32).reshape(rows, 128)
+        np.testing.assert_allclose(exported.call(x), jax.jit(f)(x), rtol=1e-6)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from superopt import numerics as numerics_mode
-from superopt.cache import enable_jax_cache, open_store
+from superopt.cache import open_store, refused
 from superopt.core import lazy
 from superopt.core.ir import pretty
 from superopt.egraph.limits import Limits
@@ -238,12 +238,12 @@ class Optimized:
         example = None
         if not any(isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)) for x in leaves):
             example = [jax.random.key_data(leaves[k]) if n in in_keys else leaves[k] for n, k in enumerate(positions)]
-        store = open_store(self.cache)
-        if store is not None:
-            enable_jax_cache(store.directory)
+        store = open_store(self.cache)   # JAX's own compilation cache is the user's to turn on (superopt/cache.py)
         spec = optimize(program, tuple(abstract), self.target, self.rulesets, self.limits, self.verify,
                         self.extractor, self.backend, self.memory_budget, self.numerics, self.precision,
                         example=example, store=store, executor=self.executor, tune=self.tune)
+        if store is None and refused(self.cache):
+            spec.report.cache = f"not used ({refused(self.cache)})"
         return dataclasses.replace(spec, out_keys=dict(out_keys))
 
     # ---- results ----

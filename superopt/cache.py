@@ -6,20 +6,32 @@ and keeps them here across runs (`superopt(fn, cache=...)`). The store is one SQ
 `terms.sqlite3`, in superopt's cache directory (the one the calibration uses:
 `extract/calibrate.cache_dir`).
 
-Nothing read back is trusted. Each entry holds a zlib-compressed canonical JSON payload that repeats its
-key and kind, the payload's sha256, and the entry format's `SCHEMA`; an entry whose schema differs, whose
-checksum fails, whose payload does not decode, or whose payload names another key or kind is a miss and
-is deleted. A file that is not a SQLite database is moved aside (`terms.sqlite3.corrupt-<pid>`) with a
-warning and a fresh one started. A cache must never break the program it speeds up: any SQLite error in
-`get` or `put` (locked past the timeout, disk full, read-only directory) is a miss or a skipped write, with
-one warning per process.
+The cache is as trusted as the code in the user's environment, and no more (RELIABILITY.md, "What the
+cache trusts"): whoever can write the directory can change what superopt runs, as whoever can write
+site-packages can. So the directory is created private (0700) and the database file 0600, and `open_store`
+uses neither a directory nor a database (nor its journal files) that is owned by another user or writable
+by group or others, as ssh and gpg treat their files: one `CacheWarning` per directory, and the call runs
+without the cache. A directory that cannot be created or opened is the same: a warning, no cache.
 
-Several processes may write at once (parallel workers, several users of one cache): the database runs in
+Nothing read back is trusted beyond that. Each entry holds a zlib-compressed canonical JSON payload that
+repeats its key and kind, the payload's sha256, and the entry format's `SCHEMA`; an entry whose schema
+differs, whose checksum fails, whose payload does not decode, or whose payload names another key or kind is
+a miss and is deleted. The checksum finds damage, not edits: whoever can write an entry can write its
+checksum. What a program entry must also pass on every read, its program's types, and on its first use in
+a process a run against the captured program, is the pipeline's (superopt/reuse.py). A file that is not a
+SQLite database is moved aside (`terms.sqlite3.corrupt-<pid>`) with a warning and a fresh one started. A
+cache must never break the program it speeds up: any SQLite error in `get` or `put` (locked past the
+timeout, disk full, read-only directory) is a miss or a skipped write, with one warning per process; `put`
+returns why it did not write, for the report.
+
+Several processes may write at once (parallel workers, several programs of one user): the database runs in
 WAL mode with a busy timeout, each `put` is its own short transaction, and each process opens its own
 connection (a forked child opens a new one).
 
-`enable_jax_cache` turns on JAX's own persistent compilation cache beside the store, so the programs
-superopt lowers are not compiled again by XLA either, unless the user configured one already.
+superopt never changes JAX's global configuration on its own: JAX's persistent compilation cache is used
+where the user configured it. `enable_jax_cache` is the explicit opt-in that turns it on in <directory>/jax
+(for the whole process: every jax.jit then reads and writes there, so that directory is held to the same
+checks as the store's).
 """
 from __future__ import annotations
 
@@ -27,6 +39,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
 import warnings
@@ -55,7 +68,7 @@ _CORRUPT = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
 
 
 class CacheWarning(UserWarning):
-    """The cache could not be read or written; superopt goes on without it."""
+    """The cache could not be used, read or written, or held a wrong entry; superopt goes on without it."""
 
 
 @dataclass
@@ -83,6 +96,20 @@ def _warn_error(action: str, path: Path, exc: Exception) -> None:
                       stacklevel=3)
 
 
+def _unsafe(path: Path) -> str | None:
+    """Why `path` (a cache directory or file) is not to be trusted, or None: owned by another user, or
+    writable by group or others. A path that does not exist is None (it is created private)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    if st.st_uid != os.geteuid():
+        return f"{path} is owned by another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}; chmod go-w it)"
+    return None
+
+
 def _encode(key: str, kind: str, value: dict) -> bytes:
     text = json.dumps({"key": key, "kind": kind, "value": value}, sort_keys=True, separators=(",", ":"))
     return zlib.compress(text.encode("utf-8"))
@@ -102,7 +129,9 @@ class Store:
 
     def __init__(self, directory):
         self.directory = Path(directory).expanduser()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.directory.is_dir():   # private: the parents as the user's umask makes them
+            self.directory.parent.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, exist_ok=True)
         self.path = self.directory / DATABASE
         self.hits = 0
         self.misses = 0
@@ -115,7 +144,17 @@ class Store:
 
     # ---- the connection ----
 
+    def unsafe(self) -> str | None:
+        """Why this cache is not to be used (`_unsafe`: its directory, database or journal files), or None."""
+        for path in (self.directory, self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+            why = _unsafe(path)
+            if why is not None:
+                return why
+        return None
+
     def _open(self) -> sqlite3.Connection:
+        # The file is made private before SQLite makes it with the umask's mode (its journals take its mode).
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         deadline = time.monotonic() + BUSY_TIMEOUT_S
         while True:
@@ -210,8 +249,18 @@ class Store:
         db.execute("UPDATE entries SET last_used = ?, hits = hits + 1 WHERE key = ?", (time.time(), key))
         return doc["value"]
 
-    def put(self, key: str, kind: str, value: dict) -> None:
-        """Store `value` (a JSON-serializable dict) under (key, kind), replacing what was there."""
+    def drop(self, key: str, kind: str) -> None:
+        """Delete the entry under (key, kind), if any: one found wrong by a check of the caller's."""
+        with self._lock:
+            try:
+                self._db().execute("DELETE FROM entries WHERE key = ? AND kind = ?", (key, kind))
+            except (sqlite3.Error, OSError) as exc:
+                if not self._recover(exc):
+                    _warn_error("be written", self.path, exc)
+
+    def put(self, key: str, kind: str, value: dict) -> str | None:
+        """Store `value` (a JSON-serializable dict) under (key, kind), replacing what was there; None, or why
+        it was not stored (a SQLite or OS error, warned about once per process)."""
         if not isinstance(value, dict):
             raise TypeError(f"superopt: a cache value must be a dict, got {type(value).__name__} for {kind} {key}")
         payload = _encode(key, kind, value)
@@ -224,6 +273,8 @@ class Store:
             except (sqlite3.Error, OSError) as exc:
                 if not self._recover(exc):
                     _warn_error("be written", self.path, exc)
+                return str(exc) or type(exc).__name__
+        return None
 
     def stats(self) -> CacheStats:
         """The directory, the database's bytes on disk, entries per kind, and this process's hits and misses."""
@@ -265,32 +316,64 @@ def default_directory() -> Path:
 
 _stores: dict[str, Store] = {}
 _stores_lock = threading.Lock()
+_refused: dict[str, str] = {}     # directory -> why it is not used (warned once per directory per process)
+
+
+def _directory(cache) -> Path | None:
+    if cache is None or cache is True:
+        if os.environ.get(ENV_SWITCH, "").strip().lower() in OFF_VALUES:
+            return None
+        return default_directory()
+    if cache is False:
+        return None
+    if isinstance(cache, (str, os.PathLike)):
+        return Path(cache)
+    raise TypeError(f"superopt: cache= takes True, False, None or a directory (str or path), "
+                    f"got {type(cache).__name__} {cache!r}")
+
+
+def _refuse(name: str, why: str) -> None:
+    with _stores_lock:
+        first = name not in _refused
+        _refused[name] = why
+    if first:
+        warnings.warn(f"superopt: not using the cache {name}: {why}; running without the cache (warned once)",
+                      CacheWarning, stacklevel=4)
 
 
 def open_store(cache=None) -> Store | None:
     """The store that the option `cache=` names: None or True, the default directory (no store when the
     environment variable SUPEROPT_CACHE is off, 0 or false); False, no store; a path, that directory.
-    One Store per directory in a process."""
-    if cache is None or cache is True:
-        if os.environ.get(ENV_SWITCH, "").strip().lower() in OFF_VALUES:
-            return None
-        directory = default_directory()
-    elif cache is False:
+    One Store per directory in a process. None too where the directory cannot be created or is not safe to
+    use (`Store.unsafe`, checked on every call): one CacheWarning per directory, and `refused` says why."""
+    directory = _directory(cache)
+    if directory is None:
         return None
-    elif isinstance(cache, (str, os.PathLike)):
-        directory = Path(cache)
-    else:
-        raise TypeError(f"superopt: cache= takes True, False, None or a directory (str or path), "
-                        f"got {type(cache).__name__} {cache!r}")
     name = str(directory.expanduser().absolute())
     with _stores_lock:
-        if name not in _stores:
-            try:
-                _stores[name] = Store(name)
-            except OSError as exc:
-                raise ValueError(f"superopt: cannot use the cache directory {name!r} (cache=): "
-                                 f"{exc.strerror or exc}") from None
-        return _stores[name]
+        store = _stores.get(name)
+    if store is None:
+        try:
+            store = Store(name)
+        except OSError as exc:
+            _refuse(name, f"it cannot be created ({exc.strerror or exc})")
+            return None
+    why = store.unsafe()
+    if why is not None:
+        _refuse(name, why)
+        return None
+    with _stores_lock:
+        _refused.pop(name, None)
+        return _stores.setdefault(name, store)
+
+
+def refused(cache=None) -> str | None:
+    """Why `open_store(cache)` gave no store although one was asked for, or None."""
+    try:
+        directory = _directory(cache)
+    except TypeError:
+        return None
+    return None if directory is None else _refused.get(str(directory.expanduser().absolute()))
 
 
 # ---- JAX's persistent compilation cache ----
@@ -303,21 +386,32 @@ def jax_cache_configured() -> bool:
 _jax_enabled: str | None = None    # the directory enable_jax_cache set in this process
 
 
-def enable_jax_cache(directory) -> bool:
-    """Turn on JAX's persistent compilation cache in <directory>/jax unless the user configured one
-    (jax_compilation_cache_dir, JAX_COMPILATION_CACHE_DIR); whether it is on there now. Only then is
-    jax_persistent_cache_min_compile_time_secs lowered to 0.2 s. Calling it again changes nothing."""
+def enable_jax_cache(directory=None) -> bool:
+    """The explicit opt-in to JAX's persistent compilation cache: turn it on in <directory>/jax (directory:
+    superopt's cache directory by default) unless the user configured one (jax_compilation_cache_dir,
+    JAX_COMPILATION_CACHE_DIR); whether it is on there now. It is JAX's setting for the whole process: every
+    jax.jit reads its compiled programs from there, so a directory that fails the store's checks (owned by
+    another user, writable by group or others) is refused with a CacheWarning. Only where it is turned on is
+    jax_persistent_cache_min_compile_time_secs lowered to 0.2 s. Calling it again changes nothing. superopt
+    never calls it itself."""
     global _jax_enabled
-    target = Path(directory).expanduser().absolute() / JAX_SUBDIR
+    base = Path(directory if directory is not None else default_directory()).expanduser().absolute()
+    target = base / JAX_SUBDIR
     current = jax.config.jax_compilation_cache_dir
     if current:
         return current == _jax_enabled == str(target)
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return False
     if not target.exists():
-        target.mkdir(parents=True)
+        Store(base)                       # the cache directory, private
+        target.mkdir(mode=0o700)
         (target / JAX_MARKER).write_text("superopt made this directory for JAX's compilation cache; "
                                          "`superopt cache clear` empties it\n")
+    why = _unsafe(base) or _unsafe(target)
+    if why is not None:
+        warnings.warn(f"superopt: not turning on JAX's compilation cache in {target}: {why}", CacheWarning,
+                      stacklevel=2)
+        return False
     jax.config.update("jax_compilation_cache_dir", str(target))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", JAX_MIN_COMPILE_TIME_S)
     jax_compilation_cache.reset_cache()   # JAX decides once whether to use its cache; decide again

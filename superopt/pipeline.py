@@ -25,6 +25,7 @@ import numpy as np
 
 from superopt import numerics as numerics_mode
 from superopt.backends import BACKENDS
+from superopt.cache import CacheWarning
 from superopt.core import lazy, verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
 from superopt.core.ir import Graph, Guard, body_str, type_str, unfused
@@ -382,17 +383,21 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
             segments = key = None
     if segments:
         return _segmented(captured, segments, search, store, executor, timer, call)
+    dropped = ""
     if key is not None:
         found = timer("cache", _cached, store, key, "program", captured.graph, captured.graph.consts)
+        if found is not None and search.check_results:
+            found = timer("verify (cache)", _rechecked, found, store, key, "program", captured, numerics)
+            dropped = "" if found is not None else "; the entry failed its check and was dropped"
         if found is not None:
             spec = _specialization(captured, search, timer, *found)
             spec.report.cache = "hit (the result of an earlier optimization of this program)"
             return spec
     spec, entry = _whole(captured, search, timer, store)
     if key is not None:
-        spec.report.cache = "miss; result stored" if entry is not None else "miss; a time limit is not stored"
-        if entry is not None:
-            store.put(key, "program", entry)
+        why = store.put(key, "program", entry) if entry is not None else "a time limit is not stored"
+        spec.report.cache = f"miss{dropped}; " + ("result stored" if why is None else
+                                                  why if entry is None else f"not stored ({why})")
     return spec
 
 
@@ -587,6 +592,36 @@ def _from_entry(entry: dict, original: Graph, consts=()):
         return None
 
 
+_verified_entries: set = set()   # (cache directory, key) of entries whose program this process verified
+
+
+def _rechecked(found: tuple, store, key: str, kind: str, captured: Captured, numerics: str) -> tuple | None:
+    """`found` (`_cached`'s) once its program, on its first use in this process, agrees with the captured
+    program on the verification's first random input set, both evaluated by superopt's reference evaluator
+    (no compilation; judged as verify.verify judges); else None, the entry dropped with a CacheWarning. An
+    entry with the right checksum and types may still have been edited by whoever can write the cache
+    (RELIABILITY.md, "What the cache trusts"). The adversarial and scaled sets ran when the entry was made
+    and are not run again: this check is for a program that computes something else."""
+    chosen, seen = found[3], (str(store.directory), key)
+    if found[4] is None or seen in _verified_entries:
+        return found
+    original = traced(captured)
+    try:
+        args = verification.random_args(captured.in_avals, 0)
+        problem = verification.judge(evaluate_reference(original, args), evaluate_reference(chosen.graph, args),
+                                     lambda: evaluate_reference(original, args, precise=True), numerics)
+    except Exception as exc:   # noqa: BLE001
+        problem = f"it failed to run ({type(exc).__name__}: {str(exc)[:200]})"
+    if problem:
+        store.drop(key, kind)
+        warnings.warn(f"superopt: the cache entry {key[:16]} in {store.path} differs from the program it is stored "
+                      f"for ({problem}); dropped it, and the program is optimized again", CacheWarning,
+                      stacklevel=2)
+        return None
+    _verified_entries.add(seen)
+    return found
+
+
 def _traced_like(term: Graph, original: Graph) -> Callable:
     """`term`'s JAX program, traced once at `original`'s argument types; NotSerializable where its results
     are not of `original`'s types. A term that does not trace (a malformed attribute) raises."""
@@ -616,14 +651,21 @@ class SegmentJob:
     key: str = ""               # the segment's key (segments.Segment.key)
 
 
+def _segment_captured(graph: Graph) -> Captured:
+    """A segment (or seam window) as a captured program of its own, its kernels unfused: a window's kernels
+    (the segments' fusions) are searched again."""
+    graph = unfused(graph)
+    args = sorted((n for n in graph.nodes if n.op == "arg"), key=lambda n: n.attrs[0])
+    return Captured(graph, None, None, tuple((n.shape, n.dtype) for n in args))
+
+
 def optimize_segment(job: SegmentJob) -> dict:
     """Optimize one segment (or seam window) as a program of its own: the checker draws its canonical
     arguments and compares it with the segment as given, and it must be predicted cheaper than that (a
     window: with its kernels). Its cache entry (None where it has none), and its run, outcome, reason and
     stage seconds."""
-    graph = unfused(job.graph)   # a seam window's kernels (the segments' fusions) are searched again
-    args = sorted((n for n in graph.nodes if n.op == "arg"), key=lambda n: n.attrs[0])
-    captured = Captured(graph, None, None, tuple((n.shape, n.dtype) for n in args))
+    captured = _segment_captured(job.graph)
+    graph = captured.graph
     timer = Stages()
     cost_before, _ = program_cost(job.graph, job.search.target)   # what the window costs as it was chosen
     run, outcome, reason, chosen, _ = _optimize_program(captured, lower(graph), job.search, timer, cost_before,
@@ -644,6 +686,9 @@ def _optimize_distinct(distinct: dict, search: Search, store, executor: str | No
         def look_up():
             for key, seg in distinct.items():
                 found = _cached(store, digest(fp, key), "segment", seg.graph)
+                if found is not None and search.check_results:
+                    found = _rechecked(found, store, digest(fp, key), "segment", _segment_captured(seg.graph),
+                                       search.numerics)
                 if found is not None:
                     results[key] = found
         timer("cache", look_up)

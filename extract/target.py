@@ -24,6 +24,7 @@ class GpuSpec:
     smem_per_sm: int
     l2_bytes: int
     l2_bandwidth: float       # bytes/s from L2 to the SMs: where a tiled kernel's re-reads come from
+    smem_per_block: int = 0   # shared memory one block may have (opt-in maximum); 0: not given
 
 
 @dataclass(frozen=True)

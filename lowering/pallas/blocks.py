@@ -13,11 +13,23 @@ masked). Values there only reach output elements past the end, which are never w
 a reduction or a matrix product over a label whose block runs past its extent: there the evaluator
 masks the padding with the reduction's identity (0 for sums and products, -inf for a max) first.
 With `pow2` (what Triton needs), every block edge is rounded up to a power of two and masked alike.
+
+Compiled with Triton (`Options.interpret` False), a kernel follows the Triton lowering's rules
+(`compute`, `dot`, `fit_shared`): an op on bfloat16 or float16 values is computed in float32 and rounded
+to its declared type (Triton has no narrow-float tanh, exp, division...; for +, -, *, / and sqrt the
+result is the same as computed in the narrow type, since float32 carries more than twice its
+precision); a float max or min propagates NaN as XLA's does (Triton's drops it); a float32 matrix product
+is taken at full float32 precision (Triton's default is TF32); ops Triton cannot lower raise
+`NoTemplate` (the node runs in JAX); and the tiles of a matrix kernel are shrunk until the operand tiles
+Triton stages in shared memory fit one block's limit.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
+
+import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +41,7 @@ from superopt.core.ir import Node
 
 from superopt.core.ops import REDUCTIONS
 from superopt.lowering.jax import _LOWER as JAX_OPS   # the per-op table this backend shares with lowering/jax.py
-from superopt.lowering.pallas.labels import ELEMENTWISE, Labelled, NoTemplate
+from superopt.lowering.pallas.labels import ELEMENTWISE, MAT, Labelled, NoTemplate
 
 
 @dataclass(frozen=True)
@@ -37,9 +49,31 @@ class Options:
     interpret: bool = True       # run the kernels in interpret mode (the only mode on a CPU)
     pow2: bool = False           # round every block edge up to a power of two (Triton's requirement)
     compiler_params: object = None
+    smem_limit: int = 0          # compiled: shared-memory bytes one block may have (0: not checked)
+    triton_rules: bool = False   # follow Triton's rules in interpret mode too (tests check them on a CPU)
+
+    @property
+    def triton(self) -> bool:
+        """Whether kernels follow the Triton lowering's rules (`compute`, `dot`, `fit_shared`)."""
+        return not self.interpret or self.triton_rules
 
 
 NARROW = frozenset({"bfloat16", "float16"})   # float types narrower than float32
+STAGES = 3           # Pallas-Triton's default num_stages on CUDA (CompilerParams.num_stages None)
+LEAST_DOT = 16       # Triton's least edge of a dot operand (M, N, K)
+# Ops the Pallas-Triton lowering has no rule for (jax 0.10-0.12; tests/test_pallas_gpu_rules.py checks
+# the list against the installed jax's rule table): a kernel with one runs in JAX under Triton.
+TRITON_GAPS = frozenset({"conj", "erf", "erfc", "lgamma", "reduce_and", "reduce_or", "reduce_prod", "round",
+                         "round_even"})
+MAXMIN = frozenset({"max", "min", "reduce_max", "reduce_min"})
+
+
+class TooLarge(NoTemplate):
+    """A matrix kernel whose tiles cannot be shrunk to fit one block's shared memory."""
+
+
+def num_stages(options: Options) -> int:
+    return getattr(options.compiler_params, "num_stages", None) or STAGES
 
 
 def fit(extent: int, tile: int, pow2: bool) -> int:
@@ -59,6 +93,8 @@ class Plan:
     notes: list = field(default_factory=list)
     names: dict = field(default_factory=dict)   # label -> its role in a matrix kernel ("m", "n", "k", "l")
     interpret: bool = False              # the kernel runs in interpret mode (XLA on the host): see `typed`, `dot`
+    triton: bool = False                 # the kernel follows Triton's rules (`Options.triton`)
+    stages: int = 0                      # Triton's num_stages where `fit_shared` lowered it (0: the options')
 
     # ---- per value ----
     def kept(self, i: int) -> list[int]:
@@ -162,12 +198,67 @@ def dot(plan: Plan, m: int, a, b, starts: dict, out_dtype=None):
         # XLA on the host has no bf16 x bf16 -> f32 product for some operand layouts; widening first is
         # the same product (a bf16 or f16 product is exact in f32) with the same f32 accumulation
         a, b = (x.astype(np.float32) if np.dtype(x.dtype).name in NARROW else x for x in (a, b))
+    if a.dtype != b.dtype:       # Triton multiplies operands of one type
+        common = jnp.promote_types(a.dtype, b.dtype)
+        a, b = a.astype(common), b.astype(common)
     if contract[0]:
         mask_a = valid(plan, ia, contract[0], a.shape, starts)
         if mask_a is not None:
             a = jnp.where(mask_a, a, jnp.zeros((), a.dtype))
             b = jnp.where(valid(plan, ib, contract[1], b.shape, starts), b, jnp.zeros((), b.dtype))
-    return lax.dot_general(a, b, (contract, batch), preferred_element_type=out_dtype)
+    if plan.triton:
+        if batch[0] or batch[1]:
+            raise NoTemplate("a batched product inside a block (Triton's dot is 2-D)")
+        if np.dtype(a.dtype).kind == "u":
+            raise NoTemplate("an unsigned integer product (Triton's dot is signed)")
+        if a.ndim != 2 or b.ndim != 2 or not contract[0]:
+            return _dot_by_sum(a, b, contract, out_dtype)
+    # full float32 precision where the operands are float32 (Triton's default is TF32, XLA's on a CPU is full)
+    precision = lax.Precision.HIGHEST if np.dtype(a.dtype) == np.float32 else None
+    return lax.dot_general(a, b, (contract, batch), precision=precision, preferred_element_type=out_dtype)
+
+
+def _dot_by_sum(a, b, contract: tuple, out_dtype):
+    """A product Triton's 2-D dot does not take (a vector operand, nothing contracted) as a broadcast
+    multiply and a sum, in the accumulator's type: out axes are a's free axes, then b's."""
+    (ca, cb) = contract
+    fa = [d for d in range(a.ndim) if d not in ca]
+    fb = [d for d in range(b.ndim) if d not in cb]
+    a = lax.transpose(a, tuple(fa + ca)).astype(out_dtype) if a.ndim > 1 else a.astype(out_dtype)
+    b = lax.transpose(b, tuple(fb + cb)).astype(out_dtype) if b.ndim > 1 else b.astype(out_dtype)
+    na, nb = len(fa), len(fb)
+    shape = a.shape[:na] + b.shape[:nb] + a.shape[na:]
+    a = lax.broadcast_in_dim(a, shape, tuple(range(na)) + tuple(range(na + nb, na + nb + len(ca))))
+    b = lax.broadcast_in_dim(b, shape, tuple(range(na, na + nb)) + tuple(range(na + nb, na + nb + len(cb))))
+    product = a * b
+    return jnp.sum(product, axis=-1) if ca else product
+
+
+def compute(plan: Plan, node: Node, *ins):
+    """Node's elementwise op or reduction on blocks `ins`. Compiled with Triton: narrow floats computed
+    in float32 (the caller's `typed` rounds the result to the node's type), a float max or min
+    propagating NaN, and an op Triton cannot lower refused."""
+    if not plan.triton:
+        return JAX_OPS[node.op](node, *ins)
+    dtypes = [np.dtype(x.dtype) for x in ins]
+    if node.op in TRITON_GAPS:
+        raise NoTemplate(f"Triton cannot lower {node.op!r}")
+    if node.op in MAXMIN and any(d == np.bool_ for d in dtypes):
+        raise NoTemplate(f"Triton has no {node.op!r} of booleans")
+    if node.op == "convert":          # one rounding, from the source type straight to the declared one
+        return JAX_OPS[node.op](node, *ins)
+    ins = [x.astype(np.float32) if d.name in NARROW else x for x, d in zip(ins, dtypes)]
+    wide = Node(node.op, node.inputs, node.attrs, node.shape, "float32" if node.dtype in NARROW else node.dtype)
+    out = JAX_OPS[node.op](wide, *ins)
+    if node.op in MAXMIN and np.dtype(out.dtype).kind == "f":
+        if node.op in ("max", "min"):     # Triton's maxnumf/minnumf return the other operand for a NaN
+            for x in ins:
+                out = jnp.where(x != x, jnp.broadcast_to(x, out.shape).astype(out.dtype), out)
+        else:
+            nan = JAX_OPS["reduce_max"](Node("reduce_max", (), node.attrs, node.shape, "float32"),
+                                        jnp.where(ins[0] != ins[0], 1.0, 0.0).astype(np.float32))
+            out = jnp.where(nan > 0, jnp.asarray(np.nan, out.dtype), out)
+    return out
 
 
 def typed(plan: Plan, x, dtype):
@@ -210,7 +301,7 @@ def evaluate(plan: Plan, order, env: dict, load: Callable, starts: dict | None =
         elif op == "lit":
             env[i] = jnp.full(shape, node.attrs[0], np.dtype(node.dtype))
         elif op in ELEMENTWISE:
-            env[i] = typed(plan, JAX_OPS[op](node, *(spread(plan, j, i, x, shape) for j, x in zip(node.inputs, ins))),
+            env[i] = typed(plan, compute(plan, node, *(spread(plan, j, i, x, shape) for j, x in zip(node.inputs, ins))),
                            node.dtype)
         elif op == "broadcast":
             k_in, k_out = plan.kept(node.inputs[0]), plan.kept(i)
@@ -228,7 +319,7 @@ def evaluate(plan: Plan, order, env: dict, load: Callable, starts: dict | None =
             mask = valid(plan, node.inputs[0], list(axes), x.shape, starts)
             if mask is not None:
                 x = jnp.where(mask, x, jnp.asarray(_identity(op, x.dtype), x.dtype))
-            env[i] = typed(plan, JAX_OPS[op](Node(op, (), (axes,), shape, node.dtype), x), node.dtype) if axes else x
+            env[i] = typed(plan, compute(plan, Node(op, (), (axes,), shape, node.dtype), x), node.dtype) if axes else x
         elif op == "matmul":
             env[i] = typed(plan, dot(plan, i, ins[0], ins[1], starts), node.dtype)
         else:
@@ -253,8 +344,36 @@ def loader(plan: Plan, refs: dict, starts: dict | None = None) -> Callable:
                 index.append(pl.ds(starts[lab], plan.block[lab]))
             else:
                 index.append(slice(None))
+        mask = bounds(plan, i, starts) if plan.triton else None
+        if mask is not None:
+            load_masked, _ = _masked_access()
+            return load_masked(ref.at[tuple(index)], mask=mask, other=jnp.zeros((), ref.dtype))
         return ref[tuple(index)]
     return load
+
+
+def bounds(plan: Plan, i: int, starts: dict):
+    """Compiled with Triton, which masks no access itself (a block past the end of an array reads and
+    writes past it, into the next row): the mask of the elements of body value i's block (one step's
+    tile along loop labels) that lie inside the array, or None when the block is inside it."""
+    labels = [plan.lb.axes[i][a] for a in plan.kept(i)]
+    shape, mask = plan.shape(i), None
+    for p, lab in enumerate(labels):
+        if not plan.padded(lab):
+            continue
+        first = _PROGRAM[plan.grid.index(lab)] * plan.block[lab] if lab in plan.grid else starts.get(lab, 0)
+        inside = lax.broadcasted_iota(jnp.int32, shape, p) + first < plan.lb.extent[lab]
+        mask = inside if mask is None else mask & inside
+    return mask
+
+
+_PROGRAM: list = []   # the program ids of the kernel being traced (`launch`), for `bounds`
+
+
+def _masked_access():
+    """(load, store) with a mask: Pallas-Triton's own (jax.experimental.pallas.triton)."""
+    from jax.experimental.pallas import triton as plgpu
+    return plgpu.load, plgpu.store
 
 
 def launch(plan: Plan, kernel: Callable, inputs: list, options: Options, name: str) -> list:
@@ -265,20 +384,89 @@ def launch(plan: Plan, kernel: Callable, inputs: list, options: Options, name: s
     grid = tuple(plan.steps(lab) for lab in plan.grid)
 
     def run(*refs):
+        # the program ids, read once at the top of the kernel (interpret mode finds none inside a loop)
+        _PROGRAM[:] = [pl.program_id(g) for g in range(len(grid))]
         kernel(dict(zip(args, refs[:len(args)])), refs[len(args):])
 
     call = pl.pallas_call(
         run, grid=grid, name=name,
         out_shape=[jax.ShapeDtypeStruct(body[r].shape, np.dtype(body[r].dtype)) for r in roots],
         in_specs=[plan.spec(i) for i in args], out_specs=[plan.spec(r) for r in roots],
-        interpret=options.interpret, compiler_params=options.compiler_params)
+        interpret=options.interpret, compiler_params=compiler_params(plan, options))
     return call(*[inputs[body[i].attrs[0]] for i in args])
+
+
+def compiler_params(plan: Plan, options: Options):
+    """The options' compiler parameters, with the plan's own num_stages where it has one."""
+    if plan.stages and options.compiler_params is not None:
+        return dataclasses.replace(options.compiler_params, num_stages=plan.stages)
+    return options.compiler_params
 
 
 def store(plan: Plan, outs, env: dict) -> None:
     for r, out in zip(plan.lb.roots, outs):
-        out[...] = env[r].astype(out.dtype)
+        mask = bounds(plan, r, {}) if plan.triton else None
+        if mask is not None:
+            _, store_masked = _masked_access()
+            store_masked(out, env[r].astype(out.dtype), mask=mask)
+        else:
+            out[...] = env[r].astype(out.dtype)
 
 
 def whole_block(extent: int, pow2: bool) -> int:
     return pl.next_power_of_2(extent) if pow2 else extent
+
+
+def shared_bytes(plan: Plan, stages: int) -> int:
+    """Shared memory a Triton matrix kernel of this plan needs, as bounded here: each matrix op's operand
+    tiles (one step's, at the type the dot takes), staged `stages` deep by the software pipeliner."""
+    body, staged = plan.lb.body, 0
+    for m in plan.lb.in_region(MAT):
+        ia, ib = body[m].inputs
+        item = max(np.dtype(body[ia].dtype).itemsize, np.dtype(body[ib].dtype).itemsize)
+        staged += sum(math.prod(plan.shape(i)) for i in (ia, ib)) * item
+    return stages * staged
+
+
+def result_bytes(plan: Plan) -> int:
+    """The largest matrix op's result tile (its accumulator, held in registers), in bytes."""
+    body = plan.lb.body
+    return max((math.prod(plan.shape(m)) * accumulator(body[m].dtype).itemsize for m in plan.lb.in_region(MAT)),
+               default=0)
+
+
+def fit_shared(plan: Plan, options: Options) -> None:
+    """Compiled with a shared-memory limit: halve the plan's split matrix tiles (the largest first, a
+    loop's on a tie; none below `LEAST_DOT`) until `shared_bytes` fits the limit, then, where even the
+    least tiles do not (a label kept whole, N or a softmax row, holds too much), stage fewer steps
+    (`Plan.stages`); `TooLarge` when one stage does not fit. An accumulator larger than the limit has its
+    grid tiles halved too where they can be (it would spill registers; not a compile error)."""
+    limit = options.smem_limit
+    if not options.triton or not limit:
+        return
+    split = [lab for lab in plan.names if (lab in plan.grid and lab not in plan.squeezed) or lab in plan.loops]
+    before = {lab: plan.block[lab] for lab in split}
+
+    def halve(labels) -> bool:
+        smaller = [lab for lab in labels if plan.block[lab] > LEAST_DOT]
+        if smaller:
+            lab = max(smaller, key=lambda lab: (plan.block[lab], lab in plan.loops))
+            plan.block[lab] //= 2
+        return bool(smaller)
+
+    while result_bytes(plan) > limit and halve([lab for lab in split if lab in plan.grid]):
+        pass
+    stages = num_stages(options)
+    while shared_bytes(plan, stages) > limit and halve(split):
+        pass
+    while shared_bytes(plan, stages) > limit and stages > 1:
+        stages -= 1
+        plan.stages = stages
+    if (need := shared_bytes(plan, stages)) > limit:
+        raise TooLarge(f"the matrix tiles need {need} bytes of shared memory, more than the {limit} a block "
+                       "may have, at their least")
+    shrunk = [f"T{plan.names[lab].upper()} {before[lab]} -> {plan.block[lab]}" for lab in split
+              if plan.block[lab] != before[lab]]
+    shrunk += [f"{plural(stages, 'stage')}"] if plan.stages else []
+    if shrunk:
+        plan.notes.append(f"{', '.join(shrunk)}: shared memory of a block is {limit} bytes")

@@ -37,7 +37,7 @@ def pointwise_plan(lb: Labelled, options: Options, lanes: int | None = LANES) ->
     squeezed = [lab for lab in free if lab not in (lane, row)]
     block.update({lab: 1 for lab in squeezed})
     grid = tuple(lab for lab in out if lab in free)
-    return Plan(lb, grid, block, frozenset(), frozenset(squeezed), interpret=options.interpret)
+    return Plan(lb, grid, block, frozenset(), frozenset(squeezed), interpret=options.interpret, triton=options.triton)
 
 
 def _floor2(n: int) -> int:

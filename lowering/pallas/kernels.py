@@ -20,7 +20,7 @@ takes power-of-two blocks only, it raises `NoTemplate` instead. Convolutions hav
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax
 import numpy as np
@@ -33,7 +33,7 @@ from superopt.core.ops import REDUCTIONS
 from superopt.extract.tiling import _online_softmax
 from superopt.lowering.jax import evaluate as jax_evaluate
 from superopt.lowering.pallas.attention import attention
-from superopt.lowering.pallas.blocks import NARROW, Options
+from superopt.lowering.pallas.blocks import NARROW, Options, TooLarge
 from superopt.lowering.pallas.chain import chain
 from superopt.lowering.pallas.elementwise import pointwise
 from superopt.lowering.pallas.labels import MATRIX, NoTemplate, label
@@ -50,6 +50,7 @@ class Launch:
     kind: str
     detail: str                  # grid and tiles, or "one program over whole arrays"
     note: str = ""               # why a template was not used, or a tile the body overrode
+    plan: object = field(default=None, repr=False, compare=False)   # the template's `blocks.Plan`
 
     def __str__(self) -> str:
         where = ",".join(f"%{i}" for i in self.nodes)
@@ -85,14 +86,20 @@ def run_kernel(body: tuple, inputs: list, tiling, options: Options, name: str, k
         raise NoTemplate("no Pallas template for convolutions")
     body = inline_scalars(body, scalars or {})
     why = f"no template for {kind}"
-    template = TEMPLATES.get(kind)
-    if template is not None:
+    templates = [(kind, TEMPLATES[kind])] if kind in TEMPLATES else []
+    if kind == "attention":   # whole softmax rows too large for shared memory: over tiles of them instead
+        templates.append(("flash attention", attention))
+    for run_as, template in templates:
         try:
             lb = label(body, roots, tie_roots=kind == "fused update")
             outs, plan = template(lb, inputs, tiling, options, name)
-            return outs, Launch((), kind, plan.describe(), "; ".join(plan.notes))
+            notes = plan.notes + ([f"as flash attention: {why}"] if run_as != kind else [])
+            return outs, Launch((), run_as, plan.describe(), "; ".join(notes), plan)
+        except TooLarge as exc:
+            why = str(exc)
         except NoTemplate as exc:
             why = str(exc)
+            break
     if options.pow2:   # Triton takes power-of-two blocks only; whole arrays rarely are
         raise NoTemplate(why)
     return whole(body, inputs, options, name, roots), Launch((), kind, "one program over whole arrays", why)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from superopt.lowering.pallas.blocks import (
-    Options, Plan, accumulator, dot, evaluate, fit, launch, loader, store, typed, whole_block,
+    LEAST_DOT, Options, Plan, accumulator, dot, evaluate, fit, fit_shared, launch, loader, store, typed, whole_block,
 )
 from superopt.lowering.pallas.labels import MAIN, MAT, Labelled, NoTemplate
 
@@ -70,7 +70,12 @@ def matrix_plan(lb: Labelled, role: dict, tiles: dict, grid_roles: tuple, loop_r
             continue
         block[lab] = fit(lb.extent[lab], tiles.get(r, DEFAULT_TILES[r]), options.pow2)
         (grid.append(lab) if r in grid_roles else loops.add(lab))
-    return Plan(lb, tuple(grid), block, frozenset(loops), frozenset(squeezed), notes, named, options.interpret)
+    if options.pow2:     # Triton's dot takes operands of at least 16 along M, N and K (the padding is masked)
+        block.update({lab: max(block[lab], LEAST_DOT) for lab in named})
+    plan = Plan(lb, tuple(grid), block, frozenset(loops), frozenset(squeezed), notes, named, options.interpret,
+                options.triton)
+    fit_shared(plan, options)
+    return plan
 
 
 def loop(plan: Plan, lab, step, init):

@@ -38,12 +38,23 @@ VIEWS = flagged("view")
 BODY_OPS = on_pallas("body") - VIEWS   # the ops a kernel of one op runs; the others run in JAX
 
 
+SMEM_PER_BLOCK = 101376   # shared memory a block may have where the target does not say (the least of
+                          # recent NVIDIA GPUs, 99 KiB: sm_86 and sm_89)
+
+
 def default_options(target=None) -> Options:
-    """Interpret mode where there is no GPU; Triton with power-of-two blocks where there is one."""
+    """Interpret mode where there is no GPU; Triton with power-of-two blocks where there is one, its
+    matrix tiles within the target's shared memory per block."""
     if jax.default_backend() != "gpu":
         return Options(interpret=True)
+    return compiled_options(target)
+
+
+def compiled_options(target=None) -> Options:
+    """The options of kernels compiled with Triton (what `default_options` gives on a GPU)."""
     from jax.experimental.pallas import triton as pltriton
-    return Options(interpret=False, pow2=True, compiler_params=pltriton.CompilerParams())
+    limit = getattr(getattr(target, "gpu", None), "smem_per_block", 0) or SMEM_PER_BLOCK
+    return Options(interpret=False, pow2=True, compiler_params=pltriton.CompilerParams(), smem_limit=limit)
 
 
 class PallasProgram:

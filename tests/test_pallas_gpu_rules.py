@@ -163,7 +163,6 @@ def test_triton_rules_compute_the_declared_semantics(m, n, k, tm, tn, tk, dtype)
     got, = program(*args)
     want, = lower(graph)(*args)
     assert np.array_equal(np.isnan(np.asarray(got, np.float32)), np.isnan(np.asarray(want, np.float32)))
-    assert np.isnan(np.asarray(got, np.float32)).all() or True
     assert_close(np.nan_to_num(got), np.nan_to_num(want), RTOL[dtype])
 
 

@@ -16,12 +16,15 @@ import warnings
 from dataclasses import replace
 from typing import Callable, Protocol
 
+import jax
 import numpy as np
+from jax.extend import core as jcore
 
 from superopt.core import lazy, verify as verification
 from superopt.core.reference import evaluate
 from superopt.egraph.siblings import run_before
 from superopt.extract.traffic import gradient_traffic
+from superopt.report import Outcome
 
 # Each backend's modules are imported where it first runs: a program that runs on JAX loads neither.
 pallas_optimizer = lazy.module("superopt.lowering.pallas.optimizer")
@@ -43,7 +46,7 @@ class JaxBackend:
     name = "jax"
 
     def lower(self, spec, target, check: bool, *, precision=None, example=None):
-        return spec          # the pipeline's program is the JAX program, verified there
+        return with_custom_rules(spec)   # the pipeline's program is the JAX program, verified there
 
     def reference(self, spec) -> Callable:
         return spec.reference    # the user's program from the captured jaxpr, debug prints left out
@@ -57,7 +60,7 @@ class PallasBackend:
     name = "pallas"
 
     def lower(self, spec, target, check: bool, *, precision=None, example=None):
-        return _on_pallas(spec, target, check)
+        return with_custom_rules(_on_pallas(spec, target, check))
 
     def reference(self, spec) -> Callable:
         return spec.run      # the verified JAX program of the same term
@@ -79,6 +82,65 @@ class NpuEmulatorBackend:
 
     def tolerance(self, expected, actual, spec, args) -> str | None:
         return npu._differs(expected, actual, spec.original, args)
+
+
+# The calls that carry a derivative rule of their own (jax.custom_jvp, jax.custom_vjp).
+_CUSTOM_JVP, _CUSTOM_VJP = frozenset({"custom_jvp_call"}), frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def _custom_calls(jaxpr) -> set[str]:
+    """The names of the custom-derivative primitives called at any depth of `jaxpr`."""
+    found, stack = set(), [jaxpr]
+    while stack:
+        for eqn in stack.pop().eqns:
+            if eqn.primitive.name in _CUSTOM_JVP | _CUSTOM_VJP:
+                found.add(eqn.primitive.name)
+            stack.extend(jcore.jaxprs_in_params(eqn.params))
+    return found
+
+
+def with_custom_rules(spec):
+    """`spec` whose program, where the user's calls a `jax.custom_jvp` or `jax.custom_vjp` function, is
+    differentiated as the user's program is. Capture inlines those calls' primal bodies, so JAX would
+    differentiate the optimized body (relu'(0) = 0.5, a clipping or straight-through rule ignored); instead
+    the program is itself a custom_jvp (custom_vjp where the user's has a custom_vjp call, which has no
+    forward mode either) whose rule is JAX's derivative of the user's program (`spec.reference`, every rule
+    in it applied). Undifferentiated, the optimized program runs; under `jax.grad`, `jax.vjp` or `jax.jvp`
+    the user's program runs in its place (or beside it, for the effects of a program that has them)."""
+    if spec.reference is None or spec.report.kind is Outcome.KEPT_WHOLE:
+        return spec
+    abstract = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in spec.avals]
+    calls = _custom_calls(jax.make_jaxpr(spec.reference)(*abstract).jaxpr)
+    if not calls:
+        return spec
+    return replace(spec, run=_ruled(spec.run, spec.reference, vjp=bool(calls & _CUSTOM_VJP),
+                                    effects=bool(spec.original.hidden_outputs)))
+
+
+def _ruled(run: Callable, reference: Callable, vjp: bool, effects: bool) -> Callable:
+    """`run` (flat arrays -> list of outputs) with `reference`'s derivative; under differentiation the
+    values are `reference`'s, or `run`'s where it has `effects` to run."""
+    if vjp:
+        @jax.custom_vjp
+        def ruled(*flat):
+            return list(run(*flat))
+
+        def forward(*flat):
+            out, pullback = jax.vjp(reference, *flat)
+            return (list(run(*flat)) if effects else out), pullback
+
+        ruled.defvjp(forward, lambda pullback, cotangents: tuple(pullback(list(cotangents))))
+        return ruled
+
+    @jax.custom_jvp
+    def ruled(*flat):
+        return list(run(*flat))
+
+    @ruled.defjvp
+    def _(primals, tangents):
+        out, out_tangents = jax.jvp(reference, primals, tangents)
+        return (list(run(*primals)) if effects else list(out)), list(out_tangents)
+    return ruled
 
 
 def _on_pallas(spec, target, check: bool):

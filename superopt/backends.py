@@ -113,8 +113,21 @@ def with_custom_rules(spec):
     calls = _custom_calls(jax.make_jaxpr(spec.reference)(*abstract).jaxpr)
     if not calls:
         return spec
-    return replace(spec, run=_ruled(spec.run, spec.reference, vjp=bool(calls & _CUSTOM_VJP),
-                                    effects=bool(spec.original.hidden_outputs)))
+    return replace(spec, run=_Ruled(spec.run, _ruled(spec.run, spec.reference, vjp=bool(calls & _CUSTOM_VJP),
+                                                     effects=bool(spec.original.hidden_outputs))))
+
+
+class _Ruled:
+    """A backend's program (a Pallas program's kernels and summary stay readable) called with its rule."""
+
+    def __init__(self, program, ruled: Callable):
+        self.program, self.ruled = program, ruled
+
+    def __call__(self, *flat):
+        return self.ruled(*flat)
+
+    def __getattr__(self, name):
+        return getattr(self.program, name)
 
 
 def _ruled(run: Callable, reference: Callable, vjp: bool, effects: bool) -> Callable:

@@ -8,31 +8,37 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Limits:
-    """Limits on one optimization. `seconds` bounds the whole call for one specialization: capture,
-    encoding, saturation, extraction, lowering and verification together, on one clock
-    (`superopt/core/deadline.py`). Saturation gets at most `SATURATION_SHARE` of the time left when it
-    starts, and at most `saturation_seconds`, so that extraction, lowering and verification have the
-    rest; where the time runs out before a program is verified, the original program runs and the report
-    names the stage that ran out ("kept original: time limit (extract: ...)"). Run directly
-    (`saturate`), the smaller of `seconds` and `saturation_seconds` bounds the run. `iterations` and
-    `nodes` bound saturation, `memory` its child process.
+    """Limits on one optimization, of two kinds. Budgets decide the program and are counted in
+    deterministic units, so the same program, options and version give the same optimized program on an
+    idle and on a busy machine: `iterations` (per phase), `nodes` (rows in the e-graph's tables) and
+    `work` (rows searched plus matches applied, over the run: `egraph/runner.py`) bound saturation;
+    kernel growth and sharing trials have counted budgets of their own (`extract/kernels.py`
+    GROWTH_BUDGET, `extract/greedy.py` MAX_SHARING_TRIALS and SHARING_NODES). `memory` bounds
+    saturation's child process.
 
-    A program optimized in segments (superopt/segments.py): each segment's search, its saturation and
-    its extraction's optional work, is bounded by `segment_seconds` of CPU time (of the process that
-    optimizes it and of its saturating child), with saturation's share and `saturation_seconds` counted
-    in CPU time too, so that a loaded machine does not change what a segment finds; a search cut short
-    keeps the best program it found, which is lowered and verified as always. `seconds` still bounds
-    the whole call in wall-clock time."""
+    Time limits are backstops, several times what the defaults take on an idle 2-core machine: where one
+    fires, the program depends on the machine's speed, and the report says so (a run's stop reason "time
+    limit", an outcome "kept original: time limit (stage: ...)", an extraction "stopped at 50% of the time
+    left"). `seconds` bounds the whole call for one specialization in wall-clock time: capture, encoding,
+    saturation, extraction, lowering and verification together (`superopt/core/deadline.py`); saturation
+    gets at most `SATURATION_SHARE` of the time left when it starts, and at most `saturation_seconds`, so
+    that the later stages have the rest. Run directly (`saturate`), the smaller of `seconds` and
+    `saturation_seconds` bounds the run. A segment's search (superopt/segments.py), its saturation and its
+    extraction's optional work, is bounded by `segment_seconds` of CPU time, with saturation's share and
+    `saturation_seconds` counted in CPU time too; a search cut short keeps the best program it found,
+    which is lowered and verified as always."""
     iterations: int = 16    # a reshape moves one op along an elementwise chain per iteration: a training
                             # step's Adam updates saturate the algebra phase in 13
     nodes: int = 60_000     # rows in all tables: e-nodes plus their shape and dtype rows
-    seconds: float = 60.0   # the whole call; a BERT-base layer takes about 8 s on 2 cores
-    saturation_seconds: float = 8.0
-    segment_seconds: float = 30.0   # CPU seconds for one segment's search; a BERT-base layer's takes about 6
+    seconds: float = 120.0  # backstop for the whole call; a BERT-base layer takes about 8 s on 2 cores, a
+                            # training step about 30 s
+    saturation_seconds: float = 30.0   # backstop; `work` stops saturation at about 8 s of one idle core
+    segment_seconds: float = 60.0      # backstop, CPU seconds for one segment's search; a BERT-base layer's: 6
     memory: int = 4 << 30   # bytes saturation may allocate; enforced in a child process (egraph/isolate.py)
+    work: int = 16_000_000  # saturation: rows searched plus matches applied; about 2 million a CPU second
 
     def __post_init__(self):
-        for name in ("iterations", "nodes", "seconds", "saturation_seconds", "segment_seconds", "memory"):
+        for name in ("iterations", "nodes", "seconds", "saturation_seconds", "segment_seconds", "memory", "work"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
 
@@ -53,6 +59,7 @@ class StopReason(enum.Enum):
     SATURATED = "saturated"
     ITERATION_LIMIT = "iteration limit"
     NODE_LIMIT = "node limit"
+    WORK_LIMIT = "work limit"
     TIME_LIMIT = "time limit"
     MEMORY_LIMIT = "memory limit"
     ERROR = "error"
@@ -79,6 +86,7 @@ class PhaseReport:
     matches: dict[str, int] = field(default_factory=dict)
     rule_seconds: dict[str, float] = field(default_factory=dict)
     bans: dict[str, int] = field(default_factory=dict)
+    work: int = 0   # rows searched plus matches applied (`Limits.work`)
 
 
 @dataclass
@@ -92,6 +100,7 @@ class RunReport:
     rule_seconds: dict[str, float] = field(default_factory=dict)
     phases: list[PhaseReport] = field(default_factory=list)
     error: str | None = None
+    work: int = 0   # rows searched plus matches applied over the run (`Limits.work`)
 
     @property
     def fired(self) -> dict[str, int]:

@@ -29,13 +29,13 @@ takes from it, so its limits give the same e-graph at any load.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 from egglog import EGraph, back_off, bindings, ruleset
 from egglog import run as egg_run
 
 from superopt.core import progress
+from superopt.core.deadline import process_seconds, wall_seconds
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import count, saturate_registered, table_sizes
 from superopt.egraph.limits import SATURATION_SHARE, BackOff, Limits, Phase, PhaseReport, RunReport, StopReason
@@ -84,13 +84,13 @@ def reachable(egraph: EGraph, schedule) -> list:
         held |= {t.fn for r in fired for pair in r.pairs for p in pair for t in _terms(p, set())}
 
 
-_clock = time.perf_counter   # wall-clock time; `use_cpu_time` makes it the process's CPU time
+_clock = wall_seconds   # wall-clock time; `use_cpu_time` makes it the process's CPU time
 
 
 def use_cpu_time() -> None:
     """Count the time limits of later runs in this process in CPU time (`time.process_time`)."""
     global _clock
-    _clock = time.process_time
+    _clock = process_seconds
 
 
 def _now() -> float:
@@ -125,9 +125,11 @@ def rows_per_match(rule) -> int:
 
 
 class _PhaseRunner:
-    def __init__(self, egraph: EGraph, phase: Phase, limits: Limits, run_start: float, run_limits: Limits):
+    def __init__(self, egraph: EGraph, phase: Phase, limits: Limits, run_start: float, run_limits: Limits,
+                 run_work: int = 0):
         self.egraph, self.phase, self.limits = egraph, phase, limits
         self.run_start, self.run_limits = run_start, run_limits
+        self.run_work = run_work   # the work of the run's earlier phases (`Limits.work`)
         self.report = PhaseReport(phase.name, matches={r.name: 0 for r in phase.rules},
                                   rule_seconds={r.name: 0.0 for r in phase.rules})
         self.banned_until: dict[str, int] = {}
@@ -139,6 +141,7 @@ class _PhaseRunner:
         self._decls: dict = {}  # rule name -> its egglog rules, compiled when it first runs
         self._single: dict = {}  # egglog rule -> a rule set of it alone, for bounded applications
         self.needs = {r.name: needs(r) for r in phase.rules}
+        self.work_limit = min(limits.work, run_limits.work)
 
     def ruleset_of(self, rule) -> object:
         if rule.name not in self._rulesets:  # egglog compiles a rule set once; keep one per rule
@@ -155,6 +158,7 @@ class _PhaseRunner:
             if not any(need <= present for need in self.needs[rule.name]):
                 matches[rule.name] = 0          # a constructor it needs is not in the e-graph (module doc)
                 continue
+            self.report.work += rows   # what egglog searches grows with the e-graph (`Limits.work`)
             start = _now()
             if rows * GUARD_FROM > self.node_limit:
                 changed, per_decl, held = self.bounded(rule, step_start)
@@ -168,10 +172,13 @@ class _PhaseRunner:
                 return updated, matches, StopReason.NODE_LIMIT
             self.seen.update(per_decl)
             matches[rule.name] = sum(per_decl.values())
+            self.report.work += matches[rule.name]
             updated |= changed
             rows, present = _census(self.egraph)
             if rows > self.node_limit:
                 return updated, matches, StopReason.NODE_LIMIT
+            if self.run_work + self.report.work >= self.work_limit:
+                return updated, matches, StopReason.WORK_LIMIT
             now = _now()
             if now - phase_start > self.limits.seconds or now - self.run_start > self.run_limits.seconds:
                 return updated, matches, StopReason.TIME_LIMIT
@@ -251,7 +258,7 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
     try:
         saturate_analysis(egraph)
         for phase in phases:
-            runner = _PhaseRunner(egraph, phase, phase.limits or limits, start, limits)
+            runner = _PhaseRunner(egraph, phase, phase.limits or limits, start, limits, report.work)
             cap = (phase.limits or limits).iterations
             runner.on_step = lambda it, name=phase.name, cap=cap: (bar.update(
                 f"saturate: phase {name}, iteration {it}", completed=it, total=cap),
@@ -265,7 +272,8 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
                 report.rule_seconds[name] = report.rule_seconds.get(name, 0.0) + s
             if phase_report.stop_reason is not StopReason.SATURATED:
                 report.stop_reason = phase_report.stop_reason
-            if phase_report.stop_reason in (StopReason.NODE_LIMIT, StopReason.TIME_LIMIT):
+            report.work += phase_report.work
+            if phase_report.stop_reason in (StopReason.NODE_LIMIT, StopReason.WORK_LIMIT, StopReason.TIME_LIMIT):
                 break
     except Exception as exc:  # egglog raises EggSmolError on a type conflict: a rule broke the analyses
         report.stop_reason = StopReason.ERROR

@@ -5,10 +5,12 @@ sub-term shared by several users is paid for once (the "cost set" of extraction-
 A node whose cost set would contain its own class would make a cycle and is never chosen. Sub-terms that
 depend on constants only are computed once when the program is built, so they cost nothing per call.
 
-Under a call's deadline (`superopt/core/deadline.py`), the optional work (growing kernels, trying producers
-computed once) stops when `OPTIONAL_SHARE` of the search's time left at the start of extraction is spent
-(`current_search`: a segment's CPU-time budget, else the call's), keeping what it found; the greedy choice
-itself raises `TimeLimit("extract")` only once the call's deadline passes.
+The optional work (growing kernels, trying producers computed once) has counted budgets that decide how far
+it goes (`extract/kernels.py` GROWTH_BUDGET; `MAX_SHARING_TRIALS`, `SHARING_NODES`), so a busy machine gets
+the same program. Under a call's deadline (`superopt/core/deadline.py`) it also stops, a backstop that the
+extraction's method names, when `OPTIONAL_SHARE` of the search's time left at the start of extraction is
+spent (`current_search`: a segment's CPU-time budget, else the call's), keeping what it found; the greedy
+choice itself raises `TimeLimit("extract")` only once the call's deadline passes.
 """
 from __future__ import annotations
 
@@ -199,6 +201,8 @@ def _choose(fz: FrozenEGraph, nodes: list, own: dict, parents: dict) -> dict:
 
 
 MAX_SHARING_TRIALS = 24  # re-extractions that try a producer computed once, most used first
+SHARING_NODES = 400_000  # and at most this many e-nodes over all of them: a trial takes about 60 us an e-node
+                         # (a training step: 12 trials of 7,000 e-nodes, 5 s), so about 25 s, as 50% of a 60 s call did
 
 
 def share_producers(fz: FrozenEGraph, choose, cost, stop: Deadline | None = None) -> tuple[dict, frozenset, frozenset]:
@@ -212,8 +216,9 @@ def share_producers(fz: FrozenEGraph, choose, cost, stop: Deadline | None = None
     extract again with no kernel recomputing it, and with each stored orientation in turn as the only
     one stored, and keep the cheapest if the whole program's cost (`cost(choice)`) is lower.
     `choose(no_store=, no_recompute=)` extracts with no e-node loading a class in `no_store` and no
-    kernel recomputing one in `no_recompute`. Trials stop at `stop` (a deadline), keeping the best
-    choice found."""
+    kernel recomputing one in `no_recompute`. Trials stop at their budgets (`MAX_SHARING_TRIALS`, and
+    `SHARING_NODES` e-nodes over all trials: counts, so the choice does not depend on the machine's
+    speed) or, a backstop, at `stop` (a deadline), keeping the best choice found."""
     choice = choose()
     if not fz.recomputes:
         return choice, frozenset(), frozenset()
@@ -242,8 +247,10 @@ def share_producers(fz: FrozenEGraph, choose, cost, stop: Deadline | None = None
                 groups.append(group)
         return groups
 
+    size = sum(len(nodes) for nodes in fz.classes.values())
+    most = min(MAX_SHARING_TRIALS, max(1, SHARING_NODES // max(size, 1)))
     best, no_recompute, no_store, tried, refused = cost(choice), frozenset(), frozenset(), 0, set()
-    while tried < MAX_SHARING_TRIALS and not (stop is not None and stop.expired()):
+    while tried < most and not (stop is not None and stop.expired()):
         # after a kept trial, a producer refused before may pay (its consumers changed): try it again
         group = next((g for g in producers(choice) if g not in refused), None)
         if group is None:
@@ -255,7 +262,7 @@ def share_producers(fz: FrozenEGraph, choose, cost, stop: Deadline | None = None
             options += [group - {c} for c in stored]
         found = None
         for forbid in options:
-            if tried == MAX_SHARING_TRIALS or (stop is not None and stop.expired()):
+            if tried == most or (stop is not None and stop.expired()):
                 break
             tried += 1
             try:

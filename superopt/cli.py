@@ -548,6 +548,7 @@ LIMIT_OPTIONS = (
     ("--segment-seconds", "segment_seconds", float, "CPU seconds for one segment's search"),
     ("--iterations", "iterations", int, "saturation's iterations at most"),
     ("--nodes", "nodes", int, "rows in the e-graph's tables at most"),
+    ("--work", "work", int, "saturation's work at most: rows searched plus matches applied"),
 )
 
 

@@ -15,6 +15,7 @@ _STOPS = {
     StopReason.SATURATED: "saturated",
     StopReason.ITERATION_LIMIT: "stopped at the iteration limit",
     StopReason.NODE_LIMIT: "stopped at the e-node limit",
+    StopReason.WORK_LIMIT: "stopped at the work limit",
     StopReason.TIME_LIMIT: "stopped at the time limit",
     StopReason.MEMORY_LIMIT: "stopped at the memory limit",
     StopReason.ERROR: "stopped by an error",

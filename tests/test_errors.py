@@ -165,7 +165,7 @@ def test_limits_may_be_a_dict_of_its_fields():
     with pytest.raises(ValueError) as exc:
         superopt(chain, limits={"secs": 1})
     assert _message(exc) == ("superopt: unknown limit 'secs'; valid: iterations, nodes, seconds, saturation_seconds, "
-                             "segment_seconds, memory")
+                             "segment_seconds, memory, work")
     with pytest.raises(TypeError) as exc:
         superopt(chain, limits=5)
     assert "limits must be a Limits or a dict of its fields, got int" in _message(exc)

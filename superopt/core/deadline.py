@@ -17,9 +17,17 @@ finished children's; the saturating child counts its own), so that a loaded mach
 program a segment gets, with the call's wall-clock deadline behind it (`also`). The search's deadline is
 bound beside the call's (`bind(fn, search=...)`, `current_search`): extraction's optional work stops at
 it, the choice itself only at the call's, so that a search cut short still yields the best program it found.
+
+Every time limit is a backstop. What decides the program is counted in deterministic units (saturation's
+iterations, rows and work, kernel growth's body nodes, sharing trials' e-nodes: `Limits`), so the same
+program and options give the same program on an idle and on a busy machine; a time limit fires only where
+the machine is several times slower than the defaults were sized on, and the report names it. `slowed(k)`
+makes every clock here (and saturation's, `egraph/runner.py`) run k times as fast, as on a machine k times
+slower: tests use it to check that a busy machine gets the same program.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import math
@@ -28,12 +36,36 @@ import time
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("superopt_deadline", default=None)
 _SEARCH: contextvars.ContextVar = contextvars.ContextVar("superopt_search_deadline", default=None)
+_SLOWDOWN = 1.0   # `slowed`: how many times as fast the clocks of time limits run
+
+
+def wall_seconds() -> float:
+    """Wall-clock seconds (`time.perf_counter`), as time limits count them (`slowed`)."""
+    return time.perf_counter() * _SLOWDOWN
+
+
+def process_seconds() -> float:
+    """This process's CPU seconds (`time.process_time`), as time limits count them (`slowed`)."""
+    return time.process_time() * _SLOWDOWN
 
 
 def cpu_seconds() -> float:
     """CPU seconds (user and system) of this process and of its children that have been waited for."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return (t.user + t.system + t.children_user + t.children_system) * _SLOWDOWN
+
+
+@contextlib.contextmanager
+def slowed(factor: float):
+    """Within it, time limits see `factor` times the time that passes (wall-clock and CPU), as on a machine
+    `factor` times slower or as busy: a deterministic stand-in for load in tests. Child processes forked
+    within it (saturation's) inherit it. Deadlines made before it must not be used within it."""
+    global _SLOWDOWN
+    before, _SLOWDOWN = _SLOWDOWN, float(factor)
+    try:
+        yield
+    finally:
+        _SLOWDOWN = before
 
 
 class TimeLimit(Exception):
@@ -49,10 +81,10 @@ class Deadline:
     """`seconds` from now (or from `start`, a reading of `clock`) on `clock` (wall-clock seconds by
     default); `None` never expires. With `also`, it expires when that one does too (a backstop)."""
 
-    def __init__(self, seconds: float | None, start: float | None = None, clock=time.perf_counter,
+    def __init__(self, seconds: float | None, start: float | None = None, clock=None,
                  also: "Deadline | None" = None):
-        self.clock, self.also = clock, also
-        self.start = clock() if start is None else start
+        self.clock, self.also = clock or wall_seconds, also
+        self.start = self.clock() if start is None else start
         self.seconds = math.inf if seconds is None else float(seconds)
         self.at = self.start + self.seconds
 

@@ -1,5 +1,7 @@
 """Saturation in a child process: hard time and memory limits, and a crash in egglog costs only the child.
 
+What decides the e-graph is counted (`Limits.iterations`, `nodes`, `work`: `egraph/runner.py`); the time
+limits here are backstops for a machine several times slower than the defaults were sized on.
 One egglog call cannot be interrupted from Python and can allocate without bound, and a panic or a
 crash in Rust would take the caller's process down. So `saturate_isolated` forks: the child saturates
 (`runner.saturate`, whose limits are checked after each rule application), freezes the result into

@@ -23,6 +23,9 @@ Back-off works as egg's BackoffScheduler does, between steps: a rule that matche
 in one step sits out the next `ban_length` steps, and each ban doubles both numbers for that rule. This
 keeps associativity and commutativity from crowding out every other rule.
 
+`Limits.work` is saturation's deterministic budget: each rule application adds the rows the e-graph had when
+it ran (what egglog searches grows with them) and the matches it applied; the run stops with the work limit
+once the sum reaches it, at the same point on any machine. Time limits are backstops (`superopt/core/deadline.py`).
 Time is wall-clock time, or this process's CPU time where `use_cpu_time()` was called: the child that
 saturates a segment's e-graph (`egraph/isolate.py`) counts what it computes, not what a loaded machine
 takes from it, so its limits give the same e-graph at any load.

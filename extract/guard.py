@@ -3,8 +3,9 @@
 A "reals" rewrite (superopt/numerics.py: a matrix product re-associated, a full sum of products factored) breaks
 the strict contract in one way only: an intermediate of the rewritten program may overflow, or fall below the
 dtype's smallest normal number, where the original's do not. Where neither program's intermediates can do either,
-the two compute the same sums of the same products, each rounded as an "order" rewrite rounds them (forward error
-within a few units in the last place of the sum of the terms' magnitudes), which strict numerics allows.
+the two compute the same sums of the same products added in another order, as an "order" rewrite does: each value
+within 2 (n + 1) u sum|terms| of the original's (`core/verify.py`, `reordered_sum_bound`; README's contract), which
+strict numerics allows. Where terms cancel exactly that bound can be all of the value: nothing here proves more.
 
 `exponent` proves that for a program of polynomial ops (products, sums, contractions, moves): given that every
 float argument's elements are zero or of magnitude within [2**-e, 2**e], it bounds every value's nonzero

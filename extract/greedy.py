@@ -23,6 +23,7 @@ from superopt.core.ir import CycleError, Graph, Node, body_str, hoistable, posto
 from superopt.core.ops import on_npu
 from superopt.egraph.encode import Encoding, decode
 from superopt.egraph.frozen import ENode, FrozenEGraph
+from superopt.extract import cone
 from superopt.extract.cost import MATRIX_OPS, op_breakdown, op_cost
 from superopt.extract.errors import ExtractionError
 from superopt.extract.extraction import Extraction, program_cost
@@ -131,14 +132,18 @@ def _greedy(nodes: list[ENode], own: dict, parents: dict, fixed: dict, previous:
 
 
 def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset(),
-            memory_budget: int | None = None) -> Extraction:
+            memory_budget: int | None = None, keep_cone: bool = False) -> Extraction:
     """Outputs are extracted in order; what one output's program computes is free for the next ones.
-    Nodes in `exclude` are never chosen (used to force alternatives). With `memory_budget` (bytes), a
+    Nodes in `exclude` are never chosen (used to force alternatives). With `keep_cone` (strict numerics),
+    what flows into a comparison or a rounding is computed as captured (extract/cone.py). With `memory_budget` (bytes), a
     program whose peak memory (`extract/memory.py`) is above it is re-extracted with the largest
     intermediates recomputed in their consumers instead of stored, cheapest recompute per byte first.
     Under a call's deadline, optional work stops early and the choice raises `TimeLimit` (module doc)."""
     optional = current_search().part(OPTIONAL_SHARE)
     fz = expand(fz, enc.conv_params, target, stop=optional)
+    pinned = cone.pins(fz, enc) if keep_cone else None
+    if pinned is not None and pinned.chosen:
+        exclude = exclude | pinned.forbidden(fz, enc)
     own = {n: c for n, c in node_costs(fz, enc, target).items() if n not in exclude}
     nodes = [n for cls in fz.classes.values() for n in cls]
     parents: dict = {}
@@ -171,6 +176,7 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
     method = f"greedy ({fz.growth_cut} kernels grew less: growth budget spent)" if fz.growth_cut else "greedy"
     if optional.expired():
         method += f"; kernel growth and sharing trials stopped at {OPTIONAL_SHARE:.0%} of the time left"
+    method += cone.note(pinned)
     return Extraction(graph, cost, per_node, method=method,
                       declined=declined_fusions(fz, choice, own, target, hoisted), memory=memory)
 

@@ -15,6 +15,7 @@ from superopt.core.deadline import current, current_search
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
 from superopt.core.ir import hoistable
+from superopt.extract import cone
 from superopt.extract.kernels import expand
 from superopt.extract.greedy import (OPTIONAL_SHARE, Extraction, build_graph, declined_fusions, extract as extract_greedy,
                                      node_costs, program_cost)
@@ -51,18 +52,23 @@ def _reachable(fz: FrozenEGraph, typed) -> set:
     return seen
 
 
-def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: float = 10.0) -> Extraction:
+def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: float = 10.0,
+                keep_cone: bool = False) -> Extraction:
+    """`keep_cone`: as greedy's (extract/cone.py), in both."""
     deadline = current()   # the call's (superopt/core/deadline.py): growth, greedy and HiGHS share what is left
     # kernels as concrete variants, each with a fixed cost
     fz = expand(fz, enc.conv_params, target, stop=current_search().part(OPTIONAL_SHARE / 2))
-    greedy = extract_greedy(fz, enc, target)
+    greedy = extract_greedy(fz, enc, target, keep_cone=keep_cone)
+    pinned = cone.pins(fz, enc) if keep_cone else None
+    forbidden = pinned.forbidden(fz, enc) if pinned is not None and pinned.chosen else set()
     time_limit = max(min(time_limit, deadline.share(OPTIONAL_SHARE)), 1e-3)
     try:
         import highspy
     except ImportError:  # pragma: no cover - highspy is a dependency
         greedy.method = "greedy (highspy is not installed)"
         return greedy
-    own = {n: c for n, c in node_costs(fz, enc, target).items() if math.isfinite(c)}  # infinite: cannot run
+    own = {n: c for n, c in node_costs(fz, enc, target).items()
+           if math.isfinite(c) and n not in forbidden}  # infinite: cannot run
     classes = _reachable(fz, own)
     constant = _constant_classes(fz, own)
     nodes = [n for cls in classes for n in fz.classes.get(cls, []) if n in own]
@@ -103,7 +109,7 @@ def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: flo
     proof = "optimal" if status == "Optimal" else f"stopped: {status}"
     if total <= greedy.cost:
         hoisted = {cls for cls, n in chosen.items() if hoistable(n.fn, [c in constant for c in n.children])}
-        return Extraction(graph, total, per_node, method=f"ilp ({proof})",
+        return Extraction(graph, total, per_node, method=f"ilp ({proof})" + cone.note(pinned),
                           declined=declined_fusions(fz, chosen, own, target, hoisted))
     greedy.method = f"greedy (cheaper than the ILP's {proof} result)"
     return greedy

@@ -191,9 +191,10 @@ def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: D
 
 
 def choose(saturated: Saturated, target, extractor: str, memory_budget: int | None, deadline: Deadline,
-           limits: Limits, timer: "Stages", search: Deadline | None = None) -> Extraction:
+           limits: Limits, timer: "Stages", search: Deadline | None = None, numerics: str = "strict") -> Extraction:
     """Extract the cheapest program from the saturated e-graph under `target`'s cost model: its optional
-    work within `search` (default: `deadline`), the choice within `deadline`."""
+    work within `search` (default: `deadline`), the choice within `deadline`. Under strict `numerics`, what
+    flows into a comparison or a rounding is computed as captured (extract/cone.py)."""
     run = saturated.run
     if saturated.frozen is None:
         if run.stop_reason is StopReason.TIME_LIMIT:
@@ -201,9 +202,10 @@ def choose(saturated: Saturated, target, extractor: str, memory_budget: int | No
         raise Kept(Outcome.SATURATION_FAILED, f"saturation failed ({run.error})")
 
     def pick(frozen, enc):
+        keep_cone = numerics == "strict"
         if extractor == "ilp":
-            return ilp.extract_ilp(frozen, enc, target)
-        return greedy.extract(frozen, enc, target, memory_budget=memory_budget)
+            return ilp.extract_ilp(frozen, enc, target, keep_cone=keep_cone)
+        return greedy.extract(frozen, enc, target, memory_budget=memory_budget, keep_cone=keep_cone)
     try:
         return timer("extract", deadline.bind(pick, search=search), saturated.frozen, saturated.encoding)
     except TimeLimit as exc:
@@ -459,7 +461,7 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
         saturated = saturate(captured, search.schedule, limits, looking, timer)
         run = saturated.run
         chosen = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer,
-                               looking), tgt)
+                               looking, numerics), tgt)
         if search.guarded is not None and segment is None:
             chosen = _guarded(captured, search, chosen, deadline, looking, timer, rules)
         worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), search.memory_budget)
@@ -503,7 +505,7 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
     try:
         saturated = saturate(captured, search.guarded, search.limits, looking, timer)
         fast = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, search.limits, timer,
-                             looking), tgt)
+                             looking, search.numerics), tgt)   # strict: the cone stays as captured here too
     except Kept:
         return strict
     reals = numerics_mode.overflow_rewrites(search.guarded, saturated.run.fired)

@@ -311,6 +311,8 @@ FLAGS = frozenset({
     "leaf",            # no tensor operands
     "const_leaf",      # a leaf whose value is known when the program is built
     "graph",           # evaluated by the graph walks themselves (arg, const, lit, kernel, opaque)
+    "step",            # a step function of its float operands: a rounding-level change to one moves the result by
+                       # a whole step (comparisons, floor, float->int convert, argmax; extract/cone.py)
 })
 
 
@@ -387,7 +389,7 @@ def _argreduce_capture(name):
 
 
 def _argreduce(name, fn, lax_fn):
-    return Op(name, "argreduce", ("axis",), frozenset({"reduction"}), (name,), _argreduce_capture(name),
+    return Op(name, "argreduce", ("axis",), frozenset({"reduction", "step"}), (name,), _argreduce_capture(name),
               numpy=lambda a, s, d, x: fn(x, axis=a[0]),   # first index on ties, NaN counts as the max
               jax=lambda n, x: lax_fn(x, n.attrs[0], np.dtype(n.dtype)),
               flops=lambda a, ins, out: float(_size(ins[0])))
@@ -464,27 +466,29 @@ def _integer_pow_flops(a, ins, out) -> float:
 
 _TRANSCENDENTAL = ("transcendental",)
 _BOOL = ("bool_result",)
+_STEP = ("step",)
+_COMPARE = ("bool_result", "step")
 
 _ENTRIES = [
     # ---- leaves and graph-level nodes ----
     _graph("arg", ("index",), ("leaf", "free", "movement")),
     _graph("const", ("index",), ("leaf", "const_leaf", "free")),      # an index into Graph.consts
     _graph("lit", ("value",), ("leaf", "const_leaf", "free")),        # a rank-0 literal
-    _graph("opaque", ("opaque_index", "output_index")),              # into Graph.opaque
+    _graph("opaque", ("opaque_index", "output_index"), ("step",)),   # into Graph.opaque; may compare (a sort)
     _graph("kernel", ("body",)),   # one launch: body is a tuple of Nodes in topological order, `arg` k = input k
     _structural("iota", ("dimension",), lambda a, s, d: _np_iota(s, a[0]),
                 lambda n: lax.broadcasted_iota(np.dtype(n.dtype), n.shape, n.attrs[0]),
                 flags=("leaf", "const_leaf")),
 
     # ---- elementwise of one operand (names follow lax primitives) ----
-    _unary("neg", np.negative), _unary("abs", np.abs), _unary("sign", np.sign),
-    _unary("floor", np.floor), _unary("ceil", np.ceil),
+    _unary("neg", np.negative), _unary("abs", np.abs), _unary("sign", np.sign, flags=_STEP),
+    _unary("floor", np.floor, flags=_STEP), _unary("ceil", np.ceil, flags=_STEP),
     # lax.round's two methods: half away from zero (its default) and half to even (jnp.round's)
-    Op("round", "unary", (), frozenset({"elementwise"}), ("round",),
+    Op("round", "unary", (), frozenset({"elementwise", "step"}), ("round",),
        lambda params: {0: ("round", ()), 1: ("round_even", ())}.get(int(params.get("rounding_method", 0))),
        numpy=lambda a, s, d, x: _round(x), jax=lambda n, x: lax.round(x), flops=_per_element, npu="vector",
        pallas="body"),
-    Op("round_even", "unary", (), frozenset({"elementwise"}), (), None, numpy=lambda a, s, d, x: np.rint(x),
+    Op("round_even", "unary", (), frozenset({"elementwise", "step"}), (), None, numpy=lambda a, s, d, x: np.rint(x),
        jax=lambda n, x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN), flops=_per_element, npu="vector",
        pallas="body"),
     _unary("exp", np.exp, flags=_TRANSCENDENTAL), _unary("exp2", np.exp2, flags=_TRANSCENDENTAL),
@@ -500,18 +504,18 @@ _ENTRIES = [
     _unary("sinh", np.sinh, flags=_TRANSCENDENTAL), _unary("cosh", np.cosh, flags=_TRANSCENDENTAL),
     _unary("asinh", np.arcsinh, flags=_TRANSCENDENTAL), _unary("acosh", np.arccosh, flags=_TRANSCENDENTAL),
     _unary("atanh", np.arctanh, flags=_TRANSCENDENTAL),
-    _unary("not", np.invert, lax.bitwise_not), _unary("is_finite", np.isfinite, flags=_BOOL),
+    _unary("not", np.invert, lax.bitwise_not), _unary("is_finite", np.isfinite, flags=_COMPARE),
     _unary("square", lambda x: x * x), _unary("stop_gradient", lambda x: x, lax.stop_gradient),
     _unary("real", np.real), _unary("imag", np.imag), _unary("conj", np.conj),
 
     # ---- elementwise of two operands (a rank-0 operand broadcasts, as in jaxprs) ----
     _binary("add", np.add), _binary("sub", np.subtract), _binary("mul", np.multiply),
-    _binary("div", _div), _binary("rem", _rem), _binary("pow", np.power, flags=_TRANSCENDENTAL),
+    _binary("div", _div), _binary("rem", _rem, flags=_STEP), _binary("pow", np.power, flags=_TRANSCENDENTAL),
     _binary("max", np.maximum), _binary("min", np.minimum), _binary("atan2", np.arctan2, flags=_TRANSCENDENTAL),
     _binary("nextafter", np.nextafter, flags=("native",)),   # steps in the operand's own format
-    _binary("eq", np.equal, flags=_BOOL), _binary("ne", np.not_equal, flags=_BOOL),
-    _binary("lt", np.less, flags=_BOOL), _binary("le", np.less_equal, flags=_BOOL),
-    _binary("gt", np.greater, flags=_BOOL), _binary("ge", np.greater_equal, flags=_BOOL),
+    _binary("eq", np.equal, flags=_COMPARE), _binary("ne", np.not_equal, flags=_COMPARE),
+    _binary("lt", np.less, flags=_COMPARE), _binary("le", np.less_equal, flags=_COMPARE),
+    _binary("gt", np.greater, flags=_COMPARE), _binary("ge", np.greater_equal, flags=_COMPARE),
     _binary("and", np.bitwise_and, lax.bitwise_and), _binary("or", np.bitwise_or, lax.bitwise_or),
     _binary("xor", np.bitwise_xor, lax.bitwise_xor), _binary("shift_left", _shift("left")),
     _binary("shift_right_logical", _shift("logical")), _binary("shift_right_arithmetic", _shift("arithmetic")),
@@ -526,7 +530,7 @@ _ENTRIES = [
     # the target dtype is the node's dtype
     _structural("convert", (), lambda a, s, d, x: _convert(x, d),
                 lambda n, x: lax.convert_element_type(x, np.dtype(n.dtype)), _none,
-                ("elementwise", "movement"), "vector", "body"),
+                ("elementwise", "movement", "step"), "vector", "body"),   # a step from float to int or bool only
 
     # ---- reductions ----
     # an explicit identity makes empty max/min reductions well defined; lax's and/or reductions are

@@ -131,7 +131,17 @@ def _caller() -> str:
     while frame.f_back is not None and frame.f_back.f_code.co_filename == filename:
         frame = frame.f_back
         line = frame.f_lineno
-    return f"{os.path.relpath(filename, _ROOT)}:{line}"
+    return f"{_readable(filename)}:{line}"
+
+
+def _readable(filename: str) -> str:
+    """A rule's file as a reader finds it: inside superopt, relative to the package (rulesets/algebra.py);
+    a user's rule file relative to the working directory where it lies below it, else its absolute path."""
+    path = os.path.abspath(filename)
+    for root in (_ROOT, os.getcwd()):
+        if path.startswith(os.path.join(root, "")):
+            return os.path.relpath(path, root)
+    return path
 
 
 def rule(name: str, lhs: Pattern, rhs: Pattern, *conditions, doc: str, two_way: bool = False,

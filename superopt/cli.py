@@ -47,9 +47,10 @@ from superopt.lowering.npu.lower import NpuExecutable
 from superopt.rewrites import synthesis
 from superopt.rewrites.checker import check_rule
 from superopt.rewrites.schedule import resolve
-from superopt.rewrites.sexpr import format_rules
+from superopt.rewrites.rule import Rule, RuleSet
+from superopt.rewrites.sexpr import format_rules, parse_rules
 from superopt.rewrites.tensat import import_rules, looks_multi, summary
-from superopt.rulesets import ALGEBRA, RULESETS
+from superopt.rulesets import ALGEBRA, DEFAULT, RULESETS
 
 # --shapes' dtype suffixes: superopt's short names count bits (f16, i8, u8); numpy's one-letter codes count
 # bytes (its f8 is float64, its i8 int64), so those are refused rather than guessed. Full names (float64,
@@ -97,7 +98,10 @@ def _check_one(ruleset: str, name: str, examples: int) -> tuple:
     if not found:
         raise ValueError(f"superopt: rule {ruleset}/{name} is not registered in a fresh process "
                          f"(registered at run time?); check it with --jobs 1")
-    result = check_rule(found[0], examples=examples)
+    return _verdict(check_rule(found[0], examples=examples))
+
+
+def _verdict(result) -> tuple:
     status = "sound" if result.sound else ("UNSOUND" if result.counterexample else "UNCHECKED")
     detail = None if result.sound else (
         str(result.counterexample) if result.counterexample
@@ -113,7 +117,7 @@ def _check_results(rules, examples: int, jobs: int):
     jobs = min(jobs, len(rules))
     if jobs <= 1:   # no process to start for one rule; also checks rules registered at run time
         for r in rules:
-            yield _check_one(r.ruleset, r.name, examples)
+            yield _verdict(check_rule(r, examples=examples))
         return
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["superopt.rewrites.checker", "superopt.rulesets"])
@@ -129,8 +133,50 @@ def _check_results(rules, examples: int, jobs: int):
             raise
 
 
+def load_rule_file(path: str) -> RuleSet:
+    """A user's rules: a Python module (its module-level RuleSets, else its module-level Rules, as one set
+    named after the file) or a file in superopt's text format (docs/rule-authoring.md, section 5)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"superopt: no rule file {path!r}")
+    if file.suffix == ".py":
+        spec = importlib.util.spec_from_file_location(f"superopt_user_rules_{file.stem}", file)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ValueError(f"superopt: cannot load rule file {path!r}: {type(exc).__name__}: {exc}") from None
+        values = [v for k, v in vars(module).items() if not k.startswith("_")]
+        sets = [v for v in values if isinstance(v, RuleSet)]
+        if len(sets) > 1:
+            merged = {f"{rs.name}/{cat or 'rules'}": [r for r in rs if r.category == cat]
+                      for rs in sets for cat in dict.fromkeys(r.category for r in rs)}
+            return RuleSet(file.stem, merged)
+        if sets:
+            return sets[0]
+        rules = [v for v in values if isinstance(v, Rule)]
+    else:
+        try:
+            rules = parse_rules(file.read_text(encoding="utf-8"))
+        except Exception as exc:   # the text format's parse errors name the line
+            raise ValueError(f"superopt: cannot read rule file {path!r}: {exc}") from None
+    if not rules:
+        raise ValueError(f"superopt: rule file {path!r} defines no rule (a RuleSet or Rules at module level, "
+                         f"or rules in the text format)")
+    return RuleSet(file.stem, rules)
+
+
+def _is_rule_file(name: str) -> bool:
+    return name.endswith((".py", ".rules", ".txt")) or os.sep in name
+
+
 def _rules_check(args) -> int:
-    rules = [r for rs in RULESETS.values() for r in rs]
+    if args.names and _is_rule_file(args.names[0]):
+        user = load_rule_file(args.names[0])
+        args.names, args.jobs = args.names[1:], 1   # a user's rules are checked here: workers know only ours
+        rules = list(user)
+    else:
+        rules = [r for rs in RULESETS.values() for r in rs]
     if args.names:
         known = {r.name for r in rules}
         missing = [n for n in args.names if n not in known]
@@ -442,7 +488,8 @@ def _compile(args, backend: str | None = None, timed: bool = False):
     fn, example, name = function_and_args(args.function, args.shapes, args.dtype)
     fast = superopt(fn, target=args.target, extractor=args.extractor, verify=not args.no_verify, backend=backend,
                     memory_budget=args.memory_budget, numerics=args.numerics,
-                    precision=getattr(args, "precision", None), limits=limits_of(args))
+                    precision=getattr(args, "precision", None), limits=limits_of(args),
+                    rulesets=tuple(DEFAULT) + tuple(load_rule_file(f) for f in args.rules or ()))
     start = time.perf_counter()
     spec = fast.compile(*example)
     if timed:
@@ -533,6 +580,9 @@ def _add_program_options(p, target: str = "cpu", html: bool = True) -> None:
                         "equal over the reals that may overflow where the original does not")
     p.add_argument("--memory-budget", metavar="SIZE",
                    help="peak memory to fit, e.g. 64MB or 1.5GiB: reorder, then recompute intermediates (greedy only)")
+    p.add_argument("--rules", action="append", metavar="FILE",
+                   help="also run the rules of FILE (a Python module or superopt's text format) after the default "
+                        "rule sets, as one more phase; repeatable")
     defaults = Limits()
     for flag, field, kind, text in LIMIT_OPTIONS:
         p.add_argument(flag, type=kind, metavar="N", dest=field,
@@ -593,7 +643,7 @@ def parser() -> argparse.ArgumentParser:
     listing.add_argument("--ruleset", help="only this rule set")
     listing.set_defaults(run=_rules_list)
     check = rules_sub.add_parser("check", help="check rules for soundness on random bindings (all by default)")
-    check.add_argument("names", nargs="*", help="rule names to check")
+    check.add_argument("names", nargs="*", help="rule names to check; or a rule file of yours (FILE.py, FILE.rules, or a path), then names in it")
     check.add_argument("--examples", type=int, help=f"bindings per rule (default {RULES_CHECK_EXAMPLES}; "
                                                     f"overrides --thorough)")
     check.add_argument("--thorough", action="store_true",

@@ -43,7 +43,7 @@ from superopt.core.formats import FORMATS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, conv,
     conv_int32, convert,
-    dtype, fractal_matmul, ints, integer_dtype, integer_pow, integral, integral_op, iota, keeps_integral_op,
+    dtype, real_dtype, real_result_op, fractal_matmul, ints, integer_dtype, integer_pow, integral, integral_op, iota, keeps_integral_op,
     keeps_nonneg_op, lit, matmul, nonneg, nonneg_op, pack, pad, pair_integral_op, pair_nonneg_op, pool, reduce,
     reshape, scan, select, shape, slice_, tcons, tnil, transpose, unary, unpack,
     finite, positive, at_most_one, keeps_finite_op, at_most_one_op, nonpos, at_least_one, row_max, peak, kept_axes,
@@ -73,6 +73,8 @@ def _elementwise_rules():
     yield rule(eq(z).to(unary(op, x)), eq(s).to(shape(x))).then(set_(shape(z)).to(s))
     yield rule(eq(z).to(unary(op, x)), eq(d).to(dtype(x)), same_dtype_op(op)).then(set_(dtype(z)).to(d))
     yield rule(eq(z).to(unary(op, x)), bool_result_op(op)).then(set_(dtype(z)).to(String("bool")))
+    yield rule(eq(z).to(unary(op, x)), real_result_op(op), eq(fd).to(dtype(x)), real_dtype(fd, d)).then(
+        set_(dtype(z)).to(d))
     # A rank-0 operand broadcasts against the other one; equal ranks broadcast size-1 axes (as lax does).
     yield rule(eq(z).to(binary(op, x, y)), eq(s).to(shape(x)), s.length() > 0, eq(t).to(shape(y)),
                eq(t.length()).to(i64(0))).then(set_(shape(z)).to(s))
@@ -383,6 +385,14 @@ def _row_sum_rules():
     yield rule(eq(z).to(unary(String("stop_gradient"), y)), row_sum(y, x, p)).then(row_sum(z, x, p))
 
 
+# Unary ops whose result is real where the operand is complex (abs of complex64 is float32; jnp.angle is
+# atan2 of imag and real): of any other dtype, the operand's own.
+REAL_RESULT_OPS = ("abs", "real", "imag")
+# Each dtype the e-graph may hold, and the dtype of its real part.
+REAL_DTYPES = tuple((t, t) for t in INTEGER_DTYPES + ("float8_e4m3fn", "float8_e5m2", "float16", "bfloat16",
+                                                     "float32", "float64")) + (
+    ("complex64", "float32"), ("complex128", "float64"))
+
 # dtype pairs whose conversion (first to second) is exact
 WIDENING = (("float16", "float32"), ("float16", "float64"), ("bfloat16", "float32"), ("bfloat16", "float64"),
             ("float32", "float64"))
@@ -394,7 +404,8 @@ def facts() -> tuple:
     bool_ops = flagged("bool_result")
     floats = ("float16", "bfloat16", "float32", "float64")
     return tuple([float_dtype(String(f)) for f in floats] + [bool_result_op(String(o)) for o in sorted(bool_ops)] + [
-        same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops)] + [
+        same_dtype_op(String(o)) for o in sorted((UNARY_OPS | BINARY_OPS) - bool_ops - set(REAL_RESULT_OPS))] + [
+        real_result_op(String(o)) for o in REAL_RESULT_OPS] + [real_dtype(String(a), String(b)) for a, b in REAL_DTYPES] + [
         nonneg_op(String(o)) for o in NONNEG_OPS] + [keeps_nonneg_op(String(o)) for o in KEEPS_NONNEG_OPS] + [
         pair_nonneg_op(String(o)) for o in PAIR_NONNEG_OPS] + [
         integral_op(String(o)) for o in INTEGRAL_OPS] + [keeps_integral_op(String(o)) for o in KEEPS_INTEGRAL_OPS] + [

@@ -159,6 +159,9 @@ output = relation("output", i64, Tensor, egg_fn="output")
 bool_result_op = relation("bool_result_op", String, egg_fn="bool_result_op")
 float_dtype = relation("float_dtype", String, egg_fn="float_dtype")
 same_dtype_op = relation("same_dtype_op", String, egg_fn="same_dtype_op")
+# Ops whose result has the real dtype of their operand's: abs, real, imag (complex64 -> float32, float32 -> float32).
+real_result_op = relation("real_result_op", String, egg_fn="real_result_op")
+real_dtype = relation("real_dtype", String, String, egg_fn="real_dtype")   # a dtype, and that of its real part
 # Sign analysis (egraph/analysis.py): no element of the tensor is below -0 (each is +-0, positive, +inf or NaN).
 nonneg = relation("nonneg", Tensor, egg_fn="nonneg")
 nonneg_op = relation("nonneg_op", String, egg_fn="nonneg_op")            # gives such elements from any input

@@ -174,6 +174,17 @@ class _Builder:
             self.const_ids[key] = self.node("const", (), (len(self.graph.consts) - 1,), arr.shape, arr.dtype)
         return self.const_ids[key]
 
+    def outer_value(self, aval, effect: bool) -> int:
+        """A value of the caller's trace that `fn` reads without taking it as an argument. An effect may read
+        one: `jax.debug.breakpoint()` hands its debugger the traced locals of every frame on the stack,
+        the caller's (and superopt's own, above `fn`) among them. The program is specialized apart from
+        the caller's trace, so there the effect sees zeros of that shape and dtype; the frames of `fn`
+        itself hold their own values. Anything else that reads one is refused, naming it."""
+        if not effect:
+            raise TypeError(f"superopt: fn reads a traced value of its caller ({aval.str_short()}) that is not "
+                            "one of its arguments; pass it as an argument")
+        return self.const(np.zeros(aval.shape, aval.dtype))
+
     def walk(self, closed, in_ids: list[int]) -> list[int]:
         """The nodes of `closed`'s results, its arguments being the nodes `in_ids`: call bodies inlined,
         key equations grouped, effects pinned (module doc); the equations run in an order that respects
@@ -182,12 +193,14 @@ class _Builder:
         eqns, outs, key_consts = flat.eqns, flat.outs, flat.key_consts
         env: dict[Any, int] = dict(zip(closed.jaxpr.invars, in_ids))
 
-        def read(v) -> int:
+        def read(v, effect: bool = False) -> int:
             if isinstance(v, jcore.Literal):
                 return self.const(v.val, v.aval.dtype)
             if v not in env:
                 if v in flat.values:        # a constant, or a literal an inlined call was passed
                     value = flat.values[v]
+                    if isinstance(value, jax.core.Tracer):
+                        return self.outer_value(v.aval, effect)
                     env[v] = read(value) if isinstance(value, jcore.Literal) else self.const(value)
                 elif v in key_consts:       # a key constant an effect reads: as its key data
                     env[v] = self.const(np.asarray(jax.random.key_data(key_consts[v])))
@@ -204,16 +217,19 @@ class _Builder:
         for unit, members in _plan(eqns):
             for k in members:
                 for v in flat.before.get(k, ()):
-                    read(v)
+                    if not isinstance(flat.values.get(v), jax.core.Tracer):   # read where it is used
+                        read(v)
             if unit == "eqn":
                 eqn = eqns[members[0]]
-                for var, i in zip(eqn.outvars, self.equation(eqn, [read(v) for v in eqn.invars])):
+                effect = bool(eqn.effects) and not eqn.outvars
+                for var, i in zip(eqn.outvars, self.equation(eqn, [read(v, effect) for v in eqn.invars])):
                     env[var] = i
             else:
                 inputs, outputs, program = _group_program(members, eqns, key_consts, readers)
                 env.update(zip(outputs, self.subprogram(program, [read(v) for v in inputs])))
         for v in flat.before.get(len(eqns), ()):
-            read(v)
+            if not isinstance(flat.values.get(v), jax.core.Tracer):
+                read(v)
         for v in outs:
             if not isinstance(v, jcore.Literal) and _extended(v.aval):
                 raise TypeError("superopt: the function returns a PRNG key; superopt() returns keys as their "

@@ -35,6 +35,12 @@ def _array_like(x) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, bool, complex, jax.ShapeDtypeStruct))
 
 
+def _is_array(x) -> bool:
+    """A leaf `superopt(fn, filter=True)` traces: an array (or an abstract one), as `equinox.is_array` says;
+    Python scalars, strings and functions are static there."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
+
+
 def _static_leaf(x, where: str):
     try:
         hash(x)
@@ -81,8 +87,14 @@ class Optimized:
     def __init__(self, fn: Callable, target: str, rulesets, limits: Limits, verify: bool, extractor: str = "greedy",
                  backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
                  precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
-                 npu_under_trace: str = "jax", filter: bool = False, cache=None, executor: str | None = None,
-                 tune: bool = False):
+                 donate_argnames=(), npu_under_trace: str = "jax", filter: bool = False, cache=None,
+                 executor: str | None = None, tune: bool = False):
+        # What rebuilds this object elsewhere (`__reduce__`): fn and the options, never a specialization.
+        self._options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
+                             memory_budget=memory_budget, numerics=numerics, precision=precision,
+                             static_argnums=static_argnums, static_argnames=static_argnames,
+                             donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                             npu_under_trace=npu_under_trace, filter=filter, cache=cache, executor=executor, tune=tune)
         # Every misuse is one line naming the bad value and the valid ones, raised here, before any work.
         if not callable(fn):
             raise TypeError(f"superopt: fn must be callable, got {type(fn).__name__}")
@@ -119,18 +131,24 @@ class Optimized:
         self.__name__ = getattr(fn, "__name__", "optimized")
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
-        self.static_argnums, self.static_argnames = _static_args(fn, static_argnums, static_argnames)
-        self.donate_argnums = _argnums(donate_argnums, "donate_argnums")
+        self.static_argnums, self.static_argnames = _named_args(fn, static_argnums, static_argnames, "static")
+        self.donate_argnums, self.donate_argnames = _named_args(fn, donate_argnums, donate_argnames, "donate")
+        self.filter = filter
 
         def traced(*args, **kwargs):   # runs once per specialization, when jax.jit traces it
             leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
             dynamic = [isinstance(x, jax.core.Tracer) for x in leaves]
+            if jax.config.jax_disable_jit or (not any(dynamic) and any(
+                    _is_array(x) and not s for x, s in zip(leaves, self._static_mask(args, kwargs)))):
+                # jax.jit runs fn itself here: under `jax.disable_jit()`, and on concrete arguments when
+                # `jax_debug_nans` re-runs a call whose output has a NaN to find the op that made it
+                return fn(*args, **kwargs)
             spec = self._specialize(leaves, tree, dynamic)
             return spec.bind([x for x, d in zip(leaves, dynamic) if d], self.npu_under_trace)
 
         traced = functools.wraps(fn)(traced)   # jax.jit reads fn's signature for static_argnames
         self._jit = jax.jit(traced, static_argnums=self.static_argnums, static_argnames=self.static_argnames,
-                            donate_argnums=self.donate_argnums)
+                            donate_argnums=self.donate_argnums, donate_argnames=self.donate_argnames)
         def filtered(dynamic, static):
             args, kwargs = static.rebuild(dynamic)
             return traced(*args, **kwargs)
@@ -160,9 +178,14 @@ class Optimized:
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         static = self._static_mask(args, kwargs)
         items = tuple((k, _static_leaf(x, f"leaf {k}")) for k, (x, s) in enumerate(zip(leaves, static))
-                      if s or not _array_like(x))
+                      if s or not _is_array(x))
         fixed = {k for k, _ in items}
         return self._filter_jit([x for k, x in enumerate(leaves) if k not in fixed], _Static(tree, items))
+
+    def __reduce__(self):
+        """Pickled (cloudpickle, Ray, multiprocessing) as fn and its options, as a jax.jit function pickles:
+        the specializations made so far hold tracebacks and compiled programs, and are made again there."""
+        return _rebuild, (self.fn, self.target, self._options)
 
     def __get__(self, obj, objtype=None):
         """As a method (`@superopt` on a method of a class): the instance is the first argument, as jax.jit binds it."""
@@ -193,7 +216,8 @@ class Optimized:
         """The specialization for concrete arguments, and the flat dynamic arguments its `run` takes."""
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         static = self._static_mask(args, kwargs)
-        dynamic = [not s and _array_like(x) for x, s in zip(leaves, static)]
+        traced = _is_array if self.filter else _array_like
+        dynamic = [not s and traced(x) for x, s in zip(leaves, static)]
         spec = self._specialize(leaves, tree, dynamic)
         flat = [x for x, d in zip(leaves, dynamic) if d]
         return spec, [jax.random.key_data(x) if _is_key(jax.typeof(x).dtype) else x for x in flat]
@@ -231,7 +255,7 @@ class Optimized:
             out = self.fn(*args, **kwargs)
             out_leaves, out_tree = jax.tree_util.tree_flatten(out)
             out_keys.clear()
-            out_keys.update({j: jax.random.key_impl(o) for j, o in enumerate(out_leaves) if _is_key(o.dtype)})
+            out_keys.update({j: jax.random.key_impl(o) for j, o in enumerate(out_leaves) if _is_key(jax.typeof(o).dtype)})
             return jax.tree_util.tree_unflatten(out_tree, [jax.random.key_data(o) if j in out_keys else o
                                                            for j, o in enumerate(out_leaves)])
 
@@ -272,6 +296,10 @@ class Optimized:
 UNDER_TRACE = ("jax", "callback")
 
 
+def _rebuild(fn, target, options) -> Optimized:
+    return Optimized(fn, target, **options)
+
+
 def _under_trace(tree) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
@@ -283,10 +311,11 @@ def _argnums(value, what: str) -> tuple[int, ...]:
     return value
 
 
-def _static_args(fn, nums, names) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """static_argnums and static_argnames, each completed from the other through fn's signature (as jax.jit
-    completes them), so a static argument is static whether it is passed by position or by name."""
-    nums = _argnums(nums, "static_argnums")
+def _named_args(fn, nums, names, what: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """static_argnums and static_argnames (`what` "static"; "donate": the donated ones), each completed from
+    the other through fn's signature (as jax.jit completes them), so a static argument is static whether it
+    is passed by position or by name."""
+    nums = _argnums(nums, f"{what}_argnums")
     names = (names,) if isinstance(names, str) else tuple(names or ())
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -339,15 +368,15 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
              limits: Limits | None = None, verify: bool = True, extractor: str = "greedy",
              backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
              precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
-             npu_under_trace: str = "jax", filter: bool = False, cache=None, executor: str | None = None,
-             tune: bool = False):
+             donate_argnames=(), npu_under_trace: str = "jax", filter: bool = False, cache=None,
+             executor: str | None = None, tune: bool = False):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
 
     The result is a JAX transformation of `fn` (`Optimized`): call it eagerly, or inside `jax.jit`,
     `jax.grad`, `jax.vmap` or `jax.export`, with `fn`'s positional and keyword arguments.
-    `static_argnums`, `static_argnames` and `donate_argnums` mean what they mean to `jax.jit`. With
-    `filter=True` non-array leaves of the arguments (functions, strings: an equinox module's static fields)
-    are static, as `equinox.filter_jit` makes them (a call then flattens its arguments in Python); without
+    `static_argnums`, `static_argnames`, `donate_argnums` and `donate_argnames` mean what they mean to
+    `jax.jit`. With `filter=True` non-array leaves of the arguments (functions, strings, Python bools,
+    ints and floats: an equinox module's static fields, Dropout's `inference`) are static, as `equinox.filter_jit` makes them (a call then flattens its arguments in Python); without
     it such a leaf is refused as jax.jit refuses it. `npu_under_trace` is what runs an NPU target's program under an
     outer trace: "jax" (the extracted program as JAX; the default) or "callback" (the emulator, through
     `jax.pure_callback`).
@@ -381,7 +410,8 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
     different entries)."""
     options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
                    memory_budget=memory_budget, numerics=numerics, precision=precision, static_argnums=static_argnums,
-                   static_argnames=static_argnames, donate_argnums=donate_argnums, npu_under_trace=npu_under_trace,
+                   static_argnames=static_argnames, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                   npu_under_trace=npu_under_trace,
                    filter=filter, cache=cache, executor=executor, tune=tune)
     if fn is None:   # the decorator form: check the options now, not at the first call
         Optimized(lambda *args: None, target, **{**options, "limits": Limits() if limits is None else limits})

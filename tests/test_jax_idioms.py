@@ -1,0 +1,183 @@
+"""JAX idioms that work with `jax.jit(f)` and so must work with `superopt(f)` (issue 53): each test runs the
+same input through jax.jit and through superopt and compares what the two do."""
+import dataclasses
+
+import cloudpickle
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.debugger import core as debugger_core
+
+from superopt import superopt
+
+X = jnp.arange(1.0, 5.0, dtype=jnp.float32)
+
+
+def same(a, b):
+    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-6), a, b)
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+
+
+# ---- filter=True: Python bool, int, float and str leaves are static, as equinox.filter_jit keeps them ----
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Dropoutish:
+    """A module as equinox writes one: an array field and Python fields it branches on."""
+    w: jax.Array
+    inference: bool = dataclasses.field(default=False)
+    p: float = 0.5
+    n: int = 2
+    act: str = "tanh"
+
+
+def apply(m, x):
+    h = x * m.w
+    if not m.inference:           # a Python branch on a bool leaf: a tracer here raises
+        h = h * (1.0 / (1.0 - m.p)) if m.p > 0 else h
+    h = jnp.tile(h, m.n)          # an int leaf as a shape
+    return getattr(jnp, m.act)(h)
+
+
+@pytest.mark.parametrize("inference,p,n,act", [(False, 0.5, 2, "tanh"), (True, 0.5, 3, "sin"), (False, 0.0, 1, "tanh")])
+def test_filter_keeps_python_scalar_leaves_static(inference, p, n, act):
+    m = Dropoutish(X * 0.5, inference, p, n, act)
+    fast = superopt(apply, filter=True)
+    expected = jax.jit(lambda w, x: apply(Dropoutish(w, inference, p, n, act), x))(m.w, X)
+    same(fast(m, X), expected)
+    same(fast({"m": m}["m"], X), expected)        # the same types: one specialization
+    assert len(fast._cache) == 1
+
+
+def test_filter_specializes_per_python_scalar_value():
+    fast = superopt(apply, filter=True)
+    a, b = Dropoutish(X, False, 0.5), Dropoutish(X, True, 0.25)
+    same(fast(a, X), apply(a, X))
+    same(fast(b, X), apply(b, X))
+    assert len(fast._cache) == 2
+    same(fast.compile(b, X).run(b.w, X)[0], apply(b, X))   # .compile keeps them static too
+
+
+def test_without_filter_python_scalars_are_traced_as_jax_jit_traces_them():
+    fast, ref = superopt(lambda p, x: x * p["s"]), jax.jit(lambda p, x: x * p["s"])
+    same(fast({"s": 2.0}, X), ref({"s": 2.0}, X))
+    same(fast({"s": 3.0}, X), ref({"s": 3.0}, X))
+    assert len(fast._cache) == 1
+
+
+# ---- debugging switches ----
+
+def test_disable_jit_runs_fn_eagerly_as_jax_jit_does():
+    seen = []
+
+    def f(x):
+        seen.append(isinstance(x, jax.core.Tracer))
+        return jnp.sin(x) * 2.0 * 3.0
+
+    with jax.disable_jit():
+        expected = jax.jit(f)(X)
+        got = superopt(f)(X)
+    same(got, expected)
+    assert seen == [False, False]
+
+
+def test_debug_nans_raises_floating_point_error_as_jax_jit_does():
+    def f(x):
+        return jnp.log(x - 10.0) * 2.0
+
+    with jax.debug_nans(True):
+        with pytest.raises(FloatingPointError):
+            jax.jit(f)(X)
+        with pytest.raises(FloatingPointError):
+            superopt(f)(X)
+
+
+@pytest.fixture
+def recording_debugger():
+    """A debugger backend that records the innermost frame's locals instead of reading stdin."""
+    seen = []
+    debugger_core._debugger_registry["superopt-test"] = (-100, lambda frames, thread_id, **kw: seen.append(
+        {k: np.asarray(v) for k, v in frames[0].locals.items() if isinstance(v, (jax.Array, np.ndarray))}))
+    yield seen
+    del debugger_core._debugger_registry["superopt-test"]
+
+
+def breaks(x):
+    y = jnp.sin(x) * 2.0
+    jax.debug.breakpoint(backend="superopt-test")
+    return y * 3.0
+
+
+@pytest.mark.parametrize("outer", ["eager", "jit"])
+def test_debug_breakpoint_is_kept_as_an_effect(recording_debugger, outer):
+    wrap = (lambda f: f) if outer == "eager" else jax.jit
+    expected = wrap(jax.jit(breaks))(X)
+    got = wrap(superopt(breaks))(X)
+    same(got, expected)
+    assert len(recording_debugger) == 2      # once per call, not during superopt's own runs
+    jit_frame, superopt_frame = recording_debugger
+    assert set(jit_frame) == set(superopt_frame) == {"x", "y"}
+    for name in jit_frame:
+        same(superopt_frame[name], jit_frame[name])
+
+
+# ---- outputs and signatures ----
+
+def test_python_scalars_among_the_outputs():
+    f = lambda x: (x * 2.0, 3, 0.5, True)
+    expected, got = jax.jit(f)(X), superopt(f)(X)
+    same(got, expected)
+    assert [(o.dtype, o.weak_type) for o in got] == [(o.dtype, o.weak_type) for o in expected]
+    same(jax.jit(superopt(f))(X), expected)
+
+
+def test_zero_argument_function():
+    f = lambda: jnp.ones(3).sum() * 2.0
+    same(superopt(f)(), jax.jit(f)())
+
+
+def test_donate_argnames_donates_as_jax_jit_does():
+    f = lambda x, y: x * 2.0 + y
+    a, b = jnp.ones(4) + 1, jnp.ones(4) + 1
+    expected = jax.jit(f, donate_argnames="x")(a, X)
+    got = superopt(f, donate_argnames="x")(b, X)
+    same(got, expected)
+    assert b.is_deleted() == a.is_deleted()
+    c, d = jnp.ones(4) + 1, jnp.ones(4) + 1
+    jax.jit(f, donate_argnames=("y",))(X, c)
+    superopt(f, donate_argnames=("y",))(X, d)
+    assert d.is_deleted() == c.is_deleted()
+
+
+# ---- shipping the function ----
+
+def test_cloudpickle_after_a_call():
+    f = lambda x: jnp.tanh(x) * 2.0 * 3.0
+    fast = superopt(f, static_argnums=())
+    first = fast(X)
+    cloudpickle.loads(cloudpickle.dumps(jax.jit(f)))     # what jax.jit allows
+    again = cloudpickle.loads(cloudpickle.dumps(fast))
+    same(again(X), first)
+    same(again(X + 1), jax.jit(f)(X + 1))
+
+
+# ---- complex values: abs, real, imag and angle are real-valued ----
+
+Z = (X + 1j * (X[::-1] - 2.5)).astype(jnp.complex64)
+
+
+@pytest.mark.parametrize("name,f", [
+    ("abs", lambda z: jnp.abs(z) * 2.0 + jnp.abs(z)),
+    ("real", lambda z: jnp.real(z) * 2.0 + jnp.imag(z) * jnp.imag(z)),
+    ("angle", lambda z: jnp.angle(z) * 2.0 - jnp.angle(z)),
+    ("abs-of-product", lambda z: jnp.abs(z * z) + jnp.abs(z) * jnp.abs(z)),
+])
+def test_complex_to_real_ops_are_typed_real(name, f):
+    fast = superopt(f)
+    expected = jax.jit(f)(Z)
+    got = fast(Z)
+    assert got.dtype == expected.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5)
+    assert "failed" not in fast.report.outcome, fast.report.outcome
+    assert not fast.report.run.error, fast.report.run.error

@@ -1,7 +1,8 @@
 """The cone of a discontinuity: under strict numerics, what a step reads is computed as captured.
 
 A step (an op flagged `step` in core/ops.py: a comparison, floor, ceil, round, sign, float `rem`, a float->int
-or float->bool convert, argmax, argmin, an opaque primitive such as a sort) turns a rounding-level change of
+or float->bool convert, argmax, argmin, an opaque primitive such as a sort, but not an effect: a print shows
+a value as an output does) turns a rounding-level change of
 an operand into a change by a whole step: a bin edge computed 1.4e-17 instead of 0.0 puts a value lying on it
 into the neighbouring bin. Random inputs almost never lie on such a boundary, so verification cannot be
 trusted to see it. The cone is every captured node from which a value flows, through any path, into a float
@@ -43,10 +44,17 @@ def stepped(op: str, in_dtypes: list, out_dtype: str) -> list[int]:
     return [k for k, d in enumerate(in_dtypes) if d is not None and is_float(d)]
 
 
+def _effect(graph: Graph, i: int) -> bool:
+    """Whether node i is an effect (a debug print or callback, `Opaque.effectful`): what it shows of a value
+    is like an output, rounded as the program computes it, not a step."""
+    node = graph.nodes[i]
+    return node.op == "opaque" and graph.opaque[node.attrs[0]].effectful
+
+
 def cone(graph: Graph) -> set[int]:
     """The live nodes whose values flow into a float operand of a step (module doc)."""
     nodes = graph.nodes
-    return _ancestors(graph, [nodes[i].inputs[k] for i in graph.live()
+    return _ancestors(graph, [nodes[i].inputs[k] for i in graph.live() if not _effect(graph, i)
                               for k in stepped(nodes[i].op, [nodes[j].dtype for j in nodes[i].inputs], nodes[i].dtype)])
 
 
@@ -122,7 +130,8 @@ def pins(fz: FrozenEGraph, enc: Encoding) -> Pins:
     captured node of the cone is not in the e-graph (then the program is kept as captured)."""
     graph = enc.graph
     inside = cone(graph)
-    readers = {i for i in graph.live() if graph.nodes[i].op == "opaque" and set(graph.nodes[i].inputs) & inside}
+    readers = {i for i in graph.live() if graph.nodes[i].op == "opaque" and not _effect(graph, i)
+               and set(graph.nodes[i].inputs) & inside}
     if not inside:
         return Pins({}, 0, frozenset())
     index: dict = {}

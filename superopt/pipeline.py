@@ -435,7 +435,9 @@ def _whole(captured: Captured, search: Search, timer: Stages, store=None) -> tup
         if search.guarded is not None and any(r.numerics == "reals" and getattr(r, "compiled", False)
                                                for ph in search.guarded.phases for r in ph.rules):   # one has run
             save_rules(search.guarded, store)
-    spec = _specialization(captured, search, timer, run, outcome, reason, chosen, program, reference, costs)
+    # the specialization's reference is the user's program as JAX runs it (backends check against it and
+    # differentiate it), not the evaluator verification may have used
+    spec = _specialization(captured, search, timer, run, outcome, reason, chosen, program, costs=costs)
     return spec, _entry(run, outcome, reason, chosen, len(captured.graph.consts))
 
 

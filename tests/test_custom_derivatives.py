@@ -152,3 +152,23 @@ def test_rules_hold_with_a_debug_print_which_runs_as_under_jit(capfd):
     close(got, want)
     assert fast.report.optimized, fast.report.outcome
     assert n_got == n_want == 1
+
+
+def test_a_long_rerolled_loop_is_optimized_and_differentiated_with_its_rules(tmp_path):
+    """A Python loop over 200 rows, re-rolled (superopt/reroll.py), is verified against superopt's own
+    evaluator (XLA takes seconds to compile the loop as traced); the program's derivative reference must
+    still be the user's program as JAX runs it: tracing the evaluator raised TracerArrayConversionError."""
+    rows = range(200)
+
+    def f(a, v):
+        return jnp.stack([jnp.sum(jax.nn.relu(a[i]) * v) for i in rows])
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((200, 200)).astype(np.float32)
+    a[:, :5] = 0.0                                             # relu's kink
+    v = rng.standard_normal((200,)).astype(np.float32)
+    fast = superopt(f, target="cpu", cache=tmp_path)
+    np.testing.assert_allclose(np.asarray(fast(a, v)), np.asarray(jax.jit(f)(a, v)), rtol=1e-5, atol=1e-5)
+    assert fast.report.optimized, fast.report.outcome
+    loss = lambda fn: (lambda a, v: jnp.sum(fn(a, v) ** 2))
+    np.testing.assert_allclose(np.asarray(jax.grad(loss(fast))(a, v)), np.asarray(jax.grad(loss(f))(a, v)),
+                               rtol=1e-5, atol=1e-5)

@@ -27,7 +27,8 @@ TASO_RULES = """
 (rule sigmoid-transpose (sigmoid (transpose ?a)) <=> (transpose (sigmoid ?a)) :doc "two-way")
 (rule smul-matmul (matmul (smul ?a ?s) ?b) => (smul (matmul ?a ?b) ?s) :when ((scalar ?s)) :numerics reals
       :doc "scalars move through matmul")
-(rule poolmax-relu (poolmax (relu ?x) ?w ?s) => (relu (poolmax ?x ?w ?s)) :doc "max pooling commutes with relu")
+(rule poolmax-relu (poolmax (relu ?x) ?w ?s) => (relu (poolmax ?x ?w ?s)) :numerics rounding
+      :doc "max pooling commutes with relu, but for the sign of a zero: max(-0, 0) keeps either")
 (rule split0-concat (split0 1 (concat 1 ?a ?b)) => ?a :doc "the first part of a concatenation")
 (rule split1-concat (split1 1 (concat 1 ?a ?b)) => ?b :doc "the second part of a concatenation")
 (rule conv-smul (conv2d ?p (smul ?x ?s) ?w) => (smul (conv2d ?p ?x ?w) ?s) :when ((scalar ?s)) :numerics reals

@@ -504,7 +504,9 @@ _ENTRIES = [
     _unary("sinh", np.sinh, flags=_TRANSCENDENTAL), _unary("cosh", np.cosh, flags=_TRANSCENDENTAL),
     _unary("asinh", np.arcsinh, flags=_TRANSCENDENTAL), _unary("acosh", np.arccosh, flags=_TRANSCENDENTAL),
     _unary("atanh", np.arctanh, flags=_TRANSCENDENTAL),
-    _unary("not", np.invert, lax.bitwise_not), _unary("is_finite", np.isfinite, flags=_COMPARE),
+    # is_finite is no step: it moves only where a value crosses the dtype's largest finite value, the
+    # contract's range edge (README), and the loss scale's overflow check of every gradient would pin it
+    _unary("not", np.invert, lax.bitwise_not), _unary("is_finite", np.isfinite, flags=("bool_result",)),
     _unary("square", lambda x: x * x), _unary("stop_gradient", lambda x: x, lax.stop_gradient),
     _unary("real", np.real), _unary("imag", np.imag), _unary("conj", np.conj),
 

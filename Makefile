@@ -29,6 +29,12 @@ demo: $(STAMP)
 test: $(TESTED)
 	$(PY) -m pytest -q -n auto --maxprocesses=4
 
+# The inner loop: everything but the tests marked slow (whole models, worker processes, long searches) and
+# timing (measurements of this machine); pyproject.toml lists the markers. Under 90 s on two idle cores.
+.PHONY: test-fast
+test-fast: $(TESTED)
+	$(PY) -m pytest -q -n auto --maxprocesses=4 -m "not slow and not timing"
+
 bench: $(TESTED)
 	$(PY) -m bench.run
 	$(PY) -m bench.scale

@@ -144,6 +144,7 @@ def test_there_are_enough_rules_and_each_is_described():
         assert re.fullmatch(r"rulesets/algebra\.py:\d+", r.source), r.source
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FIRES))
 def test_rule_fires_and_keeps_meaning(name):
     fn, args = FIRES[name]
@@ -160,6 +161,7 @@ def test_every_rule_has_a_firing_example():
     assert set(FIRES) == {r.name for r in ALGEBRA}
 
 
+@pytest.mark.slow
 def test_reassociation_follows_shapes():
     """(A@B)@v goes right; u@(A@B) with a thin u goes left: the cost model decides, not the rule."""
     for fn, args, want_first in [(lambda a, b, v: (a @ b) @ v, (A, B, V), (8, 1)),
@@ -180,6 +182,7 @@ def test_inexact_cast_round_trip_is_not_removed():
 DOMAIN = ("exp-of-log-of-nonneg", "square-of-sqrt-of-nonneg", "abs-of-nonneg", "relu-of-nonneg")
 
 
+@pytest.mark.slow
 def test_domain_rules_fire_only_where_the_sign_analysis_proves_the_domain():
     # nothing says a (an argument), a - 1 or a + b is >= 0: no domain rule applies
     for fn in (lambda a: jnp.abs(a) * 2.0, lambda a: jnp.exp(jnp.log(a)), lambda a: jnp.maximum(a - 1.0, 0.0),
@@ -196,6 +199,7 @@ def test_domain_rules_fire_only_where_the_sign_analysis_proves_the_domain():
 INTEGRAL = ("floor-of-integral", "ceil-of-integral", "round-of-integral", "round-even-of-integral")
 
 
+@pytest.mark.slow
 def test_rounding_is_dropped_only_where_the_integer_analysis_proves_every_element_an_integer():
     # an argument, its half, a quotient of integers or their square root may hold fractions: rounding stays
     for fn in (lambda a: jnp.floor(a), lambda a: jnp.round(jnp.floor(a) * 0.5),
@@ -215,6 +219,7 @@ RANGE = ("sub-self-of-finite", "div-self-of-finite-positive", "min-one-of-at-mos
          "min-one-of-at-most-one-left")
 
 
+@pytest.mark.slow
 def test_range_rules_fire_only_where_the_range_analysis_proves_the_range():
     # an argument may hold NaN or inf; tanh of a finite value may be 0; a product of two values <= 1 may be
     # above 1 (-2 * -2); XLA's erf reaches 1.0000001; float16 holds no int32 past 65504, and a float16
@@ -238,6 +243,7 @@ def test_range_rules_fire_only_where_the_range_analysis_proves_the_range():
     np.testing.assert_allclose(np.asarray(lower(graph)(A)[0]), np.asarray(fn(A)), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_sum_of_an_outer_product_is_not_taken_for_a_matrix_vector_product():
     """sum(u[:, None] * w[None, :]) multiplies two broadcast vectors: neither is the matrix a row-sum rule
     needs (found by bench/everyday.py: the rewrite gave a dot of mismatched sizes, which verification

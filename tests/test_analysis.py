@@ -97,6 +97,7 @@ def _inputs(shape, dtype, count=60, seed=0):
             yield np.asarray(values, dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_each_fact_the_analysis_derives_holds_on_every_value_xla_computes(name, dtype):

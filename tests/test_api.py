@@ -18,6 +18,7 @@ def chain(a, b, v):
     return (a @ b) @ v
 
 
+@pytest.mark.slow
 def test_optimizes_and_reports():
     fast = superopt(chain, numerics="fast")    # re-association may overflow: an opt-in (tests/test_numerics.py)
     np.testing.assert_allclose(fast(A, A, V), chain(A, A, V), rtol=1e-4, atol=1e-3)
@@ -30,6 +31,7 @@ def test_optimizes_and_reports():
     assert "matmul(%0, %3)" in fast.term or "matmul(%1, %2)" in fast.term
 
 
+@pytest.mark.slow
 def test_specializes_per_shape_like_jit():
     fast = superopt(chain)
     fast(A, A, V)
@@ -42,6 +44,7 @@ def test_specializes_per_shape_like_jit():
     assert fast.compile(A, A, V).report is first and fast.report is first
 
 
+@pytest.mark.slow
 def test_decorator_form_and_report_before_compile():
     @superopt(target="cpu")
     def f(a):
@@ -58,6 +61,7 @@ def test_unknown_target_and_ruleset_are_clear_errors():
         superopt(chain, rulesets=["nope"])
 
 
+@pytest.mark.slow
 def test_unsound_user_rule_is_caught_and_named():
     bogus = RuleSet("mine", [rule("exp-is-identity", exp(x), x, doc="wrong on purpose")])
     fast = superopt(lambda a: jnp.exp(a) * 2.0 + jnp.exp(a) @ a, rulesets=["algebra", bogus])
@@ -67,12 +71,14 @@ def test_unsound_user_rule_is_caught_and_named():
     assert fast.report.outcome.startswith("kept original: verification failed")
 
 
+@pytest.mark.slow
 def test_kept_original_when_nothing_is_cheaper():
     fast = superopt(lambda a: jnp.tanh(a))  # one op: nothing to fuse, nothing to rewrite
     fast(A)
     assert fast.report.outcome == "kept original: no cheaper program found"
 
 
+@pytest.mark.slow
 def test_limits_reach_the_report():
     fast = superopt(chain, limits=Limits(iterations=1))
     fast(A, A, V)
@@ -80,6 +86,7 @@ def test_limits_reach_the_report():
     assert [ph.iterations for ph in fast.report.run.phases] == [1] * len(DEFAULT)  # the limit is per phase
 
 
+@pytest.mark.slow
 def test_a_rounding_difference_amplified_by_tanh_is_judged_against_the_float64_value():
     """Re-associating a bf16 chain rounds differently; tanh near zero amplifies that into large elementwise
     differences between the two programs. Both err at bf16's rounding level against the float64 value, so
@@ -102,6 +109,7 @@ def test_accuracy_check_refuses_a_program_that_is_wrong_by_a_few_percent():
     assert "exceeds" in as_accurate(original, wrong, truth)
 
 
+@pytest.mark.slow
 def test_size_one_axes_broadcast_in_binary_ops():
     """lax broadcasts size-1 axes of equal-rank operands (x * x.mean(-1, keepdims=True)); the shape analysis
     must agree with the captured shapes instead of failing the run with an illegal merge."""

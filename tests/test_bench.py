@@ -11,6 +11,9 @@ from superopt.workloads import CONV_CHAIN_SHAPES, GEMM_CHAIN_SHAPES, WORKLOADS, 
     nasrnn
 from bench.run import render
 from superopt.egraph.capture import capture
+import pytest
+
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
 
 
 def test_the_suite_has_every_family_the_issue_names():

@@ -149,6 +149,7 @@ def _writer(directory: str, n: int, barrier) -> None:
             s.get(f"shared-{i // 5}", "term")
 
 
+@pytest.mark.slow
 def test_concurrent_writers(tmp_path):
     directory = str(tmp_path / "c")
     Store(directory)                                  # the directory, not the file: they race to create it
@@ -298,6 +299,7 @@ def test_cli_cache_stats_of_an_empty_directory(tmp_path, capsys):
 _LOADED = ("egglog", "superopt.egraph.terms", "superopt.npu_backend", "superopt.lowering.pallas.program")
 
 
+@pytest.mark.slow
 def test_a_call_the_cache_answers_loads_no_egglog(tmp_path):
     """The first call in a new process whose cache holds the program imports neither egglog nor a backend's
     lowering (superopt/core/lazy.py): importing them was most of that call's time. The process that filled

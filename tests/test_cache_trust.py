@@ -33,6 +33,7 @@ def _cache_warnings(seen) -> list[str]:
 
 # ---- 3: the NPU backend never reuses outputs by the arguments' identity ----
 
+@pytest.mark.slow
 def test_npu_outputs_follow_an_argument_changed_in_place():
     def f(a, b):
         return jnp.tanh(a @ b) * 2.0
@@ -51,6 +52,7 @@ def test_npu_outputs_follow_an_argument_changed_in_place():
 
 # ---- 7: JAX's persistent compilation cache is the user's to turn on ----
 
+@pytest.mark.slow
 def test_a_call_leaves_jaxs_configuration_alone(tmp_path, monkeypatch):
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
@@ -92,6 +94,7 @@ def test_the_cache_directory_and_database_are_private(tmp_path):
     s.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["directory", "database"])
 def test_a_group_or_world_writable_cache_is_not_used(tmp_path, fresh_warnings, what):
     directory = tmp_path / "c"
@@ -134,6 +137,7 @@ def _edit_program_entries(directory, edit) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_an_edited_entry_is_checked_again_and_dropped(tmp_path, fresh_warnings):
     def f(x):
         return jnp.sum(x * 2.0) + jnp.sum(x * 2.0)
@@ -158,6 +162,7 @@ def test_an_edited_entry_is_checked_again_and_dropped(tmp_path, fresh_warnings):
 
 # ---- 9: a cache that cannot be created or written ----
 
+@pytest.mark.slow
 def test_an_uncreatable_default_directory_warns_once_and_runs(tmp_path, monkeypatch, fresh_warnings):
     (tmp_path / "home").write_text("a file, so nothing can be made under it")
     monkeypatch.delenv("SUPEROPT_CACHE", raising=False)
@@ -174,6 +179,7 @@ def test_an_uncreatable_default_directory_warns_once_and_runs(tmp_path, monkeypa
     assert "not used" in fast.report.cache, fast.report.cache
 
 
+@pytest.mark.slow
 def test_a_read_only_cache_directory_runs(tmp_path, monkeypatch, fresh_warnings):
     directory = tmp_path / "c"
     Store(directory).put("k", "term", {"v": 1})
@@ -202,6 +208,7 @@ class _FullDisk:
         return self.conn.execute(sql, *args)
 
 
+@pytest.mark.slow
 def test_a_failed_write_says_not_stored(tmp_path, fresh_warnings, monkeypatch):
     directory = tmp_path / "c"
     real_db = Store._db
@@ -216,6 +223,7 @@ def test_a_failed_write_says_not_stored(tmp_path, fresh_warnings, monkeypatch):
 
 # ---- 10: symbolic dimensions run as captured ----
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cached", [True, False])
 def test_export_with_a_symbolic_dimension(tmp_path, cached):
     def f(x):

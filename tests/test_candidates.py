@@ -19,6 +19,7 @@ def test_spearman():
     assert spearman([1, 2, 3], [3, 1, 2]) == pytest.approx(-0.5)
 
 
+@pytest.mark.slow
 def test_a_four_matrix_chain_yields_its_five_association_orders():
     shapes = [(64, 32), (32, 16), (16, 48), (48, 8)]
     args = tuple(jnp.ones(s) for s in shapes)

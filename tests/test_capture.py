@@ -107,6 +107,7 @@ def test_custom_vjp_primal_is_walked_into():
     assert "opaque" not in ops and "tanh" in ops
 
 
+@pytest.mark.slow
 def test_unsupported_primitives_become_opaque_and_stay_correct():
     def fn(a):
         h = jnp.tanh(a @ a.T)
@@ -145,6 +146,7 @@ def test_closed_over_arrays_become_constants():
     assert graph.op_counts()["const"] == 1 and len(graph.consts) == 1
 
 
+@pytest.mark.slow
 def test_pytrees_in_and_out():
     def fn(params, inputs):
         return {"y": inputs["a"] @ params["w"], "z": (inputs["a"].sum(), params["b"] * 2)}
@@ -160,6 +162,7 @@ def test_non_array_argument_is_a_clear_error():
         capture(lambda a, s: a, (x, "relu"))
 
 
+@pytest.mark.slow
 def test_deep_program_has_no_recursion_limit():
     def chain(a):
         for i in range(2000):

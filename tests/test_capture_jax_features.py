@@ -82,6 +82,7 @@ TRANSFORMED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRANSFORMED))
 def test_grad_jvp_vjp_jacrev_of_the_lowered_program_match_the_original(name):
     fn, args = TRANSFORMED[name]
@@ -101,6 +102,7 @@ def test_grad_jvp_vjp_jacrev_of_the_lowered_program_match_the_original(name):
     close(jax.jacrev(low, argnums)(*args), jax.jacrev(fn, argnums)(*args))
 
 
+@pytest.mark.slow
 def test_vmap_and_jit_of_grad_of_the_lowered_program():
     fn, args = TRANSFORMED["layer_norm"]
     low = lowered(fn, args)
@@ -110,6 +112,7 @@ def test_vmap_and_jit_of_grad_of_the_lowered_program():
     close(grad(X, W), jax.grad(lambda x, w: jnp.sum(fn(x, w) ** 2), argnums=(0, 1))(X, W))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["cpu", "npu-910b"])
 def test_grad_of_an_optimized_program(target):
     """Extraction's programs (fused kernels, packed NPU layouts) differentiate like the original."""
@@ -172,6 +175,7 @@ def legacy(key, x):
     return x + jax.random.normal(k1, x.shape), jax.random.randint(k2, (3,), 0, 10), k2, jax.random.fold_in(k1, 5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn,key", [(typed(sampler), KEY_DATA), (legacy, jax.random.PRNGKey(3))],
                          ids=["typed", "legacy"])
 def test_random_programs_capture_and_lower_bit_identically(fn, key):
@@ -189,6 +193,7 @@ def test_random_programs_capture_and_lower_bit_identically(fn, key):
     identical(lower(abstract.graph)(key, V), jax.tree_util.tree_leaves(jax.jit(fn)(key, V)))
 
 
+@pytest.mark.slow
 def test_random_values_survive_optimization_bit_identically():
     graph, captured, _ = optimized_graph(typed(sampler), (KEY_DATA, V))
     got = lower(graph)(KEY_DATA, V)
@@ -197,6 +202,7 @@ def test_random_values_survive_optimization_bit_identically():
     identical(got[1:], want[1:])
 
 
+@pytest.mark.slow
 def test_a_key_folded_with_its_own_random_bits_merges_the_cycle_into_the_group():
     def feedback(key, x):
         k1, k2 = jax.random.split(key)
@@ -209,6 +215,7 @@ def test_a_key_folded_with_its_own_random_bits_merges_the_cycle_into_the_group()
     identical(lower(captured.graph)(KEY_DATA, V), [jax.jit(typed(feedback))(KEY_DATA, V)])
 
 
+@pytest.mark.slow
 def test_two_key_groups_feeding_each_other_become_one():
     def crossed(d1, d2, x):
         k1, k2 = jax.random.wrap_key_data(d1), jax.random.wrap_key_data(d2)
@@ -222,6 +229,7 @@ def test_two_key_groups_feeding_each_other_become_one():
     identical(lower(captured.graph)(KEY_DATA, d2, V), [jax.jit(crossed)(KEY_DATA, d2, V)])
 
 
+@pytest.mark.slow
 def test_a_group_reading_a_value_computed_later_is_emitted_after_it():
     def late(key, x):
         k1, k2 = jax.random.split(key)
@@ -233,6 +241,7 @@ def test_a_group_reading_a_value_computed_later_is_emitted_after_it():
     identical(lower(captured.graph)(KEY_DATA, V), list(jax.jit(typed(late))(KEY_DATA, V)))
 
 
+@pytest.mark.slow
 def test_key_constants_and_keys_made_inside():
     const = jax.random.key(7)
 
@@ -242,6 +251,7 @@ def test_key_constants_and_keys_made_inside():
     identical(lowered(fn, (V,))(V), jax.jit(fn)(V))
 
 
+@pytest.mark.slow
 def test_a_jitted_function_taking_a_key_is_inlined_not_kept_opaque():
     @jax.jit
     def layer(w, x, key):
@@ -318,6 +328,7 @@ def test_unordered_prints_each_run_once(capfd):
     assert sorted(printed(capfd)) == ["a 1.0", "b 4.0"]   # unordered effects: any order, as under jax.jit
 
 
+@pytest.mark.slow
 def test_a_printed_intermediate_that_rewrites_simplify(capfd):
     def fn(x, w):
         t = (x @ w) * 1.0 + 0.0                   # algebra folds this to x @ w
@@ -339,6 +350,7 @@ def test_a_printed_intermediate_that_rewrites_simplify(capfd):
     np.testing.assert_allclose(float(lines[0][2:]), float(jnp.sum(X @ W)), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_rematerialization_never_duplicates_an_effect(capfd):
     def loss(params, x):
         h = x
@@ -370,6 +382,7 @@ def test_rematerialization_never_duplicates_an_effect(capfd):
     close(got, jax.tree_util.tree_leaves(fn(*args)), rtol=2e-5, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_a_print_of_a_key_takes_its_data_and_wraps_it_again(capfd):
     def fn(key, x):
         k1, k2 = jax.random.split(key)
@@ -418,6 +431,7 @@ def count_effects(jaxpr) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_without_debug_effects_strips_every_depth(capfd):
     @jax.custom_jvp
     def smooth(v):

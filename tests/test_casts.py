@@ -53,6 +53,7 @@ def test_an_exact_round_trip_is_the_value_it_started_from():
     assert out == args_of[0]
 
 
+@pytest.mark.slow
 def test_the_inexact_round_trip_is_never_removed():
     # f32 -> f16 -> f32 rounds (and overflows above 65504): after saturating every default rule set the
     # result's e-class must not contain the input.
@@ -89,6 +90,7 @@ def test_cast_rules_are_registered_and_default():
     assert "casts" in RULESETS and "casts" in DEFAULT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["cpu", "gpu-h100"])
 def test_a_mixed_precision_mlp_loses_its_redundant_casts(target):
     args = _mlp_args()

@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import pytest
 
 from superopt.cli import main
 from bench.run import main as bench_main
@@ -18,12 +19,14 @@ def test_rules_list_unknown_ruleset(capsys):
     assert "unknown rule set 'nope'; known: algebra" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_rules_check_named_rules(capsys):
     assert main(["rules", "check", "matmul-assoc", "neg-neg", "--examples", "20"]) == 0
     out = capsys.readouterr().out
     assert "checked 2 rules on 40 cases: all sound" in out
 
 
+@pytest.mark.slow
 def test_rules_check_fails_on_an_unsound_rule(monkeypatch, capsys):
     from superopt import rulesets
     from superopt.rewrites.pattern import exp, tensors
@@ -41,6 +44,7 @@ def test_rules_check_unknown_rule(capsys):
     assert "no rule named no-such-rule" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "superopt.cli", "rules", "list"], capture_output=True, text=True)
     assert result.returncode == 0 and "transpose-of-transpose" in result.stdout
@@ -104,6 +108,7 @@ def test_numpys_byte_codes_and_unknown_dtypes_are_refused_in_one_line(suffix):
     assert "\n" not in str(err.value) and "f16" in str(err.value) and "float64" in str(err.value)
 
 
+@pytest.mark.slow
 def test_a_float64_shape_runs_in_float64(program, capsys):
     """--shapes ...:f64 turns on x64 for the command (not for its caller) and the program runs in float64."""
     assert main(["optimize", program + ":chain", "--shapes", "8x8:f64", "8x8:f64", "8x8:f64"]) == 0
@@ -112,6 +117,7 @@ def test_a_float64_shape_runs_in_float64(program, capsys):
     assert not jax.config.jax_enable_x64
 
 
+@pytest.mark.slow
 def test_a_function_needs_shapes_unless_it_is_a_workload(program):
     with pytest.raises(ValueError, match="--shapes"):
         function_and_args(program + ":chain", None)
@@ -121,6 +127,7 @@ def test_a_function_needs_shapes_unless_it_is_a_workload(program):
         function_and_args("no_colon_here", None)
 
 
+@pytest.mark.slow
 def test_optimize_prints_the_report_and_the_chosen_program(program, capsys):
     assert main(["optimize", program + ":chain", "--shapes", "256x256", "256x256", "256x1", "--print-term",
                  "--numerics", "fast"]) == 0
@@ -131,6 +138,7 @@ def test_optimize_prints_the_report_and_the_chosen_program(program, capsys):
     assert out.count("matmul(") >= 2 and "f32[256,1]" in out.split("return")[0]
 
 
+@pytest.mark.slow
 def test_optimize_is_strict_by_default_and_says_what_it_left_out(program, capsys):
     assert main(["optimize", program + ":chain", "--shapes", "256x256", "256x256", "256x1"]) == 0
     out = capsys.readouterr().out
@@ -143,6 +151,7 @@ def test_optimize_is_strict_by_default_and_says_what_it_left_out(program, capsys
     assert exit_.value.code == 2 and "invalid choice: 'loose'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_optimize_takes_a_memory_budget_and_says_what_it_did(program, capsys):
     assert main(["optimize", program + ":chain", "--shapes", "256x256", "256x256", "256x1",
                  "--memory-budget", "1KB"]) == 0
@@ -157,6 +166,7 @@ def test_optimize_reports_an_unknown_module(capsys):
     assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_explain_names_rules_with_sources_and_prices_every_launch(program, capsys):
     assert main(["explain", program + ":layer", "--shapes", "64x128", "128x256", "256", "--target", "gpu-h100",
                  "--alternatives", "3"]) == 0
@@ -175,6 +185,7 @@ def test_explain_names_rules_with_sources_and_prices_every_launch(program, capsy
     assert all("launch" in line and ": " in line for line in shown)
 
 
+@pytest.mark.slow
 def test_emulate_writes_the_timeline(program, tmp_path, capsys):
     png, trace = tmp_path / "t.png", tmp_path / "t.json"
     assert main(["emulate", program + ":layer", "--shapes", "64x128", "128x256", "256", "--timeline", str(png)]) == 0
@@ -188,6 +199,7 @@ def test_emulate_writes_the_timeline(program, tmp_path, capsys):
     assert any(e.get("ph") == "X" and e["dur"] > 0 for e in events)
 
 
+@pytest.mark.slow
 def test_emulate_says_why_a_program_does_not_run_on_the_emulator(program, capsys):
     """npu-910's cube multiplies float32 operands in fp16 only, beyond float32's tolerance of the program."""
     assert main(["emulate", program + ":layer", "--shapes", "64x128", "128x256", "256", "--target", "npu-910"]) == 1
@@ -218,6 +230,7 @@ def _svgs(text: str) -> list:
     return [ET.fromstring("<svg" + c.split("</svg>")[0] + "</svg>") for c in chunks]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drawn_by", ["built-in layout", "graphviz"])
 def test_the_html_report_is_self_contained_with_graphs_costs_and_timeline(drawn_by, program, tmp_path, capsys,
                                                                           monkeypatch):
@@ -269,6 +282,7 @@ def test_the_page_checker_finds_broken_links_and_outside_images():
     assert len(problems) == 3 and "points nowhere" in problems[0] and "not an inline PNG" in problems[1]
 
 
+@pytest.mark.slow
 def test_bench_regenerates_its_markdown_and_plots(tmp_path, capsys):
     out, figures = tmp_path / "B.md", tmp_path / "figs"
     assert bench_main(["--filter", "^gemm-chain-g10$", "--sections", "table,tiling", "--repeats", "1",
@@ -287,6 +301,7 @@ def test_bench_regenerates_its_markdown_and_plots(tmp_path, capsys):
         assert (out.parent / link).read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_a_partial_bench_run_leaves_benchmarks_md_alone_and_says_what_it_does(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)                 # where BENCHMARKS.md and docs/figures would be
     assert bench_main(["--filter", "^gemm-chain-g10$", "--sections", "tiling", "--repeats", "1",
@@ -310,6 +325,7 @@ def test_bench_rejects_what_matches_nothing(capsys):
     assert "unknown section(s) nonsense" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_saturation_shows_progress_on_a_terminal_and_nothing_otherwise(program, capsys, monkeypatch):
     from superopt import superopt
     from superopt.core import progress
@@ -326,6 +342,7 @@ def test_saturation_shows_progress_on_a_terminal_and_nothing_otherwise(program, 
     assert "saturate: phase algebra, iteration 1" in seen
 
 
+@pytest.mark.slow
 def test_rules_check_in_worker_processes(capsys):
     assert main(["rules", "check", "--jobs", "2", "fold-max", "matmul-int8"]) == 0
     out = capsys.readouterr().out
@@ -357,6 +374,7 @@ def test_the_search_limits_are_options(program, capsys):
     assert "time limit" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_status_130(tmp_path):
     """Ctrl-C while a command works prints one line (no traceback) and exits 130, as shells expect."""
     import signal

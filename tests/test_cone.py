@@ -42,6 +42,7 @@ def _on_edges(fn, a, b):
     return jax.jit(fn)(a, b, jnp.zeros(N, jnp.float32))[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extractor", ["greedy", "ilp"])
 @pytest.mark.parametrize("fn", [diag_hist, rowsum_hist], ids=lambda f: f.__name__)
 def test_strict_counts_values_on_the_bin_edges_as_jax_jit_does(fn, extractor):
@@ -55,6 +56,7 @@ def test_strict_counts_values_on_the_bin_edges_as_jax_jit_does(fn, extractor):
     assert "as captured" in fast.report.extraction, fast.report.extraction
 
 
+@pytest.mark.slow
 def test_fast_numerics_still_rewrites_the_edges():
     fast = superopt(diag_hist, target="cpu", numerics="fast")
     a, b = _args(1)
@@ -63,6 +65,7 @@ def test_fast_numerics_still_rewrites_the_edges():
     assert "as captured" not in fast.report.extraction
 
 
+@pytest.mark.slow
 def test_a_program_without_a_step_keeps_its_rewrite_under_strict():
     fast = superopt(lambda a, b: jnp.diag(a @ b), target="cpu")
     fast(*_args(2))
@@ -104,6 +107,7 @@ STEPS = {
 }
 
 
+@pytest.mark.slow
 @given(feed=st.sampled_from(sorted(FEEDS)), step=st.sampled_from(sorted(STEPS)), seed=st.integers(0, 2**16))
 def test_strict_computes_what_feeds_a_step_bit_identically_to_jax_jit(feed, step, seed):
     def fn(a, b, x):

@@ -23,6 +23,8 @@ from superopt.lowering.jax import lower
 from superopt.rulesets import RULESETS
 from superopt.core.verify import compare_outputs
 
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
+
 _built: dict[str, tuple] = {}
 
 

@@ -8,6 +8,7 @@ derivative differs from the rule's."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from superopt import superopt
@@ -75,18 +76,22 @@ def assert_same_derivatives(fn, args, forward: bool = True):
                                    rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_relu_derivative_at_zero_is_relus_rule():
     assert_same_derivatives(lambda a, b: jnp.sum(jax.nn.relu(diag_of(a, b))), KINKS)
 
 
+@pytest.mark.slow
 def test_clipping_custom_vjp_clips_the_gradient():
     assert_same_derivatives(lambda a, b: jnp.sum(clip_gradient(diag_of(a, b)) * 10.0), KINKS, forward=False)
 
 
+@pytest.mark.slow
 def test_straight_through_round_passes_the_gradient():
     assert_same_derivatives(lambda a, b: jnp.sum(straight_through_round(diag_of(a, b)) * 3.0), KINKS)
 
 
+@pytest.mark.slow
 def test_safe_norm_at_zero_has_a_finite_gradient():
     assert_same_derivatives(lambda a, b: safe_norm(diag_of(a, b)), inputs(np.zeros(N)))
 
@@ -96,6 +101,7 @@ STAGES = {"relu": jax.nn.relu, "clip": clip_gradient, "round": straight_through_
 CUSTOM = ("relu", "clip", "round")
 
 
+@pytest.mark.slow
 @given(stages=st.lists(st.sampled_from(sorted(STAGES)), min_size=0, max_size=2),
        rule=st.sampled_from(CUSTOM),
        values=st.lists(st.sampled_from([0.0, 0.5, -0.5, 1.0, -1.0, 1.5]), min_size=N, max_size=N))
@@ -117,6 +123,7 @@ def close(got, want):
     jax.tree_util.tree_map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5), got, want)
 
 
+@pytest.mark.slow
 def test_rules_hold_under_jit_vmap_and_hessian():
     def fn(a, b):
         return jnp.sum(jax.nn.relu(diag_of(a, b)) ** 2) + jnp.sum(straight_through_round(diag_of(a, b)))
@@ -133,6 +140,7 @@ def test_rules_hold_under_jit_vmap_and_hessian():
     assert fast.report.optimized and fast_clipped.report.optimized
 
 
+@pytest.mark.slow
 def test_rules_hold_with_a_debug_print_which_runs_as_under_jit(capfd):
     def fn(a, b):
         jax.debug.print("step {}", a[0, 0])

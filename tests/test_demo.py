@@ -7,6 +7,7 @@ from superopt import superopt
 from superopt import demo
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_the_demo_function_is_optimized_under_default_numerics():
     rng = np.random.default_rng(1)

@@ -7,6 +7,7 @@ import time
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from superopt import Limits, StopReason, superopt
 from superopt.core.deadline import Deadline, slowed
@@ -39,6 +40,7 @@ def _no_backstop_fired(fast) -> None:
     assert "of the time left" not in report.extraction, report.extraction
 
 
+@pytest.mark.slow
 def test_a_machine_many_times_slower_gets_the_same_int8_kernel():
     # test_quant's int8 linear layer: its saturation takes about 0.5 s, so 20 times slower it ran into the
     # old 8 s limit (and a program chosen from the cut e-graph failed verification); now 30 s is a
@@ -65,6 +67,7 @@ CHAIN_ARGS = (np.random.default_rng(0).standard_normal((64, 128)).astype(np.floa
               (np.random.default_rng(1).standard_normal((128, 128)) * 0.1).astype(np.float32))
 
 
+@pytest.mark.slow
 def test_the_work_budget_stops_saturation_at_the_same_point_at_any_speed():
     limits = Limits(work=20_000, **GENEROUS)
     idle = _optimized(_chain, CHAIN_ARGS, limits)
@@ -93,6 +96,7 @@ GRAD_ARGS = tuple(np.random.default_rng(k).standard_normal(shape).astype(np.floa
                   for k, shape in enumerate([(128, 256), (128, 512), (256, 512), (128, 384), (256, 384)]))
 
 
+@pytest.mark.slow
 def test_sharing_trials_stop_at_their_count_not_at_the_clock(monkeypatch):
     trials = []
     share = greedy.share_producers
@@ -118,6 +122,7 @@ def test_sharing_trials_stop_at_their_count_not_at_the_clock(monkeypatch):
     assert trials == [1]
 
 
+@pytest.mark.slow
 def test_a_backstop_still_fires_on_a_machine_far_slower_and_the_report_names_it():
     args = qlinear_args(64, 256, 128)
     with slowed(1e5):

@@ -74,6 +74,7 @@ def test_unknown_target_and_negative_alternatives(program, capsys, no_optimizing
     _one_line_error(capsys, "--alternatives must be 0 or more, got -1")
 
 
+@pytest.mark.slow
 def test_the_command_exits_2_with_one_line_and_no_traceback(program):
     result = subprocess.run([sys.executable, "-m", "superopt.cli", "optimize", program + ":chain", "--shapes", "4x4"],
                             capture_output=True, text=True, timeout=300)

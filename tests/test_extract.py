@@ -62,6 +62,7 @@ def test_extraction_cost_is_the_cost_of_the_extracted_program():
     assert chosen.cost == pytest.approx(program_cost(chosen.graph, CPU)[0])
 
 
+@pytest.mark.slow
 def test_shared_subterm_is_paid_once():
     """(A@B) is an output, so (A@B)@v reuses it: two matmuls, not A@(B@v) plus A@B (three)."""
     a, b, v = jnp.ones((128, 128)), jnp.ones((128, 128)), jnp.ones((128, 1))
@@ -73,6 +74,7 @@ def test_shared_subterm_is_paid_once():
     assert first.shape == (128, 1)
 
 
+@pytest.mark.slow
 def test_constant_subterms_are_free():
     w = jnp.ones((32, 32))
     graph, chosen = best(lambda x: x @ (w @ w), jnp.ones((4, 32)))

@@ -29,6 +29,7 @@ def test_the_child_computes_in_another_process():
     assert np.array_equal(big.result(), np.arange(3_000_000, dtype=np.float32))
 
 
+@pytest.mark.slow
 def test_what_the_child_raises_is_raised_here():
     with pytest.raises(ZeroDivisionError):
         Forked(lambda: 1 / 0).result()
@@ -51,6 +52,7 @@ def _garbage_e_graph():
     holder["itself"] = holder
 
 
+@pytest.mark.slow
 def test_a_child_never_collects_an_e_graph_it_inherited():
     """Dropping an egglog e-graph waits on egglog's worker threads, which a forked child lacks: a collection
     in the child that reached the parent's garbage e-graph hung the child for good (found in the suite, in
@@ -77,6 +79,7 @@ def test_without_fork_it_runs_here(monkeypatch):
     assert Forked(os.getpid).result() == os.getpid()
 
 
+@pytest.mark.slow
 def test_the_npu_check_on_two_cores_says_what_one_core_says(monkeypatch):
     """The NPU backend lowers the original and runs one check on the other core: the report (backend,
     cycles) and the outputs are the same as in one process."""

@@ -92,6 +92,7 @@ def test_every_fusion_rule_has_a_firing_example():
     assert set(FIRES) == {r.name for r in FUSION}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FIRES))
 def test_fusion_rule_fires_and_the_kernels_keep_meaning(name):
     fn, args = FIRES[name]
@@ -120,6 +121,7 @@ def test_checker_catches_a_row_reduction_over_the_wrong_axis():
 
 # ---- kernels ----
 
+@pytest.mark.slow
 def test_an_elementwise_chain_of_any_length_is_one_kernel():
     def chain(a, c):
         y = a
@@ -134,6 +136,7 @@ def test_an_elementwise_chain_of_any_length_is_one_kernel():
     assert_same(chain, args, chosen.graph)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["cpu", "gpu-h100", "npu-910b"])
 def test_layernorm_and_softmax_are_row_kernels_that_read_their_input_once(target):
     for fn in (layer_norm, jax.nn.softmax):
@@ -148,6 +151,7 @@ def test_layernorm_and_softmax_are_row_kernels_that_read_their_input_once(target
         assert_same(fn, args, chosen.graph)
 
 
+@pytest.mark.slow
 def test_matmul_with_bias_and_activation_is_one_kernel():
     def dense(a, w, bias):
         return jax.nn.gelu(a @ w + bias)
@@ -159,6 +163,7 @@ def test_matmul_with_bias_and_activation_is_one_kernel():
     assert_same(dense, args, chosen.graph)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["cpu", "gpu-h100", "npu-910b"])
 def test_inference_batch_norm_is_folded_into_the_conv_weights(target):
     """conv -> BN (constant statistics) -> ReLU: one kernel that multiplies by no per-channel scale; the
@@ -179,6 +184,7 @@ def test_inference_batch_norm_is_folded_into_the_conv_weights(target):
     assert_same(block, args, chosen.graph)
 
 
+@pytest.mark.slow
 def test_ilp_extraction_over_kernel_variants_is_correct_and_not_worse():
     args = (normal(32, 256),)
     greedy, _ = fused(layer_norm, args, "npu-910b")
@@ -189,6 +195,7 @@ def test_ilp_extraction_over_kernel_variants_is_correct_and_not_worse():
 
 # ---- seed 001: the same fusion question answered per target, for the reason the report gives ----
 
+@pytest.mark.slow
 def test_seed_001_matmul_plus_transpose_is_not_fused_on_h100_and_is_on_cpu():
     """Fused, the matmul writes its result transposed: strided stores, a 32-byte sector per 4-byte value.
     A separate tiled transpose stays coalesced. A CPU has no such penalty, so there the kernel is fused."""
@@ -207,6 +214,7 @@ def test_seed_001_matmul_plus_transpose_is_not_fused_on_h100_and_is_on_cpu():
     assert any({"matmul", "transpose"} <= set(ops_in(k)) for k in kernels(cpu.graph))
 
 
+@pytest.mark.slow
 def test_seed_001_conv_plus_layernorm_is_not_fused_on_910b():
     """The conv's fractal output cannot feed LayerNorm's reduction over channels without a TransData pass,
     and on the 910B cube and vector cores exchange it through global memory anyway: fusing loses (at
@@ -224,6 +232,7 @@ def test_seed_001_conv_plus_layernorm_is_not_fused_on_910b():
     assert "conv(in0, in1)" in declined and "TransData" in declined and "cube->vector via GM" in declined
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row, one_kernel", [(2048, True), (8192, False)])
 def test_seed_001_add_mul_relu_fuses_on_910b_while_the_ub_fits(row, one_kernel):
     """a + b, * c, max 0, minus the row's mean, fused: the row reduction needs whole rows in a box, and the
@@ -249,6 +258,7 @@ def test_seed_001_add_mul_relu_fuses_on_910b_while_the_ub_fits(row, one_kernel):
     np.testing.assert_allclose(fast(*args), centered_relu(*args), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_one_program_extracts_to_a_different_term_on_each_target():
     """(a @ b)^T next to relu((c + d) * e) centered on its rows' means, with rows of 8192 f32:
     - cpu: XLA fuses the chain and folds the transpose into the dot by itself, so a program fused by hand
@@ -295,6 +305,7 @@ def test_one_program_extracts_to_a_different_term_on_each_target():
     assert "UB needs" in declined and "TransData" in declined
 
 
+@pytest.mark.slow
 def test_benchmark_census_counts_launches_by_kind():
     """bench/kernels.py reads a kernel's kind off its body; hoisted constant work is not a launch."""
     from bench.kernels import census
@@ -337,6 +348,7 @@ def weight_gradient_consumers(x, g, p):
     return jnp.sum(d * d), jnp.all(jnp.isfinite(d.T)), p - 0.1 * d, 0.9 * p + 0.1 * d
 
 
+@pytest.mark.slow
 def test_a_weight_gradient_is_computed_once_for_all_its_consumers(monkeypatch):
     import superopt.extract.greedy as greedy
     args = (normal(128, 256), normal(128, 512), normal(256, 512))
@@ -350,6 +362,7 @@ def test_a_weight_gradient_is_computed_once_for_all_its_consumers(monkeypatch):
     assert _matmuls(alone.graph) > 1 and shared.cost < alone.cost
 
 
+@pytest.mark.slow
 def test_sharing_producers_never_costs_more(monkeypatch):
     """On the 910B the cube recomputes this small matmul for less than a round trip through global
     memory costs, so its kernels may keep recomputing it; the search keeps only what lowers the cost."""

@@ -51,6 +51,8 @@ from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT
 from superopt.core.verify import random_args
 
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
+
 LONG = os.environ.get("SUPEROPT_FUZZ") == "long"
 FUZZ_LIMITS = Limits(iterations=4, nodes=8_000, seconds=3.0)
 TARGETS = tuple(available_targets())

@@ -69,6 +69,7 @@ def _edges(e: int):
     return st.sampled_from([s * m for m in mags for s in (1.0, -1.0)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
@@ -94,6 +95,7 @@ def _overflowing(u, w):
     return u.at[:2].set(3e38).at[2:].set(0.0), jnp.full_like(w, 1e-30)
 
 
+@pytest.mark.slow
 def test_strict_runs_a_factored_sum_where_the_check_holds_and_the_original_elsewhere():
     rng = np.random.default_rng(0)
     u, w = (jnp.asarray(rng.standard_normal(1000), jnp.float32) for _ in range(2))
@@ -113,6 +115,7 @@ def test_strict_runs_a_factored_sum_where_the_check_holds_and_the_original_elsew
         np.testing.assert_array_equal(fast(bad, w), jax.jit(sum_of_outer)(bad, w))
 
 
+@pytest.mark.slow
 def test_a_guarded_program_works_under_jit_grad_vmap_and_export():
     rng = np.random.default_rng(1)
     a, b = (jnp.asarray(rng.standard_normal(1000), jnp.float32) for _ in range(2))
@@ -132,6 +135,7 @@ def test_a_guarded_program_works_under_jit_grad_vmap_and_export():
     np.testing.assert_allclose(restored.call(a, b), ref(a, b), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_cache_keeps_the_guard_and_its_fallback(tmp_path):
     rng = np.random.default_rng(2)
     u, w = (jnp.asarray(rng.standard_normal(1000), jnp.float32) for _ in range(2))
@@ -144,6 +148,7 @@ def test_the_cache_keeps_the_guard_and_its_fallback(tmp_path):
     np.testing.assert_allclose(again(u, w), first(u, w), rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("numerics, target, backend", [("fast", "cpu", "jax"), ("strict", "gpu-h100", "pallas")])
 def test_no_guard_under_fast_numerics_or_on_another_backend(numerics, target, backend):
     u = jnp.ones(1000, jnp.float32)

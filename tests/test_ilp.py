@@ -51,6 +51,7 @@ def test_ilp_is_strictly_better_where_greedy_double_counts():
     assert ilp.method == "ilp (optimal)"
 
 
+@pytest.mark.slow
 def test_ilp_result_evaluates_like_the_greedy_one():
     a, b, v = jnp.ones((64, 64)), jnp.ones((64, 64)), jnp.ones((64, 1))
     fast = superopt(lambda a, b, v: (a @ b, (a @ b) @ v), extractor="ilp")
@@ -59,6 +60,7 @@ def test_ilp_result_evaluates_like_the_greedy_one():
     assert "extracted by ilp (optimal)" in str(fast.report) or fast.report.outcome.startswith("kept original")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prog", CORPUS, ids=[p.name for p in CORPUS])
 def test_ilp_is_never_worse_than_greedy_and_proves_small_graphs(prog):
     captured = capture(prog.fn, make_args(prog, 0))

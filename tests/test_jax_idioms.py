@@ -40,6 +40,7 @@ def apply(m, x):
     return getattr(jnp, m.act)(h)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inference,p,n,act", [(False, 0.5, 2, "tanh"), (True, 0.5, 3, "sin"), (False, 0.0, 1, "tanh")])
 def test_filter_keeps_python_scalar_leaves_static(inference, p, n, act):
     m = Dropoutish(X * 0.5, inference, p, n, act)
@@ -50,6 +51,7 @@ def test_filter_keeps_python_scalar_leaves_static(inference, p, n, act):
     assert len(fast._cache) == 1
 
 
+@pytest.mark.slow
 def test_filter_specializes_per_python_scalar_value():
     fast = superopt(apply, filter=True)
     a, b = Dropoutish(X, False, 0.5), Dropoutish(X, True, 0.25)
@@ -59,6 +61,7 @@ def test_filter_specializes_per_python_scalar_value():
     same(fast.compile(b, X).run(b.w, X)[0], apply(b, X))   # .compile keeps them static too
 
 
+@pytest.mark.slow
 def test_without_filter_python_scalars_are_traced_as_jax_jit_traces_them():
     fast, ref = superopt(lambda p, x: x * p["s"]), jax.jit(lambda p, x: x * p["s"])
     same(fast({"s": 2.0}, X), ref({"s": 2.0}, X))
@@ -82,6 +85,7 @@ def test_disable_jit_runs_fn_eagerly_as_jax_jit_does():
     assert seen == [False, False]
 
 
+@pytest.mark.slow
 def test_debug_nans_raises_floating_point_error_as_jax_jit_does():
     def f(x):
         return jnp.log(x - 10.0) * 2.0
@@ -109,6 +113,7 @@ def breaks(x):
     return y * 3.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("outer", ["eager", "jit"])
 def test_debug_breakpoint_is_kept_as_an_effect(recording_debugger, outer):
     wrap = (lambda f: f) if outer == "eager" else jax.jit
@@ -124,6 +129,7 @@ def test_debug_breakpoint_is_kept_as_an_effect(recording_debugger, outer):
 
 # ---- outputs and signatures ----
 
+@pytest.mark.slow
 def test_python_scalars_among_the_outputs():
     f = lambda x: (x * 2.0, 3, 0.5, True)
     expected, got = jax.jit(f)(X), superopt(f)(X)
@@ -132,11 +138,13 @@ def test_python_scalars_among_the_outputs():
     same(jax.jit(superopt(f))(X), expected)
 
 
+@pytest.mark.slow
 def test_zero_argument_function():
     f = lambda: jnp.ones(3).sum() * 2.0
     same(superopt(f)(), jax.jit(f)())
 
 
+@pytest.mark.slow
 def test_donate_argnames_donates_as_jax_jit_does():
     f = lambda x, y: x * 2.0 + y
     a, b = jnp.ones(4) + 1, jnp.ones(4) + 1
@@ -152,6 +160,7 @@ def test_donate_argnames_donates_as_jax_jit_does():
 
 # ---- shipping the function ----
 
+@pytest.mark.slow
 def test_cloudpickle_after_a_call():
     f = lambda x: jnp.tanh(x) * 2.0 * 3.0
     fast = superopt(f, static_argnums=())
@@ -167,6 +176,7 @@ def test_cloudpickle_after_a_call():
 Z = (X + 1j * (X[::-1] - 2.5)).astype(jnp.complex64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,f", [
     ("abs", lambda z: jnp.abs(z) * 2.0 + jnp.abs(z)),
     ("real", lambda z: jnp.real(z) * 2.0 + jnp.imag(z) * jnp.imag(z)),

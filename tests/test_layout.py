@@ -119,6 +119,7 @@ def _linear(m, k, n, weights_constant=True, batch=()):
     return g, w
 
 
+@pytest.mark.slow
 @FEW
 @given(formatted(), st.sampled_from(["float32", "float16", "bfloat16"]))
 def test_reference_and_jax_lowering_agree(case, dtype):
@@ -131,6 +132,7 @@ def test_reference_and_jax_lowering_agree(case, dtype):
         assert np.array_equal(np.asarray(v), w)
 
 
+@pytest.mark.slow
 @FEW
 @given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40), st.booleans())
 def test_fractal_matmul_is_the_matmul(m, k, n, batched):
@@ -144,6 +146,7 @@ def test_fractal_matmul_is_the_matmul(m, k, n, batched):
 
 # ---- rules ----
 
+@pytest.mark.slow
 @pytest.mark.parametrize("r", list(LAYOUT), ids=[r.name for r in LAYOUT])
 def test_layout_rule_is_sound(r):
     result = check_rule(r, examples=60)
@@ -255,6 +258,7 @@ def test_packed_constant_weights_are_preloaded_on_the_npu(target):
     assert any(v.shape == packed_shape("ZN", (72, 56)) for v in exe.preloaded.values())
 
 
+@pytest.mark.slow
 def test_cpu_programs_are_unchanged_by_the_layout_rules():
     from superopt import superopt
     w = _values((200, 300), 4)
@@ -277,6 +281,7 @@ def _nd_linear(m, k, n):
     return nd
 
 
+@pytest.mark.slow
 def test_on_the_910_the_weight_is_packed_once_and_the_emulator_agrees_it_pays():
     """The 910 converts no ND matrix on copy: an ND matmul packs x and W and unpacks the product on every
     call. The extractor packs the constant W when the program is built instead, and that program takes
@@ -327,6 +332,7 @@ def test_pack_and_unpack_run_on_the_emulator(case, target):
         assert np.array_equal(v, w)
 
 
+@pytest.mark.slow
 @FEW
 @given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 70), st.booleans(), st.booleans(),
        st.sampled_from(NPUS))

@@ -36,6 +36,7 @@ W = (np.random.default_rng(1).standard_normal((16, 16)) * 0.25).astype(np.float3
 
 # ---- the finding: a 20,000-op chain under Limits(seconds=2) ----
 
+@pytest.mark.slow
 def test_a_20000_op_chain_under_a_2_second_limit_returns_the_right_result_and_names_the_stage():
     program = chain(20_000)
     fast = superopt(program, limits=Limits(seconds=2))
@@ -70,6 +71,7 @@ def _encoded_work(n_ops: int, monkeypatch) -> tuple[int, int, int]:
     return actions, atoms, len(enc.egraph._egraph.freeze().functions)
 
 
+@pytest.mark.slow
 def test_encoding_does_work_linear_in_the_program(monkeypatch):
     small, large = _encoded_work(600, monkeypatch), _encoded_work(2400, monkeypatch)
     nodes_small = len(capture(chain(600), (X, W)).graph.live())
@@ -140,6 +142,7 @@ def _mixed(x, w):
     return jax.nn.softmax(y, axis=-1), y.sum(0), jnp.argmax(y, 1), (y.astype(jnp.int32) ** 3)[:, 1:5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, n", [(_mixed, 0), (chain(300), 300), (chain(1400), 1400)],
                          ids=["mixed-ops", "chain-300", "chain-1400"])
 def test_the_encoded_e_graph_is_the_one_the_expression_layer_builds(fn, n):
@@ -214,6 +217,7 @@ def test_saturation_under_a_cpu_deadline_stops_in_cpu_time_with_its_e_graph():
     extract(frozen, enc, load_target("cpu"))     # a program from what was reached
 
 
+@pytest.mark.slow
 def test_the_kernel_stops_a_saturating_child_at_its_cpu_limit():
     """Where one egglog call overruns, RLIMIT_CPU stops the child (SIGXCPU) once its CPU time is spent."""
     import signal
@@ -230,6 +234,7 @@ def test_the_kernel_stops_a_saturating_child_at_its_cpu_limit():
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU
 
 
+@pytest.mark.slow
 def test_a_tiny_limit_keeps_the_original_and_says_so():
     fn = lambda a, b: jnp.tanh(a @ b) + 1.0   # noqa: E731
     fast = superopt(fn, limits=Limits(seconds=1e-3))
@@ -238,6 +243,7 @@ def test_a_tiny_limit_keeps_the_original_and_says_so():
     assert fast.report.run.stop_reason is StopReason.TIME_LIMIT
 
 
+@pytest.mark.slow
 def test_a_program_verified_after_the_deadline_is_not_returned(monkeypatch):
     import superopt.pipeline as api
 

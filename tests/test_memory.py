@@ -10,6 +10,8 @@ from superopt.core.ir import Graph, Node
 from superopt.extract.memory import beam_order, memory_order, parse_bytes, peak_memory, renumber, reorder_for_memory
 from superopt.lowering.jax import lower
 
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
+
 F32 = "float32"
 
 

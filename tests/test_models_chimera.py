@@ -7,6 +7,8 @@ from superopt.extract.models.chimera import (
     data_movement, gemm_chain, gemm_chain_mlkn, optimal_dv_mlkn, optimal_tiles_mlkn,
 )
 
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
+
 SHAPES = [(512, 64, 64, 512), (256, 64, 64, 256), (208, 80, 80, 208), (1024, 64, 64, 512), (100, 30, 70, 50)]
 
 

@@ -3,6 +3,9 @@
 
 from superopt.extract.models.gpu import GpuKernel, breakdown, kernel_time, occupancy
 from superopt.extract.target import load_target
+import pytest
+
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
 
 H100 = load_target("gpu-h100")
 

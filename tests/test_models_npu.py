@@ -3,6 +3,9 @@ import math
 
 from superopt.extract.models.npu import NpuKernel, breakdown, fits, kernel_time, matmul_tiles
 from superopt.extract.target import load_target
+import pytest
+
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
 
 NPU_910, NPU_910B = load_target("npu-910"), load_target("npu-910b")
 

@@ -108,6 +108,7 @@ def test_symbolic_mode_counts_the_same_cycles_and_bytes_without_data():
     assert (symbolic.cycles, symbolic.bytes_by_path) == (numeric.cycles, numeric.bytes_by_path)
 
 
+@pytest.mark.slow
 def test_double_buffering_overlaps_copies_with_the_cube():
     """With two slots per operand the copy of the next tile runs while the cube works on this one."""
     target = load_target("npu-910")
@@ -249,6 +250,7 @@ def test_gemm_chain_bytes_equal_the_chimera_formula(order):
     assert result.gm_bytes == dv
 
 
+@pytest.mark.slow
 def test_thesis_chains_run_with_the_tiles_the_extractor_chose_and_move_what_the_model_says():
     """G1-G12 on npu-910: the chosen tiles fit the chip as generated, and the emulator's GM bytes are
     exactly the tiling's modelled volume."""

@@ -48,6 +48,7 @@ def check(fn, args, target, kinds=()):
     return fast
 
 
+@pytest.mark.slow
 @FEW
 @given(rows=st.integers(1, 40), cols=st.integers(1, 300), target=st.sampled_from(NPUS))
 def test_elementwise_chains(rows, cols, target):
@@ -56,6 +57,7 @@ def test_elementwise_chains(rows, cols, target):
     check(lambda x, b, s: jnp.tanh((x + b) * s) - jnp.maximum(x, 0.0), args, target, ["vector"])
 
 
+@pytest.mark.slow
 @FEW
 @given(rows=st.integers(1, 33), cols=st.integers(2, 700), target=st.sampled_from(NPUS))
 def test_row_kernels_softmax_and_layer_norm(rows, cols, target):
@@ -70,6 +72,7 @@ def test_row_kernels_softmax_and_layer_norm(rows, cols, target):
     check(fn, (x, g), target, ["vector"])
 
 
+@pytest.mark.slow
 @FEW
 @given(m=st.integers(1, 150), k=st.integers(1, 300), n=st.integers(1, 200), target=st.sampled_from(NPUS))
 def test_matmul_with_an_epilogue(m, k, n, target):
@@ -78,6 +81,7 @@ def test_matmul_with_an_epilogue(m, k, n, target):
     check(lambda x, w, b: jax.nn.gelu(x @ w + b), args, target, ["cube matmul"])
 
 
+@pytest.mark.slow
 @FEW
 @given(b=st.integers(1, 3), m=st.integers(16, 130), k=st.integers(8, 100), l=st.integers(16, 200),
        n=st.integers(8, 90), target=st.sampled_from(NPUS))
@@ -100,6 +104,7 @@ def _copied(program, tensor: str) -> tuple:
     return max(sizes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", NPUS)
 def test_a_gemm_runs_exactly_the_extractors_tiles(target):
     """The extractor's NPU model chooses a GEMM's tiles (cycles of the busiest core, L0C and the core
@@ -119,6 +124,7 @@ def test_a_gemm_runs_exactly_the_extractors_tiles(target):
         assert _copied(stage.program, "arg1") == (want["k"], want["n"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", NPUS)
 def test_a_gemm_chain_runs_exactly_the_extractors_tiles(target):
     """Thesis G10 with a batch of one: the chain deals its (m, l) tiles to the cube cores, so the tiles that
@@ -154,6 +160,7 @@ def test_tiles_the_extractor_gave_that_cannot_be_placed_fall_back_to_the_models_
     assert whose == "the extractor's tiles" and tiles == best
 
 
+@pytest.mark.slow
 @FEW
 @given(heads=st.integers(1, 3), seq=st.integers(8, 100), dim=st.sampled_from([16, 32, 64]),
        target=st.sampled_from(NPUS))
@@ -167,6 +174,7 @@ def test_attention(heads, seq, dim, target):
     check(fn, (q, k, v), target, ["cube matmul"])
 
 
+@pytest.mark.slow
 @FEW
 @given(size=st.integers(3, 20), cin=st.sampled_from([3, 8, 16]), cout=st.sampled_from([4, 16, 32]),
        window=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]), padding=st.sampled_from(["SAME", "VALID"]),
@@ -197,6 +205,7 @@ def test_img2col_lays_out_patches_in_weight_order():
             np.testing.assert_array_equal(patches[i * 5 + j], padded[i:i + 3, j:j + 3].reshape(-1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", NPUS)
 def test_fused_optimizer_update(target):
     """Adam: parameters, both moments and the gradient in one pass each (elementwise kernels)."""
@@ -224,6 +233,7 @@ def _unscale_clip_adam(scaled, p, m, v, scale):
     return jnp.where(finite, new_p, p), jnp.where(finite, new_m, m), jnp.where(finite, new_v, v)
 
 
+@pytest.mark.slow
 def test_sibling_kernels_run_as_one_launch_and_keep_the_skip_decision():
     """The is-finite check and the squared norm of a gradient, and the updates of p, m and v, are sibling
     kernels: each group runs as one kernel of several outputs that reads the gradient once."""
@@ -246,6 +256,7 @@ def test_sibling_kernels_run_as_one_launch_and_keep_the_skip_decision():
         np.testing.assert_array_equal(np.asarray(out), old)
 
 
+@pytest.mark.slow
 def test_sibling_matmuls_share_their_prologue_and_write_their_products_to_their_outputs():
     # RMSNorm(x) @ w1 and RMSNorm(x) @ w2 (a gate and an up projection) are sibling kernels: merged, the
     # norm runs once and each product is a root no other value reads, so the cube writes it to its own
@@ -263,6 +274,7 @@ def test_sibling_matmuls_share_their_prologue_and_write_their_products_to_their_
     assert fast.npu.estimate().gm_bytes < apart.estimate().gm_bytes
 
 
+@pytest.mark.slow
 def test_row_reductions_of_a_product_run_in_the_kernel_that_writes_it():
     # h = tanh(x @ w) * s is written, and its rows checked for Inf/NaN and summed squared (a gradient's
     # is-finite check and norm): a chained group, one launch whose vector stage writes h and the row
@@ -282,6 +294,7 @@ def test_row_reductions_of_a_product_run_in_the_kernel_that_writes_it():
     assert fast.npu.estimate().gm_bytes < apart.gm_bytes
 
 
+@pytest.mark.slow
 def test_backend_choice_and_errors():
     x = np.ones((8, 8), np.float32)
     assert superopt(lambda x: x * 2, target="npu-910", backend="jax")(x) is not None
@@ -290,6 +303,7 @@ def test_backend_choice_and_errors():
         superopt(lambda x: x, target="cpu", backend="emulator")
 
 
+@pytest.mark.slow
 def test_ops_without_an_npu_lowering_run_on_the_host_and_are_reported():
     rng = np.random.default_rng(1)
     x = normal(rng, 16, 24)
@@ -299,6 +313,7 @@ def test_ops_without_an_npu_lowering_run_on_the_host_and_are_reported():
     assert "on the host (not counted)" in str(fast.report)
 
 
+@pytest.mark.slow
 def test_report_symbolic_estimate_and_timelines(tmp_path):
     rng = np.random.default_rng(2)
     args = (normal(rng, 128, 256), normal(rng, 256, 256, scale=1 / 16), normal(rng, 256))
@@ -318,6 +333,7 @@ def test_report_symbolic_estimate_and_timelines(tmp_path):
         pytest.approx(numeric.cycles / load_target("npu-910b").npu.clock_hz * 1e6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", NPUS)
 def test_outputs_alone_are_a_timed_runs_and_leave_its_last_run(target):
     """`outputs` (emulator.compute: the numerics without the timing, race and deadlock bookkeeping, which the
@@ -337,6 +353,7 @@ def test_outputs_alone_are_a_timed_runs_and_leave_its_last_run(target):
     assert not np.array_equal(alone[0], timed.outputs[0])
 
 
+@pytest.mark.slow
 def test_the_unfused_program_lowers_too_and_takes_more_cycles():
     """The same lowering runs the captured program op by op: fusion must save cycles and GM bytes."""
     rng = np.random.default_rng(3)
@@ -348,6 +365,7 @@ def test_the_unfused_program_lowers_too_and_takes_more_cycles():
     assert after.cycles < before.cycles and after.gm_bytes < before.gm_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", NPUS)
 def test_a_bert_base_layer_runs_on_the_emulator(target):
     """The whole layer, as superopt chose it, on the emulator. On npu-910 its extraction once failed
@@ -359,6 +377,7 @@ def test_a_bert_base_layer_runs_on_the_emulator(target):
                                                                             load_target(target)).estimate().cycles
 
 
+@pytest.mark.slow
 def test_grouped_query_attention_softmax_between_transposes_runs_on_the_npu():
     """decoder-gqa-lora's attention, small: the softmax's reduced axis (keys) is not the last axis of the
     kernel's transposed output, and [keys, groups, queries] of one kv head does not fit the UB whole. It
@@ -391,6 +410,7 @@ def test_a_convolution_with_many_input_channels_runs_its_img2col_in_channel_bloc
     assert any(getattr(i, "at", ()) for i in img2col_stage.program.instrs if type(i).__name__ == "CopyOut")
 
 
+@pytest.mark.slow
 def test_the_png_timeline_names_its_kernels_and_stages(tmp_path):
     """Issue 29: a reader must tell which bars are which kernel. Each stage's bar carries its number and
     name where it fits; what does not fit in full is listed under the chart; the JSON events are named."""
@@ -414,6 +434,7 @@ def test_the_png_timeline_names_its_kernels_and_stages(tmp_path):
     assert events and all(isinstance(e["name"], str) and e["name"] for e in events)
 
 
+@pytest.mark.slow
 def test_timeline_stages_too_narrow_for_their_names_are_numbered_and_listed(tmp_path):
     """Many stages on one chart: each stage is named in its bar or listed under the chart by number,
     a name is cut at a space (never inside a shape), and no bar's text is wider than its bar."""
@@ -442,6 +463,7 @@ def test_timeline_stages_too_narrow_for_their_names_are_numbered_and_listed(tmp_
     assert "  … and 10 shorter" in labels.listed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k1, stride", [(3, 2), (1, 1)])
 def test_a_convolution_chain_runs_as_one_cube_stage_with_its_intermediate_on_chip(k1, stride):
     """A 3x3 (or 1x1) convolution followed by a 1x1 one: one kernel whose cube stage keeps the first's
@@ -469,6 +491,7 @@ def test_a_convolution_chain_runs_as_one_cube_stage_with_its_intermediate_on_chi
     assert "L0C->L1" in cube.bytes_by_path       # the first's result went from the cube to L1, never to GM
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape, kernel, padding", [((1, 28, 28, 32), (3, 3), "SAME"),
                                                     ((2, 11, 9, 16), (3, 3), "SAME"),
                                                     ((1, 13, 10, 16), (5, 3), ((2, 1), (0, 2)))])
@@ -501,6 +524,7 @@ def test_a_pointwise_then_wider_convolution_keeps_each_bands_halo_on_chip(shape,
     assert cube.gm_bytes < 3 * x_bytes + y_bytes + 24 * (w1.nbytes + w2.nbytes)
 
 
+@pytest.mark.slow
 def test_a_halo_chain_with_an_infinite_first_weight_differs_only_at_the_sum_edge():
     """T's zero padding is computed as 0 @ W1: with an inf in W1 it is NaN, not 0, so an output near the
     border that the program makes +-inf comes back NaN. The numerics contract allows that trade where the

@@ -44,6 +44,7 @@ def call(spec, *args):
 
 # ---- finding 4: values above fp16's range ----
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", NPUS)
 def test_f32_inputs_above_65504_return_what_jax_jit_returns(target):
     """tanh(x @ w) and x * 2 + 1 on float32 values of 1e5: the result jax.jit gives, never an exception."""
@@ -58,6 +59,7 @@ def test_f32_inputs_above_65504_return_what_jax_jit_returns(target):
         same_as_jit(fn, got, args)
 
 
+@pytest.mark.slow
 def test_an_emulator_overflow_at_call_time_warns_and_returns_the_original_programs_result():
     """The cube's fp16 copy-in of 1e5 raises NumericOverflow in the emulator; the call warns once and returns
     jax.jit's value (here without the build-time check, so that the fp16 program is the one that runs)."""
@@ -78,6 +80,7 @@ def test_an_emulator_overflow_at_call_time_warns_and_returns_the_original_progra
     assert "a call ran on JAX" in fast.report.backend and "NumericOverflow" in fast.report.backend
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
 def test_a_float16_conversion_that_overflows_gives_inf_as_jax_jit_does(precision):
     """The program's own convert to float16 overflows for 1e5 (jax.jit: inf); checked and running on the
@@ -113,6 +116,7 @@ def adamw_args():
     return w, zeros, zeros, x, y
 
 
+@pytest.mark.slow
 def test_adam_moments_that_drift_under_fp16_cube_operands_run_on_jax_with_the_reason():
     """On npu-910 the cube multiplies fp16 operands only: the moments differ from the float32 program beyond
     float32's tolerance, so the step runs on JAX and the report says which output and why."""
@@ -127,6 +131,7 @@ def test_adam_moments_that_drift_under_fp16_cube_operands_run_on_jax_with_the_re
     same_as_jit(adamw_step, got, args)
 
 
+@pytest.mark.slow
 def test_adam_step_on_the_910b_fp16_drifts_and_fp32_runs_within_float32_tolerance():
     args = adamw_args()
     with pytest.warns(NumericsWarning):
@@ -153,6 +158,7 @@ def tied_scores():
     return x, w
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", NPUS)
 @pytest.mark.parametrize("fn", [lambda x, w: jax.lax.top_k(x @ w, 16), lambda x, w: jnp.argmax(x @ w, axis=-1)],
                          ids=["top_k", "argmax"])
@@ -170,6 +176,7 @@ def test_top_k_and_argmax_indices_are_identical_to_jax_jit(target, fn):
             fast.report.backend
 
 
+@pytest.mark.slow
 def test_top_k_on_fp16_operands_is_caught_on_the_910b_too():
     fn = lambda x, w: jax.lax.top_k(x @ w, 16)                                          # noqa: E731
     x, w = tied_scores()
@@ -179,6 +186,7 @@ def test_top_k_on_fp16_operands_is_caught_on_the_910b_too():
     assert np.array_equal(leaves(call(spec, x, w))[1], leaves(jax.jit(fn)(x, w))[1])
 
 
+@pytest.mark.slow
 def test_a_later_call_that_differs_returns_the_original_programs_outputs():
     """Checked at build time on inputs where fp16 rounding changes no index, the program runs on the
     emulator; a later call whose scores fp16 ties is checked too, warns, and returns jax.jit's indices."""
@@ -197,6 +205,7 @@ def test_a_later_call_that_differs_returns_the_original_programs_outputs():
 
 # ---- the precision option ----
 
+@pytest.mark.slow
 def test_fp32_operands_are_refused_where_the_cube_has_no_fp32_rate():
     with pytest.raises(ValueError, match="precision 'fp32' is not available on npu-910: ") as err:
         check_precision("fp32", load_target("npu-910"))
@@ -210,6 +219,7 @@ def test_fp32_operands_are_refused_where_the_cube_has_no_fp32_rate():
     assert check_precision(None, load_target("npu-910")) is None
 
 
+@pytest.mark.slow
 def test_fp32_operands_run_on_the_emulator_within_float32_tolerance_at_the_fp32_rate():
     """A 256x512x384 matmul: with fp32 operands the emulator's result is within float32's tolerance of jax.jit
     and the cube's work doubles (a 16x8x16 fractal per cycle instead of 16x16x16), so it takes more cycles."""
@@ -234,6 +244,7 @@ def test_fp32_operands_run_on_the_emulator_within_float32_tolerance_at_the_fp32_
         assert on_npu(fn, args, "npu-910b", "fp16").npu is None
 
 
+@pytest.mark.slow
 def test_random_inputs_of_every_dtype_still_check():
     """A float16 program multiplies fp16 operands under either precision and is checked at fp16's tolerance."""
     fn = lambda x, w: jax.nn.relu(x @ w)                                                # noqa: E731

@@ -37,6 +37,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_strict_keeps_finite_results_finite_in_float16(name):
     fn, args, _ = CASES[name]
@@ -47,6 +48,7 @@ def test_strict_keeps_finite_results_finite_in_float16(name):
     np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_strict_never_runs_an_overflow_changing_rule(name):
     fn, args, rule = CASES[name]
@@ -57,6 +59,7 @@ def test_strict_never_runs_an_overflow_changing_rule(name):
     assert not fast.report.overflow_rewrites
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fast_runs_the_rewrite_and_the_report_names_it(name):
     """The opt-in does what strict refuses: on these inputs its program overflows (which is why the
@@ -69,6 +72,7 @@ def test_fast_runs_the_rewrite_and_the_report_names_it(name):
     assert rule in str(fast.report) and "fast" in str(fast.report)
 
 
+@pytest.mark.slow
 def test_strict_on_the_pallas_backend():
     x, y, z = _full((8, 64), 40.0), _full((64, 64), 40.0), _full((64, 64), 1e-3)
     expected = np.asarray(jax.jit(assoc)(x, y, z), np.float32)

@@ -35,6 +35,7 @@ f32 = jnp.float32
 
 # ---- the checker catches what the contract forbids ----
 
+@pytest.mark.slow
 def test_a_fold_max_that_ignores_nan_is_caught(monkeypatch):
     """Python's max(nan, 1.0) is nan but max(1.0, nan) is 1.0; lax.max gives NaN both ways."""
     monkeypatch.setitem(ATTRIBUTE_FNS, "fmax_drops_nan", ((FLOAT, FLOAT), FLOAT))
@@ -71,10 +72,12 @@ def test_an_overflow_changing_rule_labelled_rounding_is_caught():
     assert "NaN" in result.counterexample.problem or "Inf" in result.counterexample.problem, result.counterexample
 
 
+@pytest.mark.slow
 def test_the_same_rule_labelled_reals_is_sound_over_the_reals():
     assert check_rule(_assoc("reals"), examples=60).sound
 
 
+@pytest.mark.slow
 def test_a_regrouped_sum_differs_only_where_its_terms_add_up_past_the_range():
     """Why the regrouping rules are "order", not "rounding": the sum of [[max, max], [-max, -max]] is inf
     taken in order and NaN taken by rows (inf + -inf), a partial sum overflowing in one order only: the
@@ -155,6 +158,7 @@ def test_a_1x1_conv_at_the_bound_takes_int32_and_one_past_does_not(channels, int
 
 # ---- regressions written from the findings ----
 
+@pytest.mark.slow
 def test_finding_1_an_int8_matmul_one_past_the_bound_stays_in_f32():
     """131072 products of -128 * -128 sum to 2**31: exact in f32, -2**31 if accumulated in int32."""
     k = INT8_TERMS + 1
@@ -164,6 +168,7 @@ def test_finding_1_an_int8_matmul_one_past_the_bound_stays_in_f32():
     assert out[0, 0] == 2147483648.0
 
 
+@pytest.mark.slow
 def test_finding_1_an_int8_conv_one_past_the_bound_stays_in_f32():
     k = INT8_TERMS + 1
     xq, wq = np.full((1, 1, 1, k), -128, np.int8), np.full((1, 1, k, 1), -128, np.int8)
@@ -171,6 +176,7 @@ def test_finding_1_an_int8_conv_one_past_the_bound_stays_in_f32():
     assert out.shape == (1, 1, 1, 1) and out.reshape(()) == 2147483648.0
 
 
+@pytest.mark.slow
 def test_an_int8_matmul_of_one_term_keeps_the_sign_of_zero():
     """-3 * 0 is -0.0 in float32 (XLA's dot of one term is that product) and +0 in int32: the one-term
     contraction stays in float32, so 1 / x is -inf as under jax.jit (found by the fuzzer)."""
@@ -181,6 +187,7 @@ def test_an_int8_matmul_of_one_term_keeps_the_sign_of_zero():
     np.testing.assert_array_equal(np.asarray(superopt(fn, target="cpu")(xq, wq)), want)
 
 
+@pytest.mark.slow
 def test_a_negative_zero_literal_stays_apart_from_zero():
     """egglog's f64 holds -0.0 and 0.0 as one value: x * -0.0 and x * 0.0 once became one term."""
     fn = lambda a: (1.0 / (a * f32(-0.0)), 1.0 / (a * f32(0.0)), a + f32(-0.0))   # noqa: E731
@@ -209,6 +216,7 @@ def test_finding_3_folding_keeps_nan(fold, fn):
     assert np.isnan(out).all() and np.isnan(np.asarray(jax.jit(fn)(a))).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn", [
     lambda a: a * (jnp.float16(300.0) * jnp.float16(300.0)),
     # folded twice in f64 this would be 90000 - 60000 = 30000, finite; in float16 it is inf - 60000

@@ -75,6 +75,7 @@ def _operand(name: str):
     return _DOMAIN.get(name, _X)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted((ops.UNARY_OPS | ops.BINARY_OPS | ops.SCANS) - {"real", "imag", "conj"}))
 def test_numpy_semantics_and_the_jax_lowering_agree(name):
     """The op's two meanings in the table, on one operand set (elementwise ops and scans)."""
@@ -97,6 +98,7 @@ def test_the_checkers_draws_are_table_ops_of_their_family():
     assert set(checker.SCAN) == ops.SCANS
 
 
+@pytest.mark.slow
 def test_an_op_of_a_family_is_one_entry_lgamma_end_to_end():
     """lgamma (jax.scipy.special.gammaln) was opaque before its table entry; now it is captured, costed as
     transcendental, rewritten by the unary rules and lowered like every unary op."""

@@ -26,6 +26,8 @@ from superopt.lowering.pallas.program import PallasProgram, compare, narrowest_f
 from superopt.core.reference import evaluate as reference
 from superopt.lowering.pallas.program import default_options
 
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
+
 ON_GPU = os.environ.get("SUPEROPT_PALLAS_MODE", "interpret") == "gpu"
 if ON_GPU and jax.default_backend() != "gpu":
     raise RuntimeError("SUPEROPT_PALLAS_MODE=gpu, but JAX sees no GPU")

@@ -142,6 +142,7 @@ def test_ragged_blocks_are_masked_under_triton():
     assert "get" not in names and "swap" not in names, names       # no unmasked access
 
 
+@pytest.mark.slow
 @FEW
 @given(m=st.integers(1, 40), n=st.integers(1, 70), k=st.integers(1, 50), tm=st.integers(1, 32),
        tn=st.integers(1, 32), tk=st.integers(1, 32), dtype=st.sampled_from([F32, "bfloat16"]))

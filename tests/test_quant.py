@@ -19,6 +19,7 @@ def _kernels(graph):
     return [graph.nodes[i] for i in graph.live() if graph.nodes[i].op == "kernel"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["cpu", "gpu-h100", "npu-910b"])
 def test_an_int8_linear_layer_runs_as_one_int8_kernel(target):
     # fast: the weight scale is a runtime per-column tensor of any magnitude, so moving it out of the matmul
@@ -41,6 +42,7 @@ def test_an_int8_linear_layer_runs_as_one_int8_kernel(target):
     _assert_as_accurate(out, args)
 
 
+@pytest.mark.slow
 def test_strict_keeps_a_runtime_weight_scale_inside_the_matmul():
     args = _args(64, 256, 128)
     fn = superopt(qlinear, target="cpu")
@@ -60,6 +62,7 @@ def _assert_as_accurate(out, args):
     assert np.abs(got - truth).sum() <= 2 * np.abs(original - truth).sum()
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(m=st.integers(1, 40), k=st.integers(1, 300), n=st.integers(1, 40), seed=st.integers(0, 5))
 def test_the_int8_kernel_is_as_accurate_on_ragged_shapes(m, k, n, seed):
@@ -87,6 +90,7 @@ def test_a_contraction_too_long_for_int32_stays_in_f32(k, int8):
     assert bool(int32_matmuls) == int8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["cpu", "npu-910b", "npu-910"])
 @pytest.mark.parametrize("scales", ["per-tensor", "per-channel"])
 def test_an_int8_convolution_runs_as_one_int8_kernel(target, scales):

@@ -82,6 +82,7 @@ def test_a_long_elementwise_chain_extracts_with_bounded_work(monkeypatch):
     assert compare_outputs(_flat(jax.jit(program)(*args)), _flat(lower(chosen.graph)(*args))) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["cpu", "npu-910b"])
 @pytest.mark.parametrize("program, shapes", [
     (lambda a, b: jnp.tanh(a @ b) + 1.0, [(0, 5), (5, 3)]),   # extract/tiling.py: ZeroDivisionError
@@ -108,6 +109,7 @@ def test_a_program_without_outputs():
     assert fast(None, np.ones(3, np.float32)) is None
 
 
+@pytest.mark.slow
 def test_a_mixed_precision_matmul_is_judged_at_its_declared_precision():
     """Fuzz-found (extracted programs lowered to JAX): XLA keeps f32 where a program rounds to bf16 (it
     drops f32 -> bf16 -> f32 round trips), so the original below is more accurate than its types say,
@@ -133,6 +135,7 @@ def test_a_mixed_precision_matmul_is_judged_at_its_declared_precision():
     assert agrees(expected, _flat(result), original, args, False) is None
 
 
+@pytest.mark.slow
 def test_an_f32_matmul_on_the_npu_emulator_keeps_float32s_tolerance():
     """Fuzz-found (superopt on npu-910 with the emulator): an f32 matmul runs on the cube with fp16
     operands, 1.8e-3 normwise from the f32 original. It was first accepted at the cube's fp16 tolerance;
@@ -158,6 +161,7 @@ def test_an_f32_matmul_on_the_npu_emulator_keeps_float32s_tolerance():
     assert compare_outputs(want, _flat(fast(*args))) is None
 
 
+@pytest.mark.slow
 def test_the_fuzzers_programs_run_as_written():
     """The generator's source round trip: a program prints as a function that runs (the form regressions
     are pasted in)."""
@@ -193,6 +197,7 @@ def test_pallas_lowers_an_operand_of_lower_rank():
     assert "lowering failed" not in fast.report.backend, fast.report.backend
 
 
+@pytest.mark.slow
 def test_pallas_program_passes_its_own_check_on_a_bf16_program():
     """Fuzz-found: the Pallas program missed the f32 tolerance of superopt's own check against the JAX
     program (normwise 3.3e-4 over 1e-4 on output 2, exp of a bf16 sine widened to f32), so superopt ran

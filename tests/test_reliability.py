@@ -57,6 +57,7 @@ def test_unknown_backend_lists_the_valid_ones():
         superopt(mlp, target="cpu", backend="emulator")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad, where", [
     (("weights.npy",), r"of type <class 'str'> and was passed to the function at path a\b"),
     ((object(),), r"of type <class 'object'> and was passed to the function at path a\b"),
@@ -74,6 +75,7 @@ def test_arguments_that_are_not_arrays_are_a_clear_error_and_lose_nothing(bad, w
         np.testing.assert_array_equal(filtered(bad[0]), bad[0]["x"] * 2.0)
 
 
+@pytest.mark.slow
 def test_new_shapes_and_dtypes_specialize_again_as_jit_does():
     fast = superopt(mlp)
     _same(fast, mlp, *MLP_ARGS)
@@ -95,6 +97,7 @@ def _with_specials(x: np.ndarray) -> np.ndarray:
     return x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, shapes", [
     (lambda a, b, v: (a @ b) @ v, [(64, 64), (64, 64), (64, 2)]),                    # matmul-assoc
     (lambda x: jnp.exp(x) * 2.0 + jnp.tanh(x) * x + 1.0, [(16, 32)]),                # elementwise fusion
@@ -116,6 +119,7 @@ def test_nan_and_inf_propagate_exactly_as_in_the_original(fn, shapes):
     assert compare_outputs(expected, actual) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["cpu", "npu-910b"])
 @pytest.mark.parametrize("fn, shapes", [
     (lambda a, b: jnp.tanh(a @ b) + 1.0, [(0, 5), (5, 3)]),
@@ -149,6 +153,7 @@ def chain_program(n_ops: int):
     return program
 
 
+@pytest.mark.slow
 def test_a_5000_op_program_finishes_within_its_limits_and_says_why_it_stopped():
     program = chain_program(5000)
     x, w = RNG.standard_normal((8, 16)).astype(np.float32), RNG.standard_normal((16, 4)).astype(np.float32)
@@ -197,6 +202,7 @@ def test_the_node_limit_holds_on_an_exploding_rule_set(nodes):
           f"{report.iterations} iterations, {report.seconds:.2f} s")
 
 
+@pytest.mark.slow
 def test_an_exploding_rule_set_returns_a_correct_program_within_the_node_limit():
     fast = superopt(horner, rulesets=[EXPLODING], limits=Limits(iterations=100, nodes=20_000, seconds=60,
                                                                   saturation_seconds=60))
@@ -216,6 +222,7 @@ def test_the_time_limit_holds_when_one_rule_application_overruns_it():
           f"(stage {fast.report.stage_seconds['saturate']:.3f} s)")
 
 
+@pytest.mark.slow
 def test_the_memory_limit_holds():
     limits = Limits(iterations=100, nodes=10**9, seconds=60, memory=50 << 20)
     fast = superopt(horner, rulesets=[EXPLODING], limits=limits)
@@ -277,6 +284,7 @@ def test_a_crash_inside_egglog_is_isolated(monkeypatch, how, says):
     assert report.outcome.startswith("kept original: saturation failed")
 
 
+@pytest.mark.slow
 def test_an_unsound_user_rule_is_caught_named_and_the_original_kept():
     mine = RuleSet("mine", [
         rule("sub-commutes", sub(x, y), sub(y, x), doc="wrong on purpose: x-y = y-x"),
@@ -334,6 +342,7 @@ def _fingerprints(seeds) -> list[str]:
     return outs
 
 
+@pytest.mark.slow
 def test_the_same_input_gives_the_same_term_and_report_across_processes_and_hash_seeds():
     first, second = _fingerprints([1, 2])
     assert first == second
@@ -343,6 +352,7 @@ def test_the_same_input_gives_the_same_term_and_report_across_processes_and_hash
     assert all(report[t]["outcome"] == "optimized" for t in ("gpu-h100", "npu-910b"))
 
 
+@pytest.mark.slow
 def test_the_same_input_gives_the_same_term_and_report_in_one_process():
     runs = []
     for _ in range(2):

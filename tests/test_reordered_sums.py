@@ -25,6 +25,7 @@ def cancelling():
     return a, b
 
 
+@pytest.mark.slow
 def test_an_exact_cancellation_lost_by_a_guarded_rewrite_is_within_the_stated_bound():
     a, b = cancelling()
     fast = superopt(sum_of_product, target="cpu")
@@ -54,6 +55,7 @@ def test_the_bound_is_none_where_the_program_is_not_polynomial():
 EDGES = st.sampled_from([2.0 ** 27, -2.0 ** 27, 7.0, -7.0, 1.0, 0.0, 3.0 ** 10, -(3.0 ** 10)])
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(st.lists(EDGES, min_size=64, max_size=64), st.lists(EDGES, min_size=64, max_size=64))
 def test_sums_of_products_with_cancellations_stay_within_the_bound(xs, ys):

@@ -2,6 +2,7 @@
 candidates, one labelled saturation time, and gradient traffic only for programs that compute gradients."""
 import jax
 import jax.numpy as jnp
+import pytest
 
 from superopt import StopReason, superopt
 from superopt.egraph.capture import capture
@@ -71,6 +72,7 @@ def test_only_close_fusions_are_declined():
     assert "not chosen (27x slower" in text and "fusion declined" not in text
 
 
+@pytest.mark.slow
 def test_no_gradient_line_for_a_forward_model_with_a_residual_input():
     def block(x, w1, w2):
         return x + jax.nn.relu(x @ w1) @ w2     # returns x as an elementwise function of x: not a parameter

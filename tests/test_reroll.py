@@ -3,6 +3,7 @@ computation batched over the whole tensor; anything else stays as traced."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from superopt import superopt
 from superopt.egraph.capture import capture
@@ -23,6 +24,7 @@ def rerolled(fn, *args):
     return graph, rolled, loops, np.asarray(got), np.asarray(jax.jit(fn)(*args))
 
 
+@pytest.mark.slow
 def test_a_loop_over_rows_becomes_one_computation_with_the_same_values():
     # Row i of A times the whole of V, summed; every op of the copies is batched: no slice is left.
     graph, rolled, loops, got, want = rerolled(lambda a, v: jnp.stack([jnp.sum(a[i] * v) for i in range(24)]), A, V)
@@ -36,6 +38,7 @@ def test_a_loop_over_rows_becomes_one_computation_with_the_same_values():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_columns_offsets_and_a_row_every_copy_shares():
     # Column i of A scaled by element i of W[:16]: two tensors read along different axes, stacked on axis 1.
     _, rolled, loops, got, want = rerolled(
@@ -68,6 +71,7 @@ def test_copies_that_are_not_one_loop_stay_as_traced():
         assert loops == 0 and rolled is graph
 
 
+@pytest.mark.slow
 def test_superopt_searches_the_rerolled_loop_and_reports_it():
     fn = lambda a, v: jnp.stack([jnp.sum(a[i] * v) for i in range(24)])   # noqa: E731
     fast = superopt(fn, cache=False)

@@ -30,6 +30,7 @@ def no_compiling(monkeypatch):
     monkeypatch.setattr("superopt.rewrites.compile.compile_rule", refuse)
 
 
+@pytest.mark.slow
 def test_compiled_rules_come_back_as_the_same_egglog_rules():
     schedule = Schedule.of("algebra", "casts")
     data = json.loads(json.dumps(_built(schedule)))
@@ -47,6 +48,7 @@ def _built(schedule):
     return reuse.compiled_rules(schedule)
 
 
+@pytest.mark.slow
 def test_a_new_optimization_takes_the_rules_from_the_cache_and_chooses_the_same(tmp_path, monkeypatch):
     schedule = Schedule.of("algebra", "fusion")
     a, b = jnp.linspace(-1, 1, 64).reshape(8, 8), jnp.linspace(-1, 1, 256).reshape(16, 16)
@@ -68,6 +70,7 @@ def test_a_new_optimization_takes_the_rules_from_the_cache_and_chooses_the_same(
     np.testing.assert_allclose(np.asarray(second.run(b, b)[0]), np.asarray((b @ b) @ b), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_cache_keeps_every_rule_a_process_built_and_a_later_one_builds_only_what_it_lacks(tmp_path, monkeypatch):
     """A saturation builds only the rules that can match its program (egraph/runner.py:reachable): the
     cache keeps those, a program that needs more builds only the others and the cache then holds both."""

@@ -32,6 +32,7 @@ def test_cumulative_ops_are_captured_as_ops_not_opaque():
     assert reverse == [(1, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target,backend", [("cpu", None), ("gpu-h100", "pallas"), ("npu-910b", "emulator")])
 def test_every_backend_runs_them_as_jax_does(target, backend):
     fast = superopt(_scans, target=target, backend=backend)
@@ -54,6 +55,7 @@ def test_a_rule_on_them_fires_and_its_program_agrees():
     assert fast.report.optimized and fast.report.ops_before["cummax"] == 2 and fast.report.ops_after["cummax"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cummax-of-cummax", "cummin-of-cummin", "cumsum-of-neg"])
 def test_their_rules_are_proved_by_the_checker(name):
     rule = next(r for rs in RULESETS.values() for r in rs if r.name == name)
@@ -69,6 +71,7 @@ def test_they_cost_one_operation_per_element_or_a_transcendental_one():
     assert OPS["cumsum"].npu == "host" and OPS["cumsum"].pallas == "between"
 
 
+@pytest.mark.slow
 def test_grad_and_vmap_go_through_them():
     fn = lambda x: jnp.sum(jnp.cumsum(x, axis=1) ** 2)   # noqa: E731
     fast = superopt(fn, target="cpu")

@@ -36,6 +36,7 @@ def test_phases_run_in_order_with_their_own_limits():
     assert set(report.rule_seconds) >= {"add-comm", "add-assoc"}
 
 
+@pytest.mark.slow
 def test_backoff_bans_explosive_rules_and_keeps_the_egraph_smaller():
     limits = Limits(iterations=6, nodes=10**7, seconds=60)
     free = saturate(sum_chain(), [Phase("ac", tuple(AC), backoff=None)], limits)

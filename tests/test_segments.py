@@ -17,6 +17,8 @@ from superopt.egraph.capture import capture
 from superopt.lowering.jax import lower
 from superopt.segments import MIN_SEGMENT, SEAM_NODES, seam_windows, split, stitch
 
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
+
 
 def layer(p, x):
     h = x @ p["w1"] + p["b1"]

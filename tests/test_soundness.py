@@ -15,6 +15,7 @@ p, q = vecs("p q")
 d, = dtypes("d")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("r", ALL_RULES, ids=[f"{r.ruleset}/{r.name}" for r in ALL_RULES])
 def test_registered_rule_is_sound(r):
     result = check_rule(r, examples=50)
@@ -28,6 +29,7 @@ def _caught(bad_rule):
     return result.counterexample
 
 
+@pytest.mark.slow
 def test_times_zero_is_not_zero_under_nan_and_inf():
     # labelled "rounding", so that the sign of -1 * 0 does not count: only a NaN or an Inf can break it
     bad = rule("mul-zero", mul(x, lit(0.0, d)), broadcast(lit(0.0, d), shape_of(x), ()), numerics="rounding",
@@ -63,6 +65,7 @@ def test_wrong_permutation_composition_is_caught():
     assert tuple(perm_p[i] for i in perm_q) != tuple(perm_q[i] for i in perm_p), cex   # p and q do not commute
 
 
+@pytest.mark.slow
 def test_the_values_drawn_do_not_depend_on_what_the_process_imported(tmp_path, monkeypatch):
     """Hypothesis also draws literals from the project's modules a process has imported; the checker turns
     that off, so a rule is judged on the same values whatever ran before it."""
@@ -92,6 +95,7 @@ def test_the_values_drawn_do_not_depend_on_what_the_process_imported(tmp_path, m
     assert values() == before
 
 
+@pytest.mark.slow
 def test_rules_without_bindings_are_not_called_sound():
     impossible = rule("never", transpose(x, p), x, when("identity_perm", p), when("scalar", x), when("rank", x, 2),
                       doc="its predicates contradict each other")
@@ -99,6 +103,7 @@ def test_rules_without_bindings_are_not_called_sound():
     assert not result.sound and result.cases == 0
 
 
+@pytest.mark.slow
 def test_a_reals_rule_that_cancels_differently_is_judged_against_the_float64_value():
     """x@y + x@z and x@(y+z) round differently in float16 where the products cancel; the rewritten side
     is as close to the float64 value as the original, so the rule is sound over the reals. A rule that is

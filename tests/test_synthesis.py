@@ -12,6 +12,9 @@ from superopt import superopt
 from superopt.rewrites import synthesis as S
 from superopt.rewrites.sexpr import format_rules, parse_rules
 from superopt.rulesets import ALGEBRA
+import pytest
+
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
 
 SMALL = ((frozenset({"neg", "add", "sub", "mul"}), 3),)
 x, y = ("var", "x"), ("var", "y")

@@ -31,9 +31,12 @@ def test_every_number_carries_its_source(name):
             pytest.fail(f"{name}: '{line.strip()}' has no source comment, inline or on the line above")
 
 
+@pytest.mark.timing
 def test_calibration_is_measured_cached_and_used(capsys):
+    """--force: a busy machine's figures are stored too (calibrate refuses figures far below the defaults
+    without it), so what this asserts does not depend on the machine's load."""
     assert not load_target("cpu").calibrated
-    assert main(["calibrate", "--quick"]) == 0
+    assert main(["calibrate", "--quick", "--force"]) == 0
     out = capsys.readouterr().out
     assert "GFLOP/s" in out and "GB/s" in out
     cpu = load_target("cpu")

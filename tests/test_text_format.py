@@ -70,6 +70,7 @@ def test_taso_rules_round_trip_through_superopts_own_syntax(taso_rules):
         assert parse_rule(format_rule(r)) == r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [line.split()[1] for line in TASO_RULES.strip().splitlines()
                                   if line.startswith("(rule")])
 def test_taso_rule_compiles_and_is_sound(taso_rules, name):

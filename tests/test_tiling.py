@@ -128,6 +128,7 @@ def test_the_attainable_optimum_matches_a_brute_force_search():
     assert optimal_dv_tiles(m, n, k, l, mc, a)[0] == brute
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target_name", ["npu-910", "gpu-a100"])
 def test_extraction_makes_a_gemm_chain_one_tiled_kernel(target_name):
     b, m, n, k, l = 2, 256, 64, 64, 256
@@ -150,6 +151,7 @@ def attention(q, kt, v):
     return jax.nn.softmax(q @ kt * 0.125, axis=-1) @ v
 
 
+@pytest.mark.slow
 def test_attention_on_a_gpu_is_one_kernel_with_online_softmax():
     """softmax(Q K^T s) V with rows of 1024 keys: the whole row does not fit beside the tiles, so the
     chosen kernel runs the softmax over tiles of the row (flash attention); it computes the same values."""

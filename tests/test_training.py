@@ -15,6 +15,8 @@ from superopt.extract.tiling import cone
 from superopt.extract.traffic import gradient_tensors, gradient_traffic
 from superopt.lowering.npu.lower import NpuExecutable
 
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
+
 
 @pytest.fixture(scope="module")
 def step():

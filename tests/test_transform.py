@@ -35,6 +35,7 @@ def close(a, b, rtol=1e-5, atol=1e-6):
                                                                    atol=atol), a, b)
 
 
+@pytest.mark.slow
 def test_first_call_inside_jit_optimizes_and_matches():
     fast = superopt(loss, target=CHANGED)
     close(jax.jit(fast)(PARAMS, X), loss(PARAMS, X))
@@ -43,6 +44,7 @@ def test_first_call_inside_jit_optimizes_and_matches():
     assert len(fast._cache) == 1
 
 
+@pytest.mark.slow
 def test_grad_and_jit_of_grad_match_the_original():
     fast = superopt(loss, target=CHANGED)
     expected = jax.grad(loss)(PARAMS, X)
@@ -52,6 +54,7 @@ def test_grad_and_jit_of_grad_match_the_original():
     close(jax.grad(fast, argnums=1)(PARAMS, X), jax.grad(loss, argnums=1)(PARAMS, X))
 
 
+@pytest.mark.slow
 def test_jvp_vjp_and_jacrev_match_the_original():
     def f(x, w):
         return jnp.tanh(layer_norm(x @ w)).sum(axis=0)
@@ -66,6 +69,7 @@ def test_jvp_vjp_and_jacrev_match_the_original():
     close(jax.jacrev(fast, argnums=1)(X, w), jax.jacrev(f, argnums=1)(X, w))
 
 
+@pytest.mark.slow
 def test_vmap_and_scan():
     def f(x, w):
         return (x * 2.0) * 3.0 @ w
@@ -79,6 +83,7 @@ def test_vmap_and_scan():
     close(total, sum(f(x, PARAMS["w1"]).sum() for x in xs), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_keyword_and_static_arguments():
     def f(x, scale=1.0, *, n, mode="sum"):
         y = jnp.tile(x, (n, 1)) * scale
@@ -91,6 +96,7 @@ def test_keyword_and_static_arguments():
     assert len(fast._cache) == 4     # n and mode are part of the key; scale is traced (a weak float)
 
 
+@pytest.mark.slow
 def test_static_argnums_by_position_and_by_name():
     def f(x, n):
         return jnp.tile(x, (n, 1)).sum(0)
@@ -99,6 +105,7 @@ def test_static_argnums_by_position_and_by_name():
     close(fast(X, n=3), f(X, 3))      # static whether passed by position or by name, as in jax.jit
 
 
+@pytest.mark.slow
 def test_pytrees_with_none_weak_types_and_donation():
     def f(tree, s):
         return tree["a"] * s + tree["b"][0], tree["c"]
@@ -115,6 +122,7 @@ def test_pytrees_with_none_weak_types_and_donation():
         close(donated(jnp.ones(4), jnp.ones(4)), jnp.full(4, 3.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_key", [lambda: jax.random.key(3), lambda: jax.random.PRNGKey(3)],
                          ids=["typed", "legacy"])
 def test_prng_keys(make_key):
@@ -133,6 +141,7 @@ def test_prng_keys(make_key):
     assert "prng[" in fast.term
 
 
+@pytest.mark.slow
 def test_the_function_is_traced_once_per_specialization():
     traces = []
 
@@ -166,6 +175,7 @@ def test_debug_print_prints_the_users_values_once_per_call(capfd):
     assert capfd.readouterr().out.splitlines() == ["first 10.0", "then 6.0"]
 
 
+@pytest.mark.slow
 def test_export_round_trip_and_aot():
     fast = superopt(loss)
     exported = jax.export.export(jax.jit(fast))(PARAMS, X)
@@ -176,12 +186,14 @@ def test_export_round_trip_and_aot():
     close(fast.lower(PARAMS, X).compile()(PARAMS, X), loss(PARAMS, X))
 
 
+@pytest.mark.slow
 def test_superopt_of_grad_is_one_program():
     fast = superopt(jax.grad(loss))
     close(fast(PARAMS, X), jax.grad(loss)(PARAMS, X))
     assert sum(fast.report.ops_before.values()) > 20     # forward and backward captured together
 
 
+@pytest.mark.slow
 def test_non_array_leaves_static_with_filter():
     class Module:   # a module whose activation function is a field, as equinox modules have
         def __init__(self, w, act):
@@ -200,6 +212,7 @@ def test_non_array_leaves_static_with_filter():
     assert len(fast._cache) == 2
 
 
+@pytest.mark.slow
 def test_npu_target_under_a_trace_runs_jax_or_the_emulator_by_callback():
     def f(a, b):
         return jnp.tanh(a @ b) * 2.0
@@ -232,6 +245,7 @@ def test_effects_nested_in_jit_run_once_in_order_and_verification_is_silent(capf
     assert fast.report.optimized and fast.compile(x).term.hidden_outputs == 1
 
 
+@pytest.mark.slow
 def test_results_of_an_io_callback_keep_the_program_whole():
     seen = []
 
@@ -261,6 +275,7 @@ def test_a_print_inside_a_branch_keeps_the_program_whole(capfd):
     assert fast.report.outcome.startswith("kept original: its results depend on an effect (cond")
 
 
+@pytest.mark.slow
 def test_key_flows_the_optimizer_cannot_split_and_key_constants():
     key_const = jax.random.key(7)
 

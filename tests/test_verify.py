@@ -242,6 +242,7 @@ def test_a_zero_sum_changing_sign_is_caught():
     assert problem is not None and "Inf positions or signs differ" in problem
 
 
+@pytest.mark.slow
 def test_an_optimized_program_that_fails_to_run_is_not_returned(monkeypatch):
     """A program XLA cannot run on this machine (the fuzzer found a bf16 x bf16 = f32 dot that XLA's CPU
     runtime refuses) keeps the original, with the error in the outcome, instead of raising."""

@@ -8,6 +8,8 @@ import ray
 
 from superopt.workers import EXECUTORS, JobError, executor_name, run_all
 
+pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
+
 
 def square(x):
     return x * x
@@ -84,16 +86,19 @@ def local_ray():
             os.environ["RAY_ADDRESS"] = address
 
 
+@pytest.mark.ray
 def test_ray_matches_local(local_ray):
     items = [5, 3, 8, 1]
     assert run_all(square, items, executor="ray") == run_all(square, items, executor="local") == [25, 9, 64, 1]
 
 
+@pytest.mark.ray
 def test_ray_from_the_environment(local_ray, monkeypatch):
     monkeypatch.setenv("SUPEROPT_EXECUTOR", "ray")
     assert os.getpid() not in run_all(pid_of, [0, 1])
 
 
+@pytest.mark.ray
 def test_ray_failing_job_is_named(local_ray):
     with pytest.raises(JobError, match=r"job 2 of 3 \(2\) failed: ValueError: two is not allowed") as info:
         run_all(fails_on_two, [0, 1, 2], executor="ray")

@@ -37,10 +37,12 @@ def test_relu_of_an_integer_square_keeps_the_max_on_gpu():
     _same_as_jit(lambda x: jnp.maximum(x * x, 0), WRAPS, target="gpu-h100")
 
 
+@pytest.mark.slow
 def test_min_one_of_a_negated_integer_square_keeps_the_min_on_npu():
     _same_as_jit(lambda x: jnp.minimum(-(x * x), 1), WRAPS, target="npu-910b")
 
 
+@pytest.mark.slow
 def test_a_float_output_fed_by_a_wrapped_integer_is_unchanged():
     w = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
     fn = lambda x, w: jnp.minimum(-(x * x), 1).astype(jnp.float32) @ w   # noqa: E731
@@ -70,6 +72,7 @@ BROKEN = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", SIGNED + UNSIGNED)
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_integer_facts_hold_on_integer_extremes(name, dtype):
@@ -120,6 +123,7 @@ def test_the_fact_checker_finds_a_derivation_that_ignores_wraparound():
     assert result.counterexample is not None and "nonneg" in result.counterexample.problem
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["relu-of-nonneg", "abs-of-nonneg", "min-one-of-at-most-one"])
 def test_fact_guarded_rules_are_checked_on_integer_extremes(name):
     rule = next(r for rs in RULESETS.values() for r in rs if r.name == name)
@@ -130,6 +134,7 @@ def test_fact_guarded_rules_are_checked_on_integer_extremes(name):
 
 # ---- verification's inputs ----
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, database=None)
 @given(st.sampled_from(SIGNED), st.integers(1, 6))
 def test_verification_finds_a_dropped_relu_of_an_integer_square(dtype, n):

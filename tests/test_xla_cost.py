@@ -138,6 +138,7 @@ def test_a_rewrite_xlas_simplifier_makes_is_not_an_optimization_on_cpu():
     assert fast.report.kind is not Outcome.OPTIMIZED, str(fast.report)
 
 
+@pytest.mark.slow
 def test_tune_times_the_verified_program_against_the_original_and_keeps_the_faster(tmp_path, monkeypatch):
     """tune=True: a measured choice on this machine. Both programs are timed (the timings themselves are
     faked for the decision: under a loaded test run a real gain can measure below 3%, and speed is the

@@ -705,6 +705,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:   # one line, the shell's status for SIGINT; the cache commits whole entries only
         print("superopt: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:     # `superopt ... | head`: the reader left; say nothing more, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -425,3 +425,11 @@ def test_a_users_rule_file_is_checked_and_used_from_the_command_line(tmp_path, m
     (tmp_path / "empty.py").write_text("x = 1\n")
     assert main(["rules", "check", "empty.py"]) == 2
     assert "defines no rule" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_is_no_error(program):
+    """`superopt optimize ... | head -1`, or a reader gone before the first line: the closed pipe ends the command quietly (status 141, as SIGPIPE
+    would), with no traceback."""
+    done = subprocess.run(f"{sys.executable} -m superopt optimize {program}:chain --shapes 8x8 8x8 8x1 | true",
+                          shell=True, capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr

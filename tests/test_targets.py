@@ -55,3 +55,25 @@ def test_a_calibration_from_another_machine_is_ignored():
         assert calibrate.cached_calibration() is None and not load_target("cpu").calibrated
     finally:
         path.unlink()
+
+
+def test_the_elementwise_rate_is_bounded_by_what_the_machine_can_do(monkeypatch):
+    """The elementwise rate is a difference of two timings; where they are nearly equal (noise), it counts at
+    least half the chain's time and never exceeds the matrix rate of the same round (578.6 GFLOP/s had been
+    reported on 2 cores)."""
+    times = {"chain": 1.0e-3, "stream": 0.999e-3, "matmul": 1.0}
+    monkeypatch.setattr(calibrate, "_best_time", lambda fn, args, repeats: (
+        times["matmul"] if len(args) == 2 else times["chain"] if fn is chain_of[0] else times["stream"]))
+    chain_of = []
+    real_jit = calibrate.jax.jit
+
+    def jit(f):
+        compiled = real_jit(f)
+        if f is calibrate._multiply_adds:
+            chain_of.append(compiled)
+        return compiled
+    monkeypatch.setattr(calibrate.jax, "jit", jit)
+    m = calibrate.measure(matmul_size=64, stream_mib=1, cache_mib=1, repeats=1, rounds=1)
+    n = 1024 * 1024 // 4
+    assert m.figures["peak_flops"] == min(2.0 * calibrate.CHAIN * n / (times["chain"] / 2), m.figures["matrix_flops"])
+    assert m.figures["peak_flops"] <= m.figures["matrix_flops"]

@@ -753,6 +753,23 @@ def _removable(eqn) -> bool:
     return bool(eqn.effects) and not eqn.outvars and not any(hasattr(e, "input_index") for e in eqn.effects)
 
 
+# The calls that carry a derivative rule of their own (jax.custom_jvp, jax.custom_vjp).
+CUSTOM_JVP, CUSTOM_VJP = frozenset({"custom_jvp_call"}), frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def custom_calls(closed) -> frozenset:
+    """The names of the custom-derivative primitives (`CUSTOM_JVP`, `CUSTOM_VJP`) called at any depth of
+    `closed` (a ClosedJaxpr, or None): capture inlines their primal bodies, so the program they were in must
+    keep their rules some other way (superopt/backends.py, `with_custom_rules`)."""
+    found, stack = set(), [closed.jaxpr] if closed is not None else []
+    while stack:
+        for eqn in stack.pop().eqns:
+            if eqn.primitive.name in CUSTOM_JVP | CUSTOM_VJP:
+                found.add(eqn.primitive.name)
+            stack.extend(jcore.jaxprs_in_params(eqn.params))
+    return frozenset(found)
+
+
 def without_debug_effects(closed):
     """A copy of `closed` (a ClosedJaxpr) with every equation that has effects and no results (debug prints
     and callbacks; not state updates) removed at every depth: in the jaxprs that params hold (jit's `jaxpr`,

@@ -18,10 +18,10 @@ from typing import Callable, Protocol
 
 import jax
 import numpy as np
-from jax.extend import core as jcore
 
 from superopt.core import lazy, verify as verification
 from superopt.core.reference import evaluate
+from superopt.egraph.capture import CUSTOM_VJP
 from superopt.egraph.siblings import run_before
 from superopt.extract.traffic import gradient_traffic
 from superopt.report import Outcome
@@ -84,21 +84,6 @@ class NpuEmulatorBackend:
         return npu._differs(expected, actual, spec.original, args)
 
 
-# The calls that carry a derivative rule of their own (jax.custom_jvp, jax.custom_vjp).
-_CUSTOM_JVP, _CUSTOM_VJP = frozenset({"custom_jvp_call"}), frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
-
-
-def _custom_calls(jaxpr) -> set[str]:
-    """The names of the custom-derivative primitives called at any depth of `jaxpr`."""
-    found, stack = set(), [jaxpr]
-    while stack:
-        for eqn in stack.pop().eqns:
-            if eqn.primitive.name in _CUSTOM_JVP | _CUSTOM_VJP:
-                found.add(eqn.primitive.name)
-            stack.extend(jcore.jaxprs_in_params(eqn.params))
-    return found
-
-
 def with_custom_rules(spec):
     """`spec` whose program, where the user's calls a `jax.custom_jvp` or `jax.custom_vjp` function, is
     differentiated as the user's program is. Capture inlines those calls' primal bodies, so JAX would
@@ -106,15 +91,13 @@ def with_custom_rules(spec):
     the program is itself a custom_jvp (custom_vjp where the user's has a custom_vjp call, which has no
     forward mode either) whose rule is JAX's derivative of the user's program (`spec.reference`, every rule
     in it applied). Undifferentiated, the optimized program runs; under `jax.grad`, `jax.vjp` or `jax.jvp`
-    the user's program runs in its place (or beside it, for the effects of a program that has them)."""
-    if spec.reference is None or spec.report.kind is Outcome.KEPT_WHOLE:
+    the user's program runs in its place (or beside it, for the effects of a program that has them). Which
+    calls the user's program makes, `spec.custom_calls`, was read off its jaxpr at capture."""
+    if not spec.custom_calls or spec.reference is None or spec.report.kind is Outcome.KEPT_WHOLE:
         return spec
-    abstract = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in spec.avals]
-    calls = _custom_calls(jax.make_jaxpr(spec.reference)(*abstract).jaxpr)
-    if not calls:
-        return spec
-    return replace(spec, run=_Ruled(spec.run, _ruled(spec.run, spec.reference, vjp=bool(calls & _CUSTOM_VJP),
-                                                     effects=bool(spec.original.hidden_outputs))))
+    ruled = _ruled(spec.run, spec.reference, vjp=bool(spec.custom_calls & CUSTOM_VJP),
+                   effects=bool(spec.original.hidden_outputs))
+    return replace(spec, run=_Ruled(spec.run, ruled))
 
 
 class _Ruled:

@@ -31,7 +31,7 @@ from superopt.core.deadline import Deadline, TimeLimit
 from superopt.core.ir import Graph, Guard, body_str, type_str, unfused
 from superopt.core.reference import evaluate as evaluate_reference
 from superopt.core.serial import NotSerializable, digest, to_data
-from superopt.egraph.capture import Captured, capture, without_debug_effects
+from superopt.egraph.capture import Captured, capture, custom_calls, without_debug_effects
 from superopt.egraph.limits import Limits, RunReport, StopReason
 from superopt.extract.cost import op_breakdown
 from superopt.extract import guard as guarding
@@ -89,6 +89,7 @@ class Specialization:
     npu: Any = None        # the NpuExecutable `run` is, when the program runs on the NPU emulator
     out_keys: dict = field(default_factory=dict)   # flat output index -> PRNG impl, for typed key results
     reference: Callable | None = None   # the user's program, debug prints left out: what backends check against
+    custom_calls: frozenset = frozenset()   # the custom_jvp/custom_vjp calls the user's program makes (capture)
     _traced: Any = None    # the program bound under a trace, when `run` is not a JAX computation
     pieces: Any = None     # `Pieces`, where the program was optimized in segments
 
@@ -538,9 +539,9 @@ def _specialization(captured: Captured, search: Search, timer: Stages, run: RunR
     if outcome is Outcome.OPTIMIZED:
         program = program or timer("lower", lower, chosen.graph)
         return Specialization(program, report, chosen.graph, original, captured.out_tree, captured.in_avals,
-                              reference=reference)
+                              reference=reference, custom_calls=custom_calls(captured.jaxpr))
     return Specialization(user_program(captured), report, original, original, captured.out_tree,
-                          captured.in_avals, reference=reference)
+                          captured.in_avals, reference=reference, custom_calls=custom_calls(captured.jaxpr))
 
 
 def _as_captured(captured: Captured, tgt, numerics: str, timer: Stages, reason: str) -> Specialization:
@@ -549,7 +550,8 @@ def _as_captured(captured: Captured, tgt, numerics: str, timer: Stages, reason: 
     report = Report(tgt.name, RunReport(StopReason.SATURATED), kind=Outcome.KEPT_WHOLE, reason=reason,
                     numerics=numerics, ops_before=ops, ops_after=ops, stage_seconds=timer.seconds)
     return Specialization(user_program(captured), report, captured.graph, captured.graph, captured.out_tree,
-                          captured.in_avals, reference=reference_program(captured))
+                          captured.in_avals, reference=reference_program(captured),
+                          custom_calls=custom_calls(captured.jaxpr))
 
 
 # ---- results kept between processes (superopt/cache.py, superopt/reuse.py) ----

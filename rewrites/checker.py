@@ -42,7 +42,7 @@ from superopt.core.dtypes import is_float, smallest_normal
 from superopt.core.formats import FORMATS, LayoutError, packed_shape
 from superopt.core.ops import SCANS, flagged
 from superopt.core.reference import evaluate_node
-from superopt.core.verify import TOLERANCES, as_accurate, mismatch
+from superopt.core.verify import TOLERANCES, as_accurate, integer_edges as _verification_edges, mismatch
 from superopt.egraph.encode import decode
 from superopt.rewrites.functions import ATTRIBUTES, CONV_TABLE, FLOAT_DTYPES, PREDICATES
 from superopt.rewrites.infer import IllTyped, infer
@@ -504,12 +504,8 @@ LEAF_FACTS = ("nonneg", "integral", "finite", "positive", "at_most_one")
 
 
 def integer_edges(dtype: str) -> list[int]:
-    """An integer dtype's extremes: 0, +-1, 2, its smallest and largest values and their neighbours, and
-    the values around the square root of its largest (where a square wraps)."""
-    info = np.iinfo(np.dtype(dtype))
-    lo, hi, root = int(info.min), int(info.max), math.isqrt(int(info.max))
-    edges = [0, 1, -1, 2, lo, lo + 1, hi, hi - 1, root, root + 1, -root, -root - 1]
-    return sorted({e for e in edges if lo <= e <= hi})
+    """An integer dtype's extremes, sorted (`core/verify.py`'s `integer_edges`, which verification draws)."""
+    return sorted(set(_verification_edges(dtype)))
 
 
 def integer_elements(dtype: str):

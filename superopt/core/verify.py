@@ -253,13 +253,19 @@ def _as(values: np.ndarray, dtype) -> np.ndarray:
     return values.astype(dt, copy=False) if dt.itemsize >= 8 else values.astype(np.float32).astype(dt, copy=False)
 
 
+def integer_edges(dtype) -> list[int]:
+    """An integer dtype's extremes: the values around the square root of its largest (where a square wraps:
+    int32's 46341 ** 2 is negative), its smallest and largest values and their neighbours (where a sum or
+    difference wraps), 0, +-1 and 2; verification's and the rule checker's (rewrites/checker.py)."""
+    info = np.iinfo(np.dtype(dtype))
+    lo, hi, root = int(info.min), int(info.max), math.isqrt(int(info.max))
+    return [e for e in (root + 1, lo, hi, -root - 1, root, lo + 1, hi - 1, -root, 0, 1, -1, 2) if lo <= e <= hi]
+
+
 def _int_extremes(rng, n: int, dt: np.dtype) -> np.ndarray:
-    """Integer extremes: the values around the square root of the largest (where a square wraps: int32's
-    46341 ** 2 is negative), the smallest and largest values (where a sum or difference wraps), 0, +-1."""
+    """n integers, about half of them `integer_edges`, the rest drawn from the whole range."""
     info = np.iinfo(dt)
-    root = math.isqrt(int(info.max))
-    edges = [root + 1, info.min, info.max, -root - 1, root, info.min + 1, info.max - 1, -root, 0, 1, -1, 2]
-    edges = np.array([e for e in edges if info.min <= e <= info.max], dtype=np.int64)
+    edges = np.array(integer_edges(dt), dtype=np.int64)
     pick = rng.integers(0, 2, n).astype(bool)
     wide = rng.integers(int(info.min), int(info.max), n, endpoint=True, dtype=np.int64)
     out = np.where(pick, edges[rng.integers(0, edges.size, n)], wide)

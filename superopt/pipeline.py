@@ -691,10 +691,10 @@ def _optimize_distinct(distinct: dict, search: Search, store, executor: str | No
     if store is not None:
         def look_up():
             for key, seg in distinct.items():
-                found = _cached(store, digest(fp, key), "segment", seg.graph)
+                entry = digest(fp, key)
+                found = _cached(store, entry, "segment", seg.graph)
                 if found is not None and search.check_results:
-                    found = _rechecked(found, store, digest(fp, key), "segment", _segment_captured(seg.graph),
-                                       search.numerics)
+                    found = _rechecked(found, store, entry, "segment", _segment_captured(seg.graph), search.numerics)
                 if found is not None:
                     results[key] = found
         timer("cache", look_up)

@@ -14,8 +14,6 @@ superopt runs under numerics="strict" (the default) and "fast". Replaces its sec
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
 import time
 
@@ -74,27 +72,13 @@ def measure(samples: int = 21) -> list[dict]:
     """Per kernel: jax.jit, superopt under the default numerics="strict" and under numerics="fast", the
     three callables alternating sample by sample."""
     import jax
-    from bench.callcost import per_call
-    from superopt import superopt
+    from bench.kernelbench import interleaved, optimized
     from superopt.report import Outcome
     rows = []
     for name, fn, args in kernels():
         jitted = jax.jit(fn)
-        modes, seconds = {}, {}
-        for mode in ("strict", "fast"):
-            modes[mode] = superopt(fn, cache=False, numerics=mode)
-            start = time.perf_counter()
-            jax.block_until_ready(modes[mode](*args))
-            seconds[mode] = time.perf_counter() - start
-        jax.block_until_ready(jitted(*args))
-        one = max(per_call(jitted, args, 3), 1e-7)
-        calls = max(1, int(0.02 / one))
-        callables = {"jit": jitted, **modes}
-        times = {k: [] for k in callables}
-        for _ in range(samples):
-            for k, f in callables.items():
-                times[k].append(per_call(f, args, calls))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        modes, seconds = optimized(fn, args)
+        med, calls = interleaved({"jit": jitted, **modes}, args, samples)
         row = dict(name=name, jit=med["jit"], calls=calls)
         for mode, f in modes.items():
             r = f.report
@@ -109,10 +93,11 @@ def measure(samples: int = 21) -> list[dict]:
 
 
 def render(rows: list[dict], samples: int) -> list[str]:
+    from bench.kernelbench import geomean
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
 
     def summary(mode: str) -> tuple[float, list, list]:
-        geo = math.exp(statistics.fmean(math.log(r[mode]["speedup"]) for r in rows))
+        geo = geomean(r[mode]["speedup"] for r in rows)
         changed = [r for r in rows if r[mode]["changed"]]
         return geo, changed, [r for r in changed if r[mode]["speedup"] < 1 / 1.03]
 
@@ -141,12 +126,8 @@ def render(rows: list[dict], samples: int) -> list[str]:
 
 
 def _what(result: dict) -> str:
-    return "changed" if result["changed"] else f"original ({_short(result['why'], 60)})"
-
-
-def _short(text: str, width: int = 80) -> str:
-    text = text.replace("|", "/").replace("\n", " ")
-    return text if len(text) <= width else text[:width - 3] + "..."
+    from bench.kernelbench import short
+    return "changed" if result["changed"] else f"original ({short(result['why'], 60)})"
 
 
 def main(argv=None) -> int:

@@ -828,3 +828,89 @@ def _jaxprs(value) -> list:
     if isinstance(value, (tuple, list)):
         return [j for v in value for j in _jaxprs(v)]
     return []
+
+
+# ---- host callbacks on superopt's own inputs ----
+
+# The primitives that call the user's host code and return what it computes. (`io_callback` with results keeps
+# its program whole; `jax.debug.callback` has no results and is left out: `without_debug_effects`.)
+HOST_CALLS = frozenset({"pure_callback"})
+
+
+class StandIn:
+    """What a `jax.pure_callback` calls where superopt runs a program on inputs of its own (verification, the
+    backends' checks): never the user's host function, which sees only the user's values (a library's
+    runtime check would fire on superopt's infinities; a host function may count its calls or write a file).
+    Each result is the operand of the same shape, cast to the result's dtype (its non-finite values zeroed
+    for an integer result), or, where no operand has that shape, a fixed ramp: a function of the callback's
+    operands, so the programs around the callback are compared, and the callback's operands through the
+    results that pass them on."""
+
+    def __init__(self, result_avals):
+        self.result_avals = tuple(result_avals)
+
+    def __call__(self, *operands):
+        out = []
+        for k, aval in enumerate(self.result_avals):
+            dtype = np.dtype(aval.dtype)
+            same = [np.asarray(x) for x in operands if np.shape(x) == tuple(aval.shape)]
+            if same:
+                value = same[k % len(same)]
+                if dtype.kind in "iub":
+                    value = np.nan_to_num(value.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+                out.append(np.asarray(value).astype(dtype))
+            else:
+                size = math.prod(aval.shape)
+                out.append((np.arange(size) % 7 / 8).reshape(aval.shape).astype(dtype))
+        return out
+
+
+def stand_in_params(primitive_name: str, params: dict) -> dict:
+    """An equation's params with every host callback in it, or in the jaxprs it holds, a `StandIn`."""
+    if primitive_name in HOST_CALLS:
+        return {**params, "callback": StandIn(params["result_avals"])}
+    if not any(calls_host(j) for j in jcore.jaxprs_in_params(params)):
+        return params
+    return {name: _in_jaxprs(value, lambda j: _stand_ins(j, {})) for name, value in params.items()}
+
+
+def with_stand_ins(closed):
+    """A copy of `closed` (a ClosedJaxpr) whose host callbacks, at every depth, call a `StandIn`; `closed`
+    itself where it makes none."""
+    if not calls_host(closed):
+        return closed
+    return jcore.ClosedJaxpr(_stand_ins(closed.jaxpr, {}), closed.consts)
+
+
+def calls_host(closed) -> bool:
+    """Whether `closed` (a ClosedJaxpr or Jaxpr) calls host code for results (`HOST_CALLS`) at any depth."""
+    return any(_eqn_calls_host(eqn) for eqn in getattr(closed, "jaxpr", closed).eqns)
+
+
+def graph_calls_host(graph: Graph) -> bool:
+    """Whether one of `graph`'s opaque equations calls host code for results, in itself or in a body."""
+    return any(op.name in HOST_CALLS or any(calls_host(j) for j in jcore.jaxprs_in_params(op.params))
+               for op in graph.opaque)
+
+
+def _eqn_calls_host(eqn) -> bool:
+    return eqn.primitive.name in HOST_CALLS or any(calls_host(j) for j in jcore.jaxprs_in_params(eqn.params))
+
+
+def _stand_ins(jaxpr, memo: dict):
+    if id(jaxpr) not in memo:
+        eqns = [eqn.replace(params=stand_in_params(eqn.primitive.name, eqn.params)) if _eqn_calls_host(eqn)
+                else eqn for eqn in jaxpr.eqns]
+        memo[id(jaxpr)] = (jaxpr, jaxpr.replace(eqns=eqns))   # the original kept alive: its id is not reused
+    return memo[id(jaxpr)][1]
+
+
+def _in_jaxprs(value, rewrite):
+    """`value` (a param) with `rewrite` applied to each Jaxpr in it, in ClosedJaxprs, tuples and lists."""
+    if isinstance(value, jcore.ClosedJaxpr):
+        return jcore.ClosedJaxpr(rewrite(value.jaxpr), value.consts)
+    if isinstance(value, jcore.Jaxpr):
+        return rewrite(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_in_jaxprs(v, rewrite) for v in value)
+    return value

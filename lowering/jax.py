@@ -19,6 +19,7 @@ import numpy as np
 
 from superopt.core.ir import Graph
 from superopt.core.ops import OPS, lookup
+from superopt.egraph.capture import stand_in_params
 from superopt.extract.guard import check_graph
 
 # Each op's lowering is its op table entry's `jax` function (core/ops.py); every primitive is bound through
@@ -29,7 +30,8 @@ _LOWER: dict[str, Callable] = {op.name: op.jax for op in OPS.values() if op.jax 
 def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=None,
              effects: bool = True) -> dict[int, object]:
     """Evaluate the live nodes (or the ids in `only`) in order; `values` holds already-known nodes. With
-    `effects=False` pinned effects (debug prints) do not run: superopt's own runs on its own inputs."""
+    `effects=False` pinned effects (debug prints) do not run and host callbacks call stand-ins
+    (`capture.StandIn`): superopt's own runs on its own inputs."""
     env = dict(values or {})
     opaque_results: dict[tuple, list] = {}
     for i in (only if only is not None else graph.live()):
@@ -50,7 +52,8 @@ def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=N
             key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
             if key not in opaque_results:
                 op = graph.opaque[node.attrs[0]]
-                out = op.primitive.bind(*ins, **op.params, **({"effects": effects} if op.effectful else {}))
+                params = op.params if effects else stand_in_params(op.name, op.params)   # no user host code
+                out = op.primitive.bind(*ins, **params, **({"effects": effects} if op.effectful else {}))
                 opaque_results[key] = list(out) if op.primitive.multiple_results else [out]
             env[i] = opaque_results[key][node.attrs[1]]
         else:
@@ -63,7 +66,8 @@ def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=N
 
 def lower(graph: Graph, effects: bool = True) -> Callable:
     """A jitted callable of the flat arguments returning fn's flat results (a list; hidden outputs left
-    out). With `effects=False` the program's pinned effects (debug prints) do not run."""
+    out). With `effects=False` the program's pinned effects (debug prints) do not run and its host callbacks
+    call stand-ins: the program as superopt runs it on its own inputs."""
     if graph.guard is not None:
         return _guarded(graph, effects)
     const_ids = graph.constant_nodes()

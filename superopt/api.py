@@ -144,7 +144,24 @@ class Optimized:
                 # `jax_debug_nans` re-runs a call whose output has a NaN to find the op that made it
                 return fn(*args, **kwargs)
             spec = self._specialize(leaves, tree, dynamic)
-            return spec.bind([x for x, d in zip(leaves, dynamic) if d], self.npu_under_trace)
+            flat = [x for x, d in zip(leaves, dynamic) if d]
+            varying = sorted({a for x in flat for a in _varying_axes(x)})
+            if not varying:
+                return spec.bind(flat, self.npu_under_trace)
+            # A `shard_map` body: values vary over manual mesh axes, which the program captured from abstract
+            # arguments does not carry. superopt's program binds through lax's functions, which make a value
+            # meeting a varying one varying too, but an equation bound as captured (the original program, an
+            # opaque op) does not: where binding fails on that, fn is traced here as jax.jit traces it (the
+            # equations bound before the failure are dead and dropped with the trace's dead code).
+            try:
+                return spec.bind(flat, self.npu_under_trace)
+            except ValueError as exc:
+                if "varying manual axes" not in str(exc):
+                    raise
+            note = f"; in a shard_map body (varying over {', '.join(map(str, varying))}) fn runs as traced"
+            if note not in spec.report.backend:
+                spec.report.backend += note
+            return fn(*args, **kwargs)
 
         traced = functools.wraps(fn)(traced)   # jax.jit reads fn's signature for static_argnames
         self._jit = jax.jit(traced, static_argnums=self.static_argnums, static_argnames=self.static_argnames,
@@ -298,6 +315,16 @@ UNDER_TRACE = ("jax", "callback")
 
 def _rebuild(fn, target, options) -> Optimized:
     return Optimized(fn, target, **options)
+
+
+def _varying_axes(x) -> frozenset:
+    """The manual mesh axes a traced value varies over in a `shard_map` body (`aval.vma`, or in JAX releases
+    that keep them in a manual axis type, `aval.mat.varying`); empty elsewhere."""
+    aval = jax.typeof(x)
+    found = getattr(aval, "vma", None)
+    if found is None:
+        found = getattr(getattr(aval, "mat", None), "varying", None)
+    return frozenset(found or ())
 
 
 def _under_trace(tree) -> bool:

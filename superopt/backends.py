@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 import jax
 import numpy as np
 
-from superopt.core import lazy, verify as verification
+from superopt.core import derivatives, lazy, verify as verification
 from superopt.core.reference import evaluate
 from superopt.egraph.capture import CUSTOM_VJP
 from superopt.egraph.siblings import run_before
@@ -46,7 +46,7 @@ class JaxBackend:
     name = "jax"
 
     def lower(self, spec, target, check: bool, *, precision=None, example=None):
-        return with_custom_rules(spec)   # the pipeline's program is the JAX program, verified there
+        return with_derivatives(spec, check)   # the pipeline's program is the JAX program, verified there
 
     def reference(self, spec) -> Callable:
         return spec.reference    # the user's program from the captured jaxpr, debug prints left out
@@ -60,7 +60,7 @@ class PallasBackend:
     name = "pallas"
 
     def lower(self, spec, target, check: bool, *, precision=None, example=None):
-        return with_custom_rules(_on_pallas(spec, target, check))
+        return with_derivatives(_on_pallas(spec, target, check), check, differentiable=spec.run)
 
     def reference(self, spec) -> Callable:
         return spec.run      # the verified JAX program of the same term
@@ -84,20 +84,77 @@ class NpuEmulatorBackend:
         return npu._differs(expected, actual, spec.original, args)
 
 
-def with_custom_rules(spec):
-    """`spec` whose program, where the user's calls a `jax.custom_jvp` or `jax.custom_vjp` function, is
-    differentiated as the user's program is. Capture inlines those calls' primal bodies, so JAX would
-    differentiate the optimized body (relu'(0) = 0.5, a clipping or straight-through rule ignored); instead
-    the program is itself a custom_jvp (custom_vjp where the user's has a custom_vjp call, which has no
-    forward mode either) whose rule is JAX's derivative of the user's program (`spec.reference`, every rule
-    in it applied). Undifferentiated, the optimized program runs; under `jax.grad`, `jax.vjp` or `jax.jvp`
-    the user's program runs in its place (or beside it, for the effects of a program that has them). Which
-    calls the user's program makes, `spec.custom_calls`, was read off its jaxpr at capture."""
-    if not spec.custom_calls or spec.reference is None or spec.report.kind is Outcome.KEPT_WHOLE:
+def with_derivatives(spec, check: bool, differentiable: Callable | None = None):
+    """`spec` whose changed program is differentiated by a derivative superopt stands behind. The program is
+    a custom_jvp (a custom_vjp where the user's program calls a custom_vjp function, which has no forward
+    mode) whose rule is chosen the first time JAX differentiates it, under `jax.grad`, `vjp` or `jvp` at any
+    depth (inside a jitted function that is differentiated too), and said in `report.derivatives`:
+
+    - where the user's program calls `jax.custom_jvp` or `jax.custom_vjp` functions, JAX's derivative of the
+      user's program (`spec.differentiated`, every rule in it applied): capture inlined those calls' primal bodies,
+      whose own derivative ignores the rule (relu'(0) = 0.5, a clipping or straight-through rule lost);
+    - else, with `check`, the derivative of `differentiable` (the program of the chosen term as JAX runs it;
+      `spec.run` by default) where it equals the user's program's on verification's finite input sets
+      (`core/derivatives.py`), and the user's program's where it does not;
+    - without `check`, the derivative of `differentiable`, unverified, as its values are.
+
+    Undifferentiated, the optimized program runs; where the rule is the user's program's, under
+    differentiation the user's program runs in its place (or beside it, for the effects of a program that
+    has them)."""
+    report = spec.report
+    if spec.reference is None or report.kind is not Outcome.OPTIMIZED:
         return spec
-    ruled = _ruled(spec.run, spec.reference, vjp=bool(spec.custom_calls & CUSTOM_VJP),
+    differentiable = differentiable or spec.run
+    if spec.custom_calls:
+        report.derivatives = ("the original's: the program calls custom_jvp/custom_vjp functions, whose rules "
+                              "JAX applies to the user's program")
+        rule = _Rule(lambda: spec.differentiated or spec.reference)
+    elif not check:
+        report.derivatives = "the optimized program's, not verified (verify=False)"
+        rule = _Rule(lambda: differentiable)
+    else:
+        report.derivatives = "not verified yet (they are the first time the program is differentiated)"
+        rule = _Rule(lambda: _checked(spec, differentiable))
+    ruled = _ruled(spec.run, rule, vjp=bool(spec.custom_calls & CUSTOM_VJP),
                    effects=bool(spec.original.hidden_outputs))
     return replace(spec, run=_Ruled(spec.run, ruled))
+
+
+def _checked(spec, differentiable: Callable) -> Callable:
+    """The program whose derivative the changed program takes: `differentiable` where its derivatives equal
+    the user's program's (`core/derivatives.py`), else the user's program; `report.derivatives` says which."""
+    report, start = spec.report, time.perf_counter()
+    try:
+        with jax.core.eval_context():   # superopt's own arrays stay concrete under the caller's trace
+            problem = derivatives.check(_listed(spec.reference), _listed(differentiable), spec.avals,
+                                        report.numerics)
+    except Exception as exc:  # a derivative superopt cannot compute is one it does not stand behind
+        problem = f"they could not be compared ({type(exc).__name__}: {exc})"
+    report.stage_seconds["verify-derivatives"] = time.perf_counter() - start
+    if problem is None:
+        report.derivatives = (f"verified: jvp and vjp equal the original's on {derivatives.TRIALS + 1} "
+                              "finite input sets")
+        return differentiable
+    warnings.warn(f"superopt: the optimized program's derivatives differ from the original's ({problem}); "
+                  "differentiating the original", verification.VerificationWarning, stacklevel=2)
+    report.derivatives = f"the original's: the optimized program's differ ({problem})"
+    return spec.differentiated or spec.reference
+
+
+def _listed(fn: Callable) -> Callable:
+    return lambda *flat: list(fn(*flat))
+
+
+class _Rule:
+    """Which program a changed program is differentiated as, decided once, when first needed."""
+
+    def __init__(self, decide: Callable[[], Callable]):
+        self._decide, self._program = decide, None
+
+    def program(self) -> Callable:
+        if self._program is None:
+            self._program = self._decide()
+        return self._program
 
 
 class _Ruled:
@@ -113,16 +170,16 @@ class _Ruled:
         return getattr(self.program, name)
 
 
-def _ruled(run: Callable, reference: Callable, vjp: bool, effects: bool) -> Callable:
-    """`run` (flat arrays -> list of outputs) with `reference`'s derivative; under differentiation the
-    values are `reference`'s, or `run`'s where it has `effects` to run."""
+def _ruled(run: Callable, rule: _Rule, vjp: bool, effects: bool) -> Callable:
+    """`run` (flat arrays -> list of outputs) differentiated as `rule.program()`; under differentiation the
+    values are that program's, or `run`'s where it has `effects` to run."""
     if vjp:
         @jax.custom_vjp
         def ruled(*flat):
             return list(run(*flat))
 
         def forward(*flat):
-            out, pullback = jax.vjp(reference, *flat)
+            out, pullback = jax.vjp(_listed(rule.program()), *flat)
             return (list(run(*flat)) if effects else out), pullback
 
         ruled.defvjp(forward, lambda pullback, cotangents: tuple(pullback(list(cotangents))))
@@ -134,7 +191,7 @@ def _ruled(run: Callable, reference: Callable, vjp: bool, effects: bool) -> Call
 
     @ruled.defjvp
     def _(primals, tangents):
-        out, out_tangents = jax.jvp(reference, primals, tangents)
+        out, out_tangents = jax.jvp(_listed(rule.program()), primals, tangents)
         return (list(run(*primals)) if effects else list(out)), list(out_tangents)
     return ruled
 

@@ -31,7 +31,8 @@ from superopt.core.deadline import Deadline, TimeLimit
 from superopt.core.ir import Graph, Guard, body_str, type_str, unfused
 from superopt.core.reference import evaluate as evaluate_reference
 from superopt.core.serial import NotSerializable, digest, to_data
-from superopt.egraph.capture import Captured, capture, custom_calls, without_debug_effects
+from superopt.egraph.capture import (Captured, calls_host, capture, custom_calls, graph_calls_host, with_stand_ins,
+                                     without_debug_effects)
 from superopt.egraph.limits import Limits, RunReport, StopReason
 from superopt.extract.cost import op_breakdown
 from superopt.extract import guard as guarding
@@ -90,8 +91,16 @@ class Specialization:
     out_keys: dict = field(default_factory=dict)   # flat output index -> PRNG impl, for typed key results
     reference: Callable | None = None   # the user's program, debug prints left out: what backends check against
     custom_calls: frozenset = frozenset()   # the custom_jvp/custom_vjp calls the user's program makes (capture)
+    differentiated: Callable | None = None  # the user's program, host callbacks calling the user's code:
+    #                                         what runs in a changed program's place under differentiation
     _traced: Any = None    # the program bound under a trace, when `run` is not a JAX computation
     pieces: Any = None     # `Pieces`, where the program was optimized in segments
+
+    @property
+    def program(self) -> Callable:
+        """The backend's program that `run` calls (a `PallasProgram`, an NPU emulator run, the JAX program),
+        without the derivative rule that `backends.with_derivatives` puts around a changed one."""
+        return getattr(self.run, "program", self.run)
 
     def unflatten(self, outs) -> Any:
         """fn's result from the program's flat outputs (key data of a typed key result wrapped again)."""
@@ -302,10 +311,27 @@ def traced(captured: Captured) -> Graph:
 
 def reference_program(captured: Captured) -> Callable:
     """The user's program as jax.jit runs it, from the jaxpr capture traced (fn is not traced again), with
-    output-less effects (debug prints) left out: superopt runs it on its own inputs, which the user's
-    callbacks must never see."""
+    output-less effects (debug prints) left out and host callbacks (`jax.pure_callback`) calling stand-ins
+    (`capture.StandIn`): superopt runs it on its own inputs, which the user's host code must never see."""
+    return _evaluated(with_stand_ins(without_debug_effects(captured.jaxpr)))
+
+
+def differentiated_program(captured: Captured, reference: Callable) -> Callable:
+    """The user's program as `reference` is, its host callbacks calling the user's code: what runs in place of
+    a changed program under differentiation, where the user's own derivative rules must apply
+    (backends.with_derivatives). `reference` itself where the program makes no host callback."""
     closed = without_debug_effects(captured.jaxpr)
+    return _evaluated(closed) if calls_host(closed) else reference
+
+
+def _evaluated(closed) -> Callable:
     return jax.jit(lambda *flat: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat))
+
+
+def on_own_inputs(graph: Graph, program: Callable) -> Callable:
+    """`program` (`graph` lowered) as superopt runs it on its own inputs: its debug prints silent and its host
+    callbacks calling stand-ins; `program` itself where it has neither."""
+    return lower(graph, effects=False) if graph.hidden_outputs or graph_calls_host(graph) else program
 
 
 # A program traced this long from a Python loop that re-rolling batched (superopt/reroll.py) takes XLA seconds
@@ -475,13 +501,13 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
             if step is not None:
                 program = timer(stage_name, step)
         if search.check_results:   # on superopt's own inputs: the program's debug prints stay silent
-            silent = lower(chosen.graph, effects=False) if chosen.graph.hidden_outputs else program
-            timer("verify", check, reference, silent, captured, numerics, run.fired, segment)
+            timer("verify", check, reference, on_own_inputs(chosen.graph, program), captured, numerics, run.fired,
+                  segment)
             if deadline.expired():
                 raise Kept(Outcome.TIME_LIMIT, f"time limit (verify: the call's {limits.seconds:g} s ran out)")
         if search.tune:   # both programs without their debug prints: superopt's own inputs
-            quiet = lower(chosen.graph, effects=False) if chosen.graph.hidden_outputs else program
-            chosen.method += "; " + timer("tune", measured, reference_program(captured), quiet, captured)
+            chosen.method += "; " + timer("tune", measured, reference_program(captured),
+                                          on_own_inputs(chosen.graph, program), captured)
         return run, Outcome.OPTIMIZED, "", chosen, program
     except Kept as kept:
         outcome, reason = kept.outcome, kept.reason
@@ -539,7 +565,8 @@ def _specialization(captured: Captured, search: Search, timer: Stages, run: RunR
     if outcome is Outcome.OPTIMIZED:
         program = program or timer("lower", lower, chosen.graph)
         return Specialization(program, report, chosen.graph, original, captured.out_tree, captured.in_avals,
-                              reference=reference, custom_calls=custom_calls(captured.jaxpr))
+                              reference=reference, custom_calls=custom_calls(captured.jaxpr),
+                              differentiated=differentiated_program(captured, reference))
     return Specialization(user_program(captured), report, original, original, captured.out_tree,
                           captured.in_avals, reference=reference, custom_calls=custom_calls(captured.jaxpr))
 

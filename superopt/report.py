@@ -108,6 +108,7 @@ class Report:
     segments: str = ""             # how the program was split, and where each distinct segment's result came from
     cache: str = ""                # "hit" where the whole result came from the persistent cache
     rerolled: str = ""             # the loops over rows re-rolled before the search (superopt/reroll.py)
+    derivatives: str = ""          # whose derivative a changed program takes, and whether it was verified
 
     @property
     def optimized(self) -> bool:
@@ -196,6 +197,8 @@ class Report:
             for cost, what in self.top_costs:
                 lines.append(f"    {_fmt_time(cost):>10}  {what}")
         lines.append(f"  runs on      : {self.backend}")
+        if self.derivatives:
+            lines.append(f"  derivatives  : {self.derivatives}")
         if self.segments:
             lines.append(f"  segments     : {self.segments}")
         if self.cache:

@@ -191,3 +191,75 @@ def test_complex_to_real_ops_are_typed_real(name, f):
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5)
     assert "failed" not in fast.report.outcome, fast.report.outcome
     assert not fast.report.run.error, fast.report.run.error
+
+
+# ---- host callbacks see only the user's values (item 4) ----
+
+CHANGED = "gpu-h100"   # a target whose cost model changes these small programs (diagonal of a product)
+
+
+def diag_program(host, out_shape=(8,)):
+    def fn(a, b):
+        y = jax.pure_callback(host, jax.ShapeDtypeStruct(out_shape, jnp.float32), jnp.diagonal(a @ b))
+        return jnp.sum(y * 3.0 * 2.0) + jnp.sum(jnp.diagonal(a @ b))
+    return fn
+
+
+AB = (jnp.eye(8, dtype=jnp.float32), jnp.asarray(np.random.default_rng(0).standard_normal((8, 8)), jnp.float32))
+
+
+def test_verification_never_calls_the_users_host_code():
+    seen = []
+
+    def host(x):
+        seen.append(np.asarray(x).copy())
+        return np.asarray(x) * 2
+
+    fast = superopt(diag_program(host), target=CHANGED)
+    same(fast(*AB), jax.jit(diag_program(host))(*AB))
+    assert fast.report.optimized, fast.report.outcome
+    assert len(seen) == 2                                   # one call each: superopt's and jax.jit's
+    assert all(np.array_equal(s, np.diagonal(np.asarray(AB[1]))) for s in seen)
+
+
+def test_a_runtime_check_in_a_callback_does_not_fire_on_superopts_inputs(capfd):
+    """A library's runtime check (equinox's error_if calls back to the host and raises there) on a finite
+    argument: superopt's infinities never reach it, so nothing is printed and the program is optimized."""
+    def check_finite(x):
+        if not np.all(np.isfinite(x)):
+            raise ValueError("non-finite value")
+        return np.asarray(x)
+
+    fast = superopt(diag_program(check_finite), target=CHANGED)
+    same(fast(*AB), jax.jit(diag_program(check_finite))(*AB))
+    assert fast.report.optimized, fast.report.outcome
+    assert "non-finite" not in capfd.readouterr().err
+
+
+def test_a_callback_of_another_shape_is_still_verified_around():
+    """A callback whose result has no operand's shape returns the stand-in's fixed ramp in verification; the
+    user's call gets the host's value."""
+    host = lambda x: np.full((3,), np.sum(x), np.float32)    # noqa: E731
+    fast = superopt(diag_program(host, (3,)), target=CHANGED)
+    same(fast(*AB), jax.jit(diag_program(host, (3,)))(*AB))
+    assert fast.report.optimized, fast.report.outcome
+
+
+# ---- shard_map bodies (item 6) ----
+
+@pytest.mark.parametrize("target", ["cpu", CHANGED])
+@pytest.mark.parametrize("body", [
+    lambda x, w: (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5) @ w,
+    lambda x, w: jnp.tanh(x) * 2.0 * 3.0 @ w,
+    lambda x, w: jnp.sum(jnp.diagonal(x @ w.T)).reshape(1, 1) / 8.0 + jnp.zeros((1, 8)),
+], ids=["layernorm", "constants", "diagonal"])
+def test_a_shard_map_body_with_constants_runs_as_under_jax_jit(target, body):
+    """A superopt'd function as a `jax.shard_map` body, with the default varying-axes check: an argument
+    replicated over the mesh meets one that varies, and constants meet both."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = jax.make_mesh((1,), ("d",))
+    x = jax.device_put(jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8) / 64, NamedSharding(mesh, P("d")))
+    w = jax.device_put(jnp.ones((8, 8), jnp.float32), NamedSharding(mesh, P()))
+    mapped = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("d"), P()), out_specs=P("d")))  # noqa: E731
+    np.testing.assert_allclose(np.asarray(mapped(superopt(body, target=target))(x, w)),
+                               np.asarray(mapped(body)(x, w)), rtol=1e-5, atol=1e-6)

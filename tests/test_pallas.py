@@ -420,7 +420,7 @@ def test_superopt_backend_pallas(target):
     for got, want in zip(fast(*args), mlp(*args)):
         assert_close(got, want, 2e-5)
     assert fast.report.backend.startswith(f"pallas ({MODE})"), fast.report.backend
-    program = fast.compile(*args).run
+    program = fast.compile(*args).program
     assert isinstance(program, PallasProgram) and program.launches and not program.in_jax
 
 
@@ -491,7 +491,7 @@ def test_bert_encoder_layer_entirely_in_pallas():
     got = fast(*wl.args)
     assert_close(got, wl.fn(*wl.args), 1e-4)
     spec = fast.compile(*wl.args)
-    program = spec.run
+    program = spec.program
     assert isinstance(program, PallasProgram) and not program.in_jax
     assert all(not launch.detail.startswith("one program") for launch in program.launches), program.describe()
     covered = {i for launch in program.launches for i in launch.nodes}

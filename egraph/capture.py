@@ -66,8 +66,10 @@ class Captured:
     jaxpr: Any = None        # the ClosedJaxpr of the flat function traced (the reference program is built
                              # from it: fn is not traced again)
     kept_whole: str = ""     # why the program is one opaque node the optimizer must not change, or ""
-    traced: Graph | None = None   # the program as traced, where `graph` is it re-rolled (superopt/reroll.py): what
-                                  # the optimized program is priced and reported against
+    traced: Graph | None = None   # the program as traced, where `graph` is it re-rolled (superopt/reroll.py) or its
+                                  # loops vectorized (superopt/loops.py): what the optimized program is priced
+                                  # and reported against
+    vectorized: int = 0           # how many loops superopt/loops.py batched in `graph`
 
 
 class KeepWhole(Exception):

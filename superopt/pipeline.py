@@ -44,6 +44,7 @@ from superopt.extract.target import load_target
 from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.jax import lower
 from superopt.report import Outcome, Report
+from superopt.loops import vectorize, vectorized_note
 from superopt.reroll import reroll, rerolled_note
 from superopt.reuse import (
     combined_run,
@@ -392,10 +393,15 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     if symbolic:   # the cost model, the cache key and the checker's inputs all need sizes
         return _as_captured(captured, tgt, numerics, timer, f"symbolic dimensions ({', '.join(symbolic)}): "
                             f"superopt optimizes programs of known shapes, so this one runs as captured")
+    if not (captured.kept_whole or captured.graph.hidden_outputs) and any(op.name == "scan"
+                                                                          for op in captured.graph.opaque):
+        lifted, loops = timer("vectorize", vectorize, captured.graph)
+        if loops:
+            captured = dataclasses.replace(captured, graph=lifted, traced=captured.graph, vectorized=loops)
     if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
         rolled, loops = timer("reroll", reroll, captured.graph)
         if loops:
-            captured = dataclasses.replace(captured, graph=rolled, traced=captured.graph)
+            captured = dataclasses.replace(captured, graph=rolled, traced=traced(captured))
     schedule, left_out = schedule_of(rulesets, numerics, tgt.kind)
     # the rules strict leaves out are the "reals" ones a guarded program's search adds
     guarded = schedule_of(rulesets, "fast", tgt.kind)[0] if guard and numerics == "strict" and left_out else None
@@ -862,6 +868,8 @@ def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reas
                     ops_before=original.op_counts(), numerics=numerics, left_out=left_out,
                     overflow_rewrites=numerics_mode.overflow_rewrites(schedule, run.fired),
                     stage_seconds=stage_seconds)
+    if captured.vectorized:
+        report.loops = vectorized_note(captured.vectorized)
     if captured.traced is not None:
         report.rerolled = rerolled_note(captured.traced, captured.graph)
     if chosen is not None:

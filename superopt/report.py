@@ -108,6 +108,7 @@ class Report:
     segments: str = ""             # how the program was split, and where each distinct segment's result came from
     cache: str = ""                # "hit" where the whole result came from the persistent cache
     rerolled: str = ""             # the loops over rows re-rolled before the search (superopt/reroll.py)
+    loops: str = ""                # the loops vectorized before the search (superopt/loops.py)
     derivatives: str = ""          # whose derivative a changed program takes, and whether it was verified
 
     @property
@@ -176,6 +177,8 @@ class Report:
         changed = sorted(set(self.ops_before) | set(self.ops_after))
         diffs = [f"{op} {self.ops_before.get(op, 0)}->{self.ops_after.get(op, 0)}" for op in changed
                  if self.ops_before.get(op, 0) != self.ops_after.get(op, 0)]
+        if self.loops:
+            lines.append(f"  loops        : {self.loops}")
         if self.rerolled:
             lines.append(f"  re-rolled    : {self.rerolled}")
         lines.append("  numerics     : " + self._numerics_line())

@@ -1,0 +1,419 @@
+"""Loop vectorization: a `lax.scan` (a `fori_loop` with static bounds traces to one) whose iterations do not
+depend on each other becomes one batched computation, before the search.
+
+A scan's body maps (consts, carry, xs[k]) to (carry', ys[k]). Each carry component is classified from the
+body's jaxpr:
+
+- a **counter**: `carry' = carry + 1` on an integer whose initial value is known (a literal or constant of
+  the program): at iteration k it is `init + k` (`init + L - 1 - k` for a reversed scan);
+- **invariant**: `carry' = carry`;
+- **accumulated**: `carry' = carry + g`, where the carry is read by nothing else: the final value is
+  `init + sum_k g_k`, the same terms added in another order (README.md, "Numerics contract");
+- **row-written**: `carry' = carry.at[i].set(u)` (a scatter or a dynamic_update_slice of one row along
+  axis 0), where i is computed from the counters alone, takes L consecutive in-range values (increasing or
+  decreasing by one),
+  and the carry is otherwise read only at row i, before it is written: each iteration reads the row as it
+  was before the loop and writes only its own, so the final value is the rows `init[:lo]`, the stacked
+  updates (in row order), `init[lo + L:]`.
+
+Anything else (a carry read whole, a value carried from one iteration to the next, effects) leaves the
+loop as it is. Where every carry is one of these, the body runs once, under `jax.vmap` over the iteration
+index: the counters as the vector of their values, xs as they are, each row read of a loop-invariant array
+or of a row-written carry at the counter's row as the slice of those rows (not a gather), and everything
+else shared. What comes back is the term language's own ops on whole tensors, captured again, so every
+rule set and the cost model see the loop's work as a program, and the pipeline prices it against the loop
+as traced (a loop costs its trip count times its body plus the target's per-iteration overhead).
+
+Batching computes each element from the same operands with the same ops (elementwise results are equal;
+a reduction adds the same terms in an order XLA chooses); an accumulation's sum is re-ordered. The program
+is verified against the user's loop like any other candidate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+
+from superopt.core.ir import Graph, Node
+
+MAX_PASSES = 3          # nested loops: the batched body of an outer loop may hold an inner loop to vectorize
+
+
+class _Unsupported(Exception):
+    """The loop's iterations may depend on each other, or the analysis does not cover its body."""
+
+
+@dataclass
+class _RowRead:
+    """A read of row `rows[k]` (iteration k) of `source` (an invar of the body) along axis 0."""
+    source: object
+    rows: np.ndarray
+
+
+@dataclass
+class _Plan:
+    body: object                 # the body's ClosedJaxpr
+    nc: int
+    nk: int
+    length: int
+    counters: dict               # carry index -> counter values per iteration (np.ndarray)
+    invariant: set
+    accumulated: dict            # carry index -> the var added to it (g)
+    written: dict                # carry index -> (writer eqn, the update var, the row written per iteration)
+    reads: dict                  # eqn id -> _RowRead: contiguous row reads, given as batched rows
+    skip: set                    # eqn ids not evaluated (the writers and the accumulations)
+
+
+def _literal(atom):
+    return isinstance(atom, jcore.Literal)
+
+
+def _is_one(atom) -> bool:
+    return _literal(atom) and np.ndim(atom.val) == 0 and atom.val == 1
+
+
+def _plan(params: dict, known: list) -> _Plan:
+    """How the scan with these params vectorizes, given the values of its operands that are known (None
+    where not), or _Unsupported."""
+    closed, nc, nk, length = params["jaxpr"], params["num_consts"], params["num_carry"], params["length"]
+    jaxpr = closed.jaxpr
+    if jaxpr.effects or length < 1:
+        raise _Unsupported("effects")
+    kvars, kouts = jaxpr.invars[nc:nc + nk], jaxpr.outvars[:nk]
+    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+    uses: dict = {}
+    for e in jaxpr.eqns:
+        for a in e.invars:
+            if not _literal(a):
+                uses.setdefault(a, []).append(e)
+    def carried_only(out) -> bool:
+        """The body's new value of a carry is read by nothing in the body and is not also a ys."""
+        return out not in uses and sum(o is out for o in jaxpr.outvars) == 1
+
+    # counters
+    steps = np.arange(length)
+    order = steps[::-1] if params["reverse"] else steps
+    counters = {}
+    for j, (v, out) in enumerate(zip(kvars, kouts)):
+        e = producer.get(out)
+        if (e is not None and e.primitive.name == "add" and np.issubdtype(v.aval.dtype, np.integer)
+                and v.aval.shape == () and known[nc + j] is not None
+                and ((e.invars[0] is v and _is_one(e.invars[1])) or (e.invars[1] is v and _is_one(e.invars[0])))):
+            counters[j] = int(np.asarray(known[nc + j])) + order
+    scalars = _counter_scalars(jaxpr, {kvars[j]: vals for j, vals in counters.items()}, length)
+
+    invariant, accumulated, written, reads, skip = set(), {}, {}, {}, set()
+    state = {}
+    for j, (v, out) in enumerate(zip(kvars, kouts)):
+        if j in counters:
+            continue
+        if out is v:
+            invariant.add(j)
+            continue
+        state[v] = j
+        e = producer.get(out)
+        if e is None:
+            raise _Unsupported(f"carry {j} is replaced")
+        if e.primitive.name == "add":
+            mine = [a for a in e.invars if _carried(a, v, producer, uses, e) is not None]
+            if len(mine) == 1 and len(e.invars) == 2 and carried_only(out):
+                accumulated[j] = next(a for a in e.invars if a is not mine[0])
+                skip.add(id(e))
+                if mine[0] is not v:
+                    skip.add(id(producer[mine[0]]))
+                continue
+            raise _Unsupported(f"carry {j} is added to itself in another way")
+        rows = _row_written(e, v, scalars)
+        if rows is None or not carried_only(out):
+            raise _Unsupported(f"carry {j}: {e.primitive.name} is not one row at the counter")
+        written[j] = (e, e.invars[2] if e.primitive.name == "scatter" else e.invars[1], rows)
+        skip.add(id(e))
+        for use in uses.get(v, []):
+            if use is e:
+                continue
+            read = _row_read(use, scalars)
+            if read is None or not np.array_equal(read, rows):
+                raise _Unsupported(f"carry {j} is read other than at the row it writes")
+            reads[id(use)] = _RowRead(v, read)
+        if len(set(rows.tolist())) != length:
+            raise _Unsupported("rows written twice")
+    # every other use of a carried state is a dependence between iterations
+    for v, j in state.items():
+        if any(o is v for o in jaxpr.outvars):
+            raise _Unsupported(f"carry {j} is a ys")
+        for use in uses.get(v, []):
+            if id(use) not in skip and id(use) not in reads:
+                raise _Unsupported(f"carry {j} is read by {use.primitive.name}")
+    # contiguous row reads of loop invariants (consts, invariant carries) are slices, not gathers
+    invariant_vars = set(jaxpr.invars[:nc]) | {kvars[j] for j in invariant}
+    for e in jaxpr.eqns:
+        if id(e) in reads or e.primitive.name != "dynamic_slice" or e.invars[0] not in invariant_vars:
+            continue
+        rows = _row_read(e, scalars)
+        if rows is not None and _contiguous(rows, e.invars[0].aval.shape[0]):
+            reads[id(e)] = _RowRead(e.invars[0], rows)
+    for j, (e, _, _) in written.items():
+        if not _contiguous(_written_rows(e, scalars), kvars[j].aval.shape[0]):
+            raise _Unsupported("rows written out of order, or outside the carry")
+    return _Plan(closed, nc, nk, length, counters, invariant, accumulated, written, reads, skip)
+
+
+def _carried(atom, v, producer: dict, uses: dict, add):
+    """`atom` where it is the carry `v`, or a same-dtype convert of it that only `add` reads (JAX converts a
+    weakly typed carry before adding), else None."""
+    if atom is v:
+        return v
+    e = producer.get(atom)
+    if (e is not None and e.primitive.name == "convert_element_type" and e.invars[0] is v
+            and e.params["new_dtype"] == v.aval.dtype and uses.get(atom) == [add]):
+        return atom
+    return None
+
+
+def _contiguous(rows: np.ndarray, size: int) -> bool:
+    """The rows are consecutive, increasing or decreasing by one, and within a tensor of `size` rows."""
+    step = np.diff(rows)
+    return bool(np.all(step == 1) or np.all(step == -1)) and rows.min() >= 0 and rows.max() < size
+
+
+def _in_order(values, rows: np.ndarray):
+    """`values` (one per iteration, stacked) as the rows min(rows).. they are, in the tensor's order."""
+    return values[::-1] if len(rows) > 1 and rows[1] < rows[0] else values
+
+
+def _counter_scalars(jaxpr, counters: dict, length: int) -> dict:
+    """The concrete value per iteration (an array of `length`) of each scalar the body computes from its
+    counters and literals alone: the row indices of its reads and writes."""
+    known = {v: np.asarray(vals, v.aval.dtype) for v, vals in counters.items()}
+    for e in jaxpr.eqns:
+        if (not e.invars or any(isinstance(p, (jcore.Jaxpr, jcore.ClosedJaxpr)) for p in e.params.values())
+                or not all(_literal(a) or a in known for a in e.invars)
+                or any(o.aval.shape not in ((), (1,)) for o in e.outvars)):
+            continue
+        cols = [jnp.broadcast_to(jnp.asarray(a.val), (length,) + np.shape(a.val)) if _literal(a) else known[a]
+                for a in e.invars]
+        try:
+            with jax.core.eval_context():
+                out = jax.vmap(lambda *xs: _bind(e, list(xs)))(*cols)
+        except Exception:   # noqa: BLE001 - a scalar op this evaluation cannot run is simply not known
+            continue
+        for o, val in zip(e.outvars, out if e.primitive.multiple_results else [out]):
+            known[o] = np.asarray(val)
+    return known
+
+
+def _index_rows(indices, scalars: dict):
+    """The per-iteration values of a start index list whose first entry is counter-derived and whose others
+    are all zero, else None."""
+    first, rest = indices[0], indices[1:]
+    if _literal(first) or first not in scalars:
+        return None
+    for a in rest:
+        value = a.val if _literal(a) else scalars.get(a)
+        if value is None or np.any(np.asarray(value) != 0):
+            return None
+    return np.asarray(scalars[first]).reshape(-1)
+
+
+def _row_read(e, scalars: dict):
+    """The rows a `dynamic_slice` of one full row along axis 0 reads, per iteration, or None."""
+    if e.primitive.name != "dynamic_slice":
+        return None
+    shape, sizes = e.invars[0].aval.shape, e.params["slice_sizes"]
+    if len(shape) < 1 or sizes[0] != 1 or tuple(sizes[1:]) != tuple(shape[1:]):
+        return None
+    return _index_rows(e.invars[1:], scalars)
+
+
+def _row_written(e, v, scalars: dict):
+    """The rows a one-row write of carry `v` writes per iteration (a `dynamic_update_slice` of a (1, ...)
+    update, or a `scatter` of one row at index [i] along axis 0), or None."""
+    if e.invars[0] is not v:
+        return None
+    return _written_rows(e, scalars)
+
+
+def _written_rows(e, scalars: dict):
+    shape = e.invars[0].aval.shape
+    if not shape:
+        return None
+    if e.primitive.name == "dynamic_update_slice":
+        if e.invars[1].aval.shape != (1,) + tuple(shape[1:]):
+            return None
+        return _index_rows(e.invars[2:], scalars)
+    if e.primitive.name == "scatter":
+        dn = e.params["dimension_numbers"]
+        index, update = e.invars[1], e.invars[2]
+        if (tuple(dn.inserted_window_dims) != (0,) or tuple(dn.scatter_dims_to_operand_dims) != (0,)
+                or tuple(dn.update_window_dims) != tuple(range(len(shape) - 1)) or dn.operand_batching_dims
+                or update.aval.shape != tuple(shape[1:]) or index.aval.shape != (1,) or index not in scalars
+                or e.params.get("update_jaxpr") is not None):
+            return None
+        return np.asarray(scalars[index]).reshape(-1)
+    return None
+
+
+def _lifted(plan: _Plan):
+    """The loop's outputs (final carries, then ys) as a function of its operands, batched (module doc)."""
+    jaxpr, consts = plan.body.jaxpr, plan.body.consts
+    nc, nk = plan.nc, plan.nk
+    invars = jaxpr.invars
+    kvars = invars[nc:nc + nk]
+    reads = list(plan.reads.items())
+
+    def run(*operands):
+        inits = operands[nc:nc + nk]
+        shared = {v: x for v, x in zip(invars[:nc], operands[:nc])}
+        shared.update({kvars[j]: inits[j] for j in plan.invariant})
+        sources = {**shared, **{kvars[j]: inits[j] for j in plan.written}}
+        rows = [_in_order(jax.lax.slice_in_dim(sources[r.source], int(r.rows.min()), int(r.rows.min()) + plan.length,
+                                               axis=0), r.rows) for _, r in reads]
+        counters = [jnp.asarray(vals, kvars[j].aval.dtype) for j, vals in plan.counters.items()]
+
+        def one(counter_values, xs, row_values):
+            env = dict(shared)
+            env.update({kvars[j]: c for j, c in zip(plan.counters, counter_values)})
+            env.update(zip(invars[nc + nk:], xs))
+            env.update(zip(jaxpr.constvars, consts))
+            given = {eqn_id: r[None] for (eqn_id, _), r in zip(reads, row_values)}
+            read = lambda a: a.val if _literal(a) else env[a]   # noqa: E731
+            for e in jaxpr.eqns:
+                if id(e) in plan.skip:
+                    continue
+                if id(e) in given:
+                    env[e.outvars[0]] = given[id(e)]
+                    continue
+                out = _bind(e, [read(a) for a in e.invars])
+                for o, val in zip(e.outvars, out if e.primitive.multiple_results else [out]):
+                    env[o] = val
+            accumulated = [read(g) for g in plan.accumulated.values()]
+            updates = [jnp.reshape(read(u), kvars[j].aval.shape[1:]) for j, (_, u, _) in plan.written.items()]
+            ys = [read(y) for y in jaxpr.outvars[nk:]]
+            return accumulated, updates, ys
+
+        accumulated, updates, ys = jax.vmap(one)(counters, list(operands[nc + nk:]), rows)
+        finals = list(inits)
+        for j, vals in plan.counters.items():
+            finals[j] = inits[j] + jnp.asarray(plan.length, kvars[j].aval.dtype)
+        for (j, _), g in zip(plan.accumulated.items(), accumulated):
+            finals[j] = (inits[j] + jnp.sum(g, axis=0, dtype=g.dtype)).astype(kvars[j].aval.dtype)
+        for (j, (_, _, written)), u in zip(plan.written.items(), updates):
+            init, lo = inits[j], int(written.min())
+            parts = [init[:lo], _in_order(u, written).astype(init.dtype), init[lo + plan.length:]]
+            finals[j] = jnp.concatenate([p for p in parts if p.shape[0]], axis=0)
+        return finals + list(ys)
+
+    return run
+
+
+def _bind(e, args: list):
+    """Equation `e` bound on `args`, as `jax.core.eval_jaxpr` binds it (JAX releases differ in whether
+    `get_bind_params` returns the sub-functions too)."""
+    got = e.primitive.get_bind_params(e.params)
+    subfuns, params = got if isinstance(got, tuple) else ((), got)
+    return e.primitive.bind(*subfuns, *args, **params)
+
+
+def vectorize(graph: Graph) -> tuple[Graph, int]:
+    """`graph` with each scan whose iterations are independent (module doc) replaced by its body batched,
+    and how many were; `graph` itself where none is."""
+    total = 0
+    for _ in range(MAX_PASSES):
+        graph, n = _one_pass(graph)
+        total += n
+        if not n:
+            break
+    return graph, total
+
+
+def _known(graph: Graph, i: int):
+    node = graph.nodes[i]
+    if node.op == "lit":
+        return np.asarray(node.attrs[0], dtype=np.dtype(node.dtype))
+    if node.op == "const":
+        return np.asarray(graph.consts[node.attrs[0]])
+    return None
+
+
+def _one_pass(graph: Graph) -> tuple[Graph, int]:
+    from superopt.egraph.capture import capture
+    replaced: dict[int, tuple[Graph, tuple]] = {}
+    for i in graph.live():
+        node = graph.nodes[i]
+        if node.op != "opaque" or node.attrs[0] in replaced:
+            continue
+        op = graph.opaque[node.attrs[0]]
+        if op.name != "scan" or op.effectful:
+            continue
+        try:
+            plan = _plan(op.params, [_known(graph, j) for j in node.inputs])
+        except _Unsupported:
+            continue
+        avals = tuple(jax.ShapeDtypeStruct(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs)
+        try:
+            sub = capture(_lifted(plan), avals, keep_whole=False).graph
+        except Exception:   # noqa: BLE001 - a body that does not batch or capture stays a loop
+            continue
+        if sub.hidden_outputs:
+            continue
+        replaced[node.attrs[0]] = (sub, node.inputs)
+    if not replaced:
+        return graph, 0
+    return _spliced(graph, replaced), len(replaced)
+
+
+def _spliced(graph: Graph, replaced: dict) -> Graph:
+    """`graph` with the outputs of each replaced opaque equation taken from its sub-graph, whose arguments
+    are the equation's operands."""
+    out = Graph(consts=list(graph.consts), n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
+    ids: dict[int, int] = {}
+    inlined: dict[int, list] = {}
+    opaque_index: dict[int, int] = {}
+    for i in graph.live():
+        node = graph.nodes[i]
+        if node.op == "opaque" and node.attrs[0] in replaced:
+            eq = node.attrs[0]
+            if eq not in inlined:
+                sub, operands = replaced[eq]
+                inlined[eq] = _inline(out, sub, [ids[j] for j in operands], opaque_index, graph)
+            ids[i] = inlined[eq][node.attrs[1]]
+            continue
+        attrs = node.attrs
+        if node.op == "opaque":
+            attrs = (_opaque(out, graph.opaque[node.attrs[0]], opaque_index, node.attrs[0]),) + tuple(node.attrs[1:])
+        ids[i] = out.add(Node(node.op, tuple(ids[j] for j in node.inputs), attrs, node.shape, node.dtype))
+    out.outputs = [ids[o] for o in graph.outputs]
+    return out
+
+
+def _opaque(out: Graph, op, index: dict, key) -> int:
+    if key not in index:
+        out.opaque.append(op)
+        index[key] = len(out.opaque) - 1
+    return index[key]
+
+
+def _inline(out: Graph, sub: Graph, ins: list, opaque_index: dict, graph: Graph) -> list:
+    local: dict[int, int] = {}
+    for k in sub.live():
+        inner = sub.nodes[k]
+        if inner.op == "arg":
+            local[k] = ins[inner.attrs[0]]
+            continue
+        attrs = inner.attrs
+        if inner.op == "const":
+            out.consts.append(sub.consts[inner.attrs[0]])
+            attrs = (len(out.consts) - 1,)
+        elif inner.op == "opaque":
+            attrs = (_opaque(out, sub.opaque[inner.attrs[0]], opaque_index, ("sub", id(sub), inner.attrs[0])),) \
+                + tuple(inner.attrs[1:])
+        local[k] = out.add(Node(inner.op, tuple(local[j] for j in inner.inputs), attrs, inner.shape, inner.dtype))
+    return [local[o] for o in sub.outputs]
+
+
+def vectorized_note(loops: int) -> str:
+    """The report's words for what vectorizing did."""
+    return f"{loops} loop{'s' if loops != 1 else ''} with independent iterations batched before the search"

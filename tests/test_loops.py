@@ -1,0 +1,119 @@
+"""Loop vectorization (superopt/loops.py): a scan or fori_loop whose iterations are independent becomes its
+body batched, with the loop's values; a loop whose iterations depend on each other is left as it is."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from jax import lax
+
+from superopt.egraph.capture import capture
+from superopt.loops import vectorize
+from superopt.lowering.jax import lower
+
+RNG = np.random.default_rng(0)
+X = jnp.asarray(RNG.standard_normal((24, 8)), jnp.float32)
+W = jnp.asarray(RNG.standard_normal((8,)), jnp.float32)
+M = jnp.asarray(RNG.standard_normal((8, 8)), jnp.float32)
+
+
+def vectorized(fn, *args):
+    """(how many loops were batched, the loops left, the batched program's outputs, jax.jit's)."""
+    graph, n = vectorize(capture(fn, args).graph)
+    left = sum(op.name in ("scan", "while") for op in graph.opaque)
+    return n, left, [np.asarray(o) for o in lower(graph)(*args)], [np.asarray(o) for o in
+                                                                   jax.tree_util.tree_leaves(jax.jit(fn)(*args))]
+
+
+def row_map(x):
+    return lax.fori_loop(0, x.shape[0], lambda i, x: x.at[i].set(jnp.tanh(x[i]) * 2.0), x)
+
+
+def row_norm(x):
+    return lax.fori_loop(0, x.shape[0], lambda i, x: x.at[i].set((x[i] - x[i].mean()) / jnp.sqrt(x[i].var() + 1e-5)), x)
+
+
+def into_other(x):   # rows 2..9 of a fresh array, from the rows of an invariant one
+    return lax.fori_loop(2, 10, lambda i, y: y.at[i].set(x[i] * 3.0 + y[i]), jnp.ones_like(x))
+
+
+def scan_map(x):
+    return lax.scan(lambda c, r: (c, jnp.sin(r) @ M), 0.0, x)[1]
+
+
+def reversed_map(x):
+    return lax.scan(lambda c, r: (c, r * 2.0 + 1.0), 0.0, x, reverse=True)[1]
+
+
+def backwards(x):   # the rows from the last to the first: still one row each
+    return lax.fori_loop(0, 20, lambda i, x: x.at[21 - i].set(x[21 - i] * 2.0 + W[0]), x)
+
+
+EXACT = {"backwards": backwards, "row-map": row_map, "row-norm": row_norm, "into-other": into_other, "scan-map": scan_map,
+         "reversed": reversed_map}
+
+
+@pytest.mark.parametrize("name", sorted(EXACT))
+def test_independent_iterations_are_batched_with_the_loops_values(name):
+    n, left, got, want = vectorized(EXACT[name], X)
+    assert (n, left) == (1, 0)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_an_accumulation_is_a_sum_of_the_batched_terms():
+    def acc(x, w):
+        return lax.fori_loop(0, x.shape[0], lambda i, c: c + jnp.sum(jnp.tanh(x[i]) * w), 0.0)
+
+    def scan_acc(x):
+        return lax.scan(lambda c, r: (c + r * r, None), jnp.zeros(8), x)[0]
+    for fn, args in ((acc, (X, W)), (scan_acc, (X,))):
+        n, left, got, want = vectorized(fn, *args)
+        assert (n, left) == (1, 0)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+@given(st.lists(st.integers(-2**31, 2**31 - 1), min_size=6, max_size=6))
+@settings(max_examples=25, deadline=None)
+def test_an_integer_accumulation_wraps_as_the_loop_does(values):
+    """Integer addition wraps (two's complement) and is associative: the batched sum is bit-identical."""
+    x = jnp.asarray(np.array(values, np.int32).reshape(6, 1) * np.ones((1, 3), np.int32))
+    fn = lambda x: lax.fori_loop(0, 6, lambda i, c: c + x[i] * 7, jnp.zeros(3, jnp.int32))   # noqa: E731
+    n, _, got, want = vectorized(fn, x)
+    assert n == 1
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+DEPENDENT = {
+    "running-sum": lambda x: lax.scan(lambda c, r: (c + r, c + r), jnp.zeros(8), x)[1],
+    "reads-next-row": lambda x: lax.fori_loop(0, 23, lambda i, x: x.at[i].set(x[i + 1] * 2.0), x),
+    "reads-whole": lambda x: lax.fori_loop(0, 24, lambda i, x: x.at[i].set(jnp.sum(x) * x[i]), x),
+    "carry-through": lambda x: lax.scan(lambda c, r: (jnp.tanh(c * r), None), jnp.ones(8), x)[0],
+    "same-row-twice": lambda x: lax.fori_loop(0, 24, lambda i, x: x.at[i // 2].set(x[i // 2] + 1.0), x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEPENDENT))
+def test_dependent_iterations_stay_a_loop(name):
+    n, left, got, want = vectorized(DEPENDENT[name], X)
+    assert (n, left) == (0, 1)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_counter_that_starts_at_an_argument_is_not_known_and_stays_a_loop():
+    def fn(x, start):
+        return lax.fori_loop(start, start + 4, lambda i, x: x.at[i].set(x[i] * 2.0), x)
+    n, left, got, want = vectorized(fn, X, jnp.int32(3))
+    assert (n, left) == (0, 1)
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_a_loop_with_a_print_stays_a_loop():
+    def fn(x):
+        def body(i, x):
+            jax.debug.print("{}", i)
+            return x.at[i].set(x[i] * 2.0)
+        return lax.fori_loop(0, 4, body, x)
+    graph, n = vectorize(capture(fn, (X,)).graph)
+    assert n == 0

@@ -89,13 +89,18 @@ def lower(graph: Graph, effects: bool = True) -> Callable:
     return lambda *flat_args: run(list(flat_args), hoisted_values)
 
 
+def _check(graph: Graph) -> Graph:
+    guard = graph.guard
+    return check_graph(guard.exponent, guard.args, graph, guard.fallback)
+
+
 def _guarded(graph: Graph, effects: bool) -> Callable:
     """A guarded program: `graph` where its guard's check (extract/guard.py `check_graph`) finds every checked
-    argument in range, the guard's fallback where it does not (one `lax.cond`: only the branch taken runs,
-    outside `vmap`)."""
+    argument finite and within its bound, the guard's fallback where it does not (one `lax.cond`: only the branch
+    taken runs, outside `vmap`)."""
     guard = graph.guard
     fast, slow = lower(dataclasses.replace(graph, guard=None), effects), lower(guard.fallback, effects)
-    check = check_graph(guard.exponent, guard.args, graph, guard.fallback)
+    check = _check(graph)
 
     @jax.jit
     def run(flat_args):
@@ -103,3 +108,13 @@ def _guarded(graph: Graph, effects: bool) -> Callable:
         return jax.lax.cond(ok, lambda xs: fast(*xs), lambda xs: slow(*xs), flat_args)
 
     return lambda *flat_args: run(list(flat_args))
+
+
+def guard_passes(graph: Graph, *flat_args) -> bool | None:
+    """Which side a guarded program (`graph`, the term of a specialization) runs on `flat_args`: True for the
+    rewritten program, False for the fallback, by the same check its lowering runs (`_guarded`); None where
+    `graph` has no guard. The report says a program is guarded, not which side a call ran."""
+    if graph.guard is None:
+        return None
+    check = _check(graph)
+    return bool(jax.jit(lambda xs: evaluate(check, xs)[check.outputs[0]] == 0)(list(flat_args)))

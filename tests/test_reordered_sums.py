@@ -1,7 +1,9 @@
 """One definition of what a sum added in another order may differ by (README's numerics contract): at most
-2 (n + 1) u sum|terms| per element (`verify.reordered_sum_bound`), for an "order" rewrite and for a guarded
-"reals" rewrite alike, and `verify.judge` accepts exactly that. Where the terms cancel, the relative error
-can be large: the case below is 700 in jax.jit's order and 0 in the factored one, both within the bound."""
+2 [((1 + u)^K - 1) sum|terms| + (1 + u)^K ((1 + l)^N - 1) W] per element, K = n - 1 + m, N = n + 2m
+(`verify.reordered_sum_bound`; about 2 (n + m - 1) u sum|terms| plus an underflow term), for an "order" rewrite
+and for a guarded "reals" rewrite alike, and `verify.judge` accepts exactly that. Where the terms cancel, the
+relative error can be large: the case below is 700 in jax.jit's order and 0 in the factored one, both within
+the bound."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,8 +50,26 @@ def test_the_bound_is_none_where_the_program_is_not_polynomial():
     assert verify.reordered_sum_bound(graph, [np.ones((3, 3), np.float32)]) is None
     graph = capture(lambda a, b: jnp.mean(a - 2.0 * b), (np.ones((3,), np.float32),) * 2).graph
     (bound,) = verify.reordered_sum_bound(graph, [np.full(3, 4.0, np.float32), np.ones(3, np.float32)])
-    u = 2.0 ** -24
-    assert bound == pytest.approx(2 * (6 + 1) * u * (3 * 4 + 3 * 2) / 3)   # 6 terms, sum|terms| 18, over 3
+    u, l = 2.0 ** -24, 2.0 ** -126
+    # 6 terms (a_i / 3 and 2 b_i / 3), sum|terms| 18 / 3; at most a product and a quotient in one (m = 2), so
+    # K = 6 - 1 + 2 and N = 6 + 4; raised to 1, a_i / 3 is 4 and 2 b_i / 3 is 2 (the divisor 1/3 raised to 1): W = 18
+    relative = (1 + u) ** 7 - 1
+    assert bound == pytest.approx(2 * (relative * 18 / 3 + (1 + relative) * ((1 + l) ** 10 - 1) * 18), rel=1e-12)
+    assert bound == pytest.approx(2 * (6 + 1) * u * 18 / 3, rel=1e-6)   # the standard bound, to first order
+
+
+def test_the_underflow_term_bounds_what_flushing_small_values_does():
+    """An element far below the rest flushed to zero (XLA's CPU kernels flush subnormals) moves a sum by less
+    than the bound's second term allows, and where every term underflows that term is all of the bound."""
+    graph = capture(lambda a, b: jnp.sum(a @ b), (np.ones((4, 4), np.float32),) * 2).graph
+    tiny = np.full((4, 4), 1e-39, np.float32)            # subnormal: each one may be read as 0
+    (bound,) = verify.reordered_sum_bound(graph, [tiny, np.ones((4, 4), np.float32)])
+    truth = 64 * float(np.float32(1e-39))
+    assert bound >= truth                                   # a result of 0 (all flushed) is within it
+    assert bound == pytest.approx(2 * 66 * 2.0 ** -126 * 64, rel=1e-3)   # and still tiny: 2 (n + 2m) l W, W = 64
+    (ordinary,) = verify.reordered_sum_bound(graph, [np.ones((4, 4), np.float32)] * 2)
+    assert ordinary == pytest.approx(2 * (((1 + 2.0 ** -24) ** 64 - 1) * 64
+                                          + (1 + 2.0 ** -24) ** 64 * ((1 + 2.0 ** -126) ** 66 - 1) * 64), rel=1e-12)
 
 
 EDGES = st.sampled_from([2.0 ** 27, -2.0 ** 27, 7.0, -7.0, 1.0, 0.0, 3.0 ** 10, -(3.0 ** 10)])

@@ -90,9 +90,8 @@ class Opaque:
 
 @dataclass
 class Guard:
-    """What makes a program guarded (extract/guard.py): it runs where each of the float arguments `args` is
-    finite, every element zero or of magnitude within [2**-exponent, 2**exponent]; `fallback` runs where one
-    is not."""
+    """What makes a program guarded (extract/guard.py): it runs where every element of the float arguments `args`
+    is finite and at most 2**exponent in magnitude; `fallback` runs where one is not."""
     exponent: int
     args: tuple[int, ...]
     fallback: "Graph"
@@ -267,7 +266,6 @@ def pretty(graph: Graph) -> str:
     lines.append("return " + ", ".join(names[o] for o in graph.outputs))
     if graph.guard is not None:
         e, args = graph.guard.exponent, ", ".join(f"arg[{k}]" for k in graph.guard.args)
-        lines.append(f"where {args} are finite, each element 0 or of magnitude within 2**-{e} to 2**{e}; "
-                     "elsewhere:")
+        lines.append(f"where every element of {args} is finite and at most 2**{e} in magnitude; elsewhere:")
         lines.append(pretty(graph.guard.fallback))
     return "\n".join(lines)

@@ -154,13 +154,17 @@ class _Builder:
         self.graph = Graph()
         self.const_ids: dict[int, int] = {}
         self.effect: int | None = None   # the last pinned effect's token node
+        self.scope = ""                  # the named scope of the equation being walked (`Graph.scopes`)
 
     def node(self, op: str, inputs, attrs, aval_or_shape, dtype=None) -> int:
         if dtype is None:
             shape, dtype = tuple(aval_or_shape.shape), dtype_name(aval_or_shape.dtype)
         else:
             shape, dtype = tuple(aval_or_shape), dtype_name(dtype)
-        return self.graph.add(Node(op, tuple(inputs), tuple(attrs), shape, dtype))
+        i = self.graph.add(Node(op, tuple(inputs), tuple(attrs), shape, dtype))
+        if self.scope and op not in ("arg", "lit", "const"):
+            self.graph.scopes[i] = self.scope
+        return i
 
     def const(self, value, dtype=None) -> int:
         arr = np.asarray(value, dtype=dtype)
@@ -265,6 +269,7 @@ class _Builder:
         return []
 
     def equation(self, eqn, ins: list[int]) -> list[int]:
+        self.scope = str(getattr(eqn.source_info, "name_stack", "") or "")
         name = eqn.primitive.name
         if eqn.effects:
             if eqn.outvars:

@@ -31,37 +31,47 @@ def evaluate(graph: Graph, args, values: dict[int, object] | None = None, only=N
              effects: bool = True) -> dict[int, object]:
     """Evaluate the live nodes (or the ids in `only`) in order; `values` holds already-known nodes. With
     `effects=False` pinned effects (debug prints) do not run and host callbacks call stand-ins
-    (`capture.StandIn`): superopt's own runs on its own inputs."""
+    (`capture.StandIn`): superopt's own runs on its own inputs. A node with a named scope (`Graph.scopes`)
+    is bound in it, so profiles and HLO keep the user's `jax.named_scope` names."""
     env = dict(values or {})
     opaque_results: dict[tuple, list] = {}
     for i in (only if only is not None else graph.live()):
         if i in env:
             continue
-        node = graph.nodes[i]
-        ins = [env[j] for j in node.inputs]
-        if node.op == "arg":
-            env[i] = args[node.attrs[0]]
-        elif node.op == "const":
-            env[i] = graph.consts[node.attrs[0]]
-        elif node.op == "lit":
-            env[i] = np.asarray(node.attrs[0], dtype=np.dtype(node.dtype))
-        elif node.op == "kernel":  # one launch; in JAX its body is traced inline and XLA fuses it
-            body = node.attrs[0]
-            env[i] = evaluate(Graph(nodes=list(body), outputs=[len(body) - 1]), ins)[len(body) - 1]
-        elif node.op == "opaque":
-            key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
-            if key not in opaque_results:
-                op = graph.opaque[node.attrs[0]]
-                params = op.params if effects else stand_in_params(op.name, op.params)   # no user host code
-                out = op.primitive.bind(*ins, **params, **({"effects": effects} if op.effectful else {}))
-                opaque_results[key] = list(out) if op.primitive.multiple_results else [out]
-            env[i] = opaque_results[key][node.attrs[1]]
+        scope = graph.scopes.get(i)
+        if scope:
+            with jax.named_scope(scope):
+                env[i] = _value(graph, i, env, args, opaque_results, effects)
         else:
-            lower = _LOWER.get(node.op)
-            if lower is None:
-                raise NotImplementedError(f"superopt: no JAX lowering for op {lookup(node.op).name!r}")
-            env[i] = lower(node, *ins)
+            env[i] = _value(graph, i, env, args, opaque_results, effects)
     return env
+
+
+def _value(graph: Graph, i: int, env: dict, args, opaque_results: dict, effects: bool):
+    """Node `i`'s value, its operands' values being in `env`."""
+    node = graph.nodes[i]
+    ins = [env[j] for j in node.inputs]
+    if node.op == "arg":
+        return args[node.attrs[0]]
+    if node.op == "const":
+        return graph.consts[node.attrs[0]]
+    if node.op == "lit":
+        return np.asarray(node.attrs[0], dtype=np.dtype(node.dtype))
+    if node.op == "kernel":  # one launch; in JAX its body is traced inline and XLA fuses it
+        body = node.attrs[0]
+        return evaluate(Graph(nodes=list(body), outputs=[len(body) - 1]), ins)[len(body) - 1]
+    if node.op == "opaque":
+        key = (node.attrs[0], node.inputs)  # one bind per opaque equation, however many outputs
+        if key not in opaque_results:
+            op = graph.opaque[node.attrs[0]]
+            params = op.params if effects else stand_in_params(op.name, op.params)   # no user host code
+            out = op.primitive.bind(*ins, **params, **({"effects": effects} if op.effectful else {}))
+            opaque_results[key] = list(out) if op.primitive.multiple_results else [out]
+        return opaque_results[key][node.attrs[1]]
+    lower = _LOWER.get(node.op)
+    if lower is None:
+        raise NotImplementedError(f"superopt: no JAX lowering for op {lookup(node.op).name!r}")
+    return lower(node, *ins)
 
 
 def lower(graph: Graph, effects: bool = True) -> Callable:

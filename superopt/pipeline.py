@@ -28,7 +28,7 @@ from superopt.backends import BACKENDS
 from superopt.cache import CacheWarning
 from superopt.core import lazy, verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
-from superopt.core.ir import Graph, Guard, body_str, type_str, unfused
+from superopt.core.ir import Graph, Guard, body_str, carry_scopes, type_str, unfused
 from superopt.core.reference import evaluate as evaluate_reference
 from superopt.core.serial import NotSerializable, digest, to_data
 from superopt.egraph.capture import (Captured, calls_host, capture, custom_calls, graph_calls_host, with_stand_ins,
@@ -500,6 +500,7 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
         if search.guarded is not None and segment is None:
             chosen = _guarded(captured, search, chosen, deadline, looking, timer, rules)
         worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), search.memory_budget)
+        chosen.graph.scopes = carry_scopes(original, chosen.graph)   # the user's named scopes, kept
         # A changed program is returned only if it was verified before the deadline; else the original runs.
         for stage_name, step in (("extract", None), ("lower", lambda: lower(chosen.graph))):
             if deadline.expired():
@@ -569,6 +570,9 @@ def _specialization(captured: Captured, search: Search, timer: Stages, run: RunR
                           search.numerics, search.left_out, search.schedule, timer.seconds)
     reference = reference or reference_program(captured)
     if outcome is Outcome.OPTIMIZED:
+        if not chosen.graph.scopes:   # a program from the cache: its named scopes are not stored
+            chosen.graph.scopes = carry_scopes(original, chosen.graph)
+            program = None if chosen.graph.scopes else program   # lowered again, in them
         program = program or timer("lower", lower, chosen.graph)
         return Specialization(program, report, chosen.graph, original, captured.out_tree, captured.in_avals,
                               reference=reference, custom_calls=custom_calls(captured.jaxpr),

@@ -263,3 +263,34 @@ def test_a_shard_map_body_with_constants_runs_as_under_jax_jit(target, body):
     mapped = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("d"), P()), out_specs=P("d")))  # noqa: E731
     np.testing.assert_allclose(np.asarray(mapped(superopt(body, target=target))(x, w)),
                                np.asarray(mapped(body)(x, w)), rtol=1e-5, atol=1e-6)
+
+
+# ---- named scopes (item 8) ----
+
+def scoped(a, b):
+    with jax.named_scope("block"):
+        with jax.named_scope("proj"):
+            c = a @ b
+        return jnp.sum(jnp.diagonal(c) * 2.0 * 3.0)
+
+
+def scope_names(fn, *args) -> set:
+    """The named scopes in the locations of the program jax.jit lowers `fn` to."""
+    import re
+    text = jax.jit(fn).lower(*args).as_text(debug_info=True)
+    return {name.rsplit("/", 1)[0] for name in re.findall(r'loc\("([^"(]*/[^"(]*)"', text)}
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_named_scopes_stay_on_the_ops_they_covered(cache, tmp_path):
+    """The changed program's ops keep the scopes of the ops they replace (the product in block/proj, the
+    rewritten diagonal sum in block), from a fresh search and from the persistent cache."""
+    fast = superopt(scoped, target=CHANGED, cache=tmp_path if cache else False)
+    fast(*AB)
+    if cache:   # a second object: the program comes from the cache
+        fast = superopt(scoped, target=CHANGED, cache=tmp_path)
+        fast(*AB)
+        assert "hit" in fast.report.cache, fast.report.cache
+    assert fast.report.optimized, fast.report.outcome
+    names = scope_names(fast, *AB)
+    assert {"block/proj", "block"} <= names, names

@@ -108,6 +108,8 @@ class Graph:
     n_args: int = 0
     hidden_outputs: int = 0   # trailing outputs that are not fn's: the token that keeps pinned effects live
     guard: Guard | None = None
+    scopes: dict = field(default_factory=dict)   # node id -> the `jax.named_scope` names it was traced under
+    #                                               ("block/attn"), where it has any: lowering binds it there
 
     @property
     def results(self) -> list[int]:
@@ -269,3 +271,66 @@ def pretty(graph: Graph) -> str:
         lines.append(f"where every element of {args} is finite and at most 2**{e} in magnitude; elsewhere:")
         lines.append(pretty(graph.guard.fallback))
     return "\n".join(lines)
+
+
+def carry_scopes(original: Graph, chosen: Graph) -> dict:
+    """`Graph.scopes` for `chosen`, a program computing what `original` does: a node the same as one of the
+    original's (the same op, attributes, type and operands, compared structurally from the arguments up)
+    keeps that node's scope, and an output the scope of the original's output; a node the rewrite made takes the
+    longest scope its nearest consumers share (where it has none, its operands), so a program rewritten inside
+    `jax.named_scope("block")` stays in it."""
+    if not original.scopes:
+        return {}
+    table: dict = {}
+    known = {}
+    for i, key in _structural_keys(original, table).items():
+        if i in original.scopes:
+            known.setdefault(key, original.scopes[i])
+    keys = _structural_keys(chosen, table)
+    scopes = {i: known[key] for i, key in keys.items() if key in known}
+    for o, was in zip(chosen.outputs, original.outputs):   # an output computes what the original's did
+        if o not in scopes and was in original.scopes:
+            scopes[o] = original.scopes[was]
+    live = chosen.live()
+    consumers: dict[int, list[int]] = {}
+    for i in live:
+        for j in chosen.nodes[i].inputs:
+            consumers.setdefault(j, []).append(i)
+    leaves = ("arg", "lit", "const")
+    for i in reversed(live):          # consumers first
+        if i not in scopes and chosen.nodes[i].op not in leaves:
+            around = [scopes[c] for c in consumers.get(i, ()) if c in scopes]
+            if around:
+                scopes[i] = _shared_scope(around)
+    for i in live:                    # what no consumer placed: its operands' scope
+        if i not in scopes and chosen.nodes[i].op not in leaves:
+            around = [scopes[j] for j in chosen.nodes[i].inputs if j in scopes]
+            if around:
+                scopes[i] = _shared_scope(around)
+    return {i: s for i, s in scopes.items() if s}
+
+
+def _shared_scope(scopes: list[str]) -> str:
+    parts = [s.split("/") for s in scopes]
+    shared = []
+    for names in zip(*parts):
+        if len(set(names)) != 1:
+            break
+        shared.append(names[0])
+    return "/".join(shared)
+
+
+def _structural_keys(graph: Graph, table: dict) -> dict[int, int]:
+    """Per live node, an int equal for two nodes (of graphs keyed with one `table`) that compute the same
+    thing from the same arguments: interned (op, attributes, type, operand keys); a constant by its index,
+    which two graphs may number apart (they then simply do not match)."""
+    keys: dict[int, int] = {}
+    for i in graph.live():
+        node = graph.nodes[i]
+        try:
+            key = (node.op, node.attrs, node.shape, node.dtype, tuple(keys[j] for j in node.inputs))
+            hash(key)
+        except TypeError:   # an attribute that does not hash (an array): the node matches nothing
+            key = ("unmatched", i, id(graph))
+        keys[i] = table.setdefault(key, len(table))
+    return keys

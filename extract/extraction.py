@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from superopt.core.ir import Graph
 from superopt.extract.cost import op_cost
+from superopt.extract.loops import loop_costs
 from superopt.extract.target import Target
 from superopt.extract.xla import xla_cost
 
@@ -23,15 +24,20 @@ class Extraction:
 
 def program_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
     """Cost of a program under the same model (constant sub-terms hoisted), per live node. On a CPU, as
-    XLA runs it, in its own fusions (extract/xla.py); elsewhere each op or kernel node as one kernel."""
+    XLA runs it, in its own fusions (extract/xla.py); elsewhere each op or kernel node as one kernel. A loop
+    (scan, fori_loop, while_loop) is priced as its trips times its body, a cond as its costliest branch
+    (extract/loops.py)."""
     if target.kind == "cpu":
         return xla_cost(graph, target)
     constant = graph.constant_nodes()
+    live = graph.live()
+    loops = loop_costs(graph, live, target)
     costs = []
-    for i in graph.live():
+    for i in live:
         node = graph.nodes[i]
         ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
-        costs.append(0.0 if i in constant else op_cost(node.op, node.attrs, ins, (node.shape, node.dtype), target))
+        costs.append(0.0 if i in constant else loops[i] if i in loops else
+                     op_cost(node.op, node.attrs, ins, (node.shape, node.dtype), target))
     return sum(costs), costs
 
 

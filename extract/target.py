@@ -73,6 +73,10 @@ class Target:
     reduction_split_flops: float = 0.0      # cpu: ... and an element costs this many flops
     matrix_full_work: float = 0.0    # cpu: the FLOPs of a matmul from which XLA's GEMM reaches matrix_flops; 0: any
     matrix_least_share: float = 1.0  # cpu: the share of matrix_flops the smallest matmuls reach
+    # Loops (extract/loops.py); None: one `launch_overhead`, as a loop run by the host launching its body.
+    loop_iteration_overhead: float | None = None   # seconds a scan (fori_loop) spends per iteration on itself
+    while_iteration_overhead: float | None = None  # the same for a while loop (its condition read back), a cond
+    loop_launch_overhead: float | None = None      # seconds per kernel of a loop body (instead of launch_overhead)
 
     @property
     def tile_bytes(self) -> int:

@@ -13,7 +13,8 @@ The fusions, as XLA's CPU pipeline forms them (a model, not its code):
 - a broadcast, reshape or iota read by several loops is recomputed in each (`DUPLICATED`);
 - a transpose read only by matmuls or convolutions costs nothing: the dot reads its operand either way; so
   does a transpose that alone reads a dot's result (XLA emits the dot with its operands swapped);
-- every other op (a matmul, a convolution, a scan, an opaque op) is a kernel of its own.
+- every other op (a matmul, a convolution, an opaque op) is a kernel of its own; a loop (scan, while) is
+  priced as its trips times its body, itself priced so, a cond as its costliest branch (extract/loops.py).
 Before it fuses, XLA's algebraic simplifier removes what it can prove away (`simplified`): a rewrite that
 only does what the simplifier does is no gain on a CPU (under jax.jit, `exp(log(exp(a)))` runs one
 exponential and `log(exp(a) * exp(b))` one add).
@@ -25,6 +26,7 @@ from __future__ import annotations
 from superopt.core.ir import Graph, Node, unfused
 from superopt.core.ops import ELEMENTWISE, MATRIX_OPS, REDUCTIONS
 from superopt.extract.cost import kernel_breakdown, op_cost
+from superopt.extract.loops import loop_costs
 from superopt.extract.target import Target
 
 LOOP_OPS = ELEMENTWISE | {"broadcast", "reshape", "transpose", "slice", "concat", "pad", "iota", "lit"}
@@ -193,10 +195,13 @@ def xla_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
     origin = {k: unfolded[i] for k, i in back.items()}     # a node of `flat` -> the node of `graph` it stands for
     loops = fusions(flat)
     rooted = {k for members in loops.values() for k in members}   # every node some loop computes
+    iterated = loop_costs(flat, loops, target)
     share: dict[int, float] = {}
     for i, members in loops.items():
         node = flat.nodes[i]
-        if len(members) == 1 and node.op not in LOOP_OPS and node.op not in REDUCTIONS:
+        if i in iterated:
+            seconds = iterated[i]
+        elif len(members) == 1 and node.op not in LOOP_OPS and node.op not in REDUCTIONS:
             ins = [(flat.nodes[j].shape, flat.nodes[j].dtype) for j in node.inputs]
             seconds = op_cost(node.op, node.attrs, ins, (node.shape, node.dtype), target)
         else:

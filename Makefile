@@ -39,6 +39,7 @@ bench: $(TESTED)
 	$(PY) -m bench.run
 	$(PY) -m bench.scale
 	$(PY) -m bench.everyday
+	$(PY) -m bench.guard
 	$(PY) -m bench.synthesis
 
 # Longer fuzzing than `make test` runs (tests/test_fuzz.py): fresh random programs every run, about 200 per

@@ -69,7 +69,7 @@ class Captured:
     traced: Graph | None = None   # the program as traced, where `graph` is it re-rolled (superopt/reroll.py) or its
                                   # loops vectorized (superopt/loops.py): what the optimized program is priced
                                   # and reported against
-    vectorized: int = 0           # how many loops superopt/loops.py batched in `graph`
+    vectorized: str = ""          # what superopt/loops.py did to the loops of `graph`, in words
 
 
 class KeepWhole(Exception):
@@ -677,6 +677,23 @@ def _gather(b, eqn, ins):
     return picked if tuple(out.shape) == (len(flat),) else b.node("reshape", (picked,), (), out)
 
 
+def _dynamic_slice(b, eqn, ins):
+    """A dynamic_slice whose start indices are known when the program is built (a loop written out, an
+    index computed from literals) is a slice, its start clamped into the operand as dynamic_slice clamps it.
+    Any other stays opaque."""
+    from superopt.core.reference import evaluate
+    operand, starts = b.graph.nodes[ins[0]], list(ins[1:])
+    if not starts or any(i not in b.graph.constant_nodes_of(i) for i in starts):
+        return None
+    probe = Graph(nodes=b.graph.nodes, outputs=list(starts), consts=b.graph.consts)
+    values = evaluate(probe, ())
+    sizes = tuple(int(n) for n in eqn.params["slice_sizes"])
+    start = tuple(int(min(max(int(np.asarray(v)), 0), dim - size))
+                  for v, dim, size in zip(values, operand.shape, sizes))
+    limit = tuple(s + n for s, n in zip(start, sizes))
+    return b.node("slice", (ins[0],), (start, limit, (1,) * len(start)), _out(eqn))
+
+
 def _from_table(op: Op) -> Callable:
     """The handler of a primitive an op table entry captures: its `capture` hook names the op and attrs."""
     def handler(b, eqn, ins):
@@ -691,6 +708,7 @@ _HANDLERS: dict[str, Callable] = {
     "squeeze": _squeeze, "broadcast_in_dim": _broadcast, "convert_element_type": _convert,
     "concatenate": _concat, "stack": _stack, "add_any": _add_any, "slice": _slice, "pad": _pad, "iota": _iota,
     "conv_general_dilated": _conv, "dot_general": _dot_general, "gather": _gather,
+    "dynamic_slice": _dynamic_slice,
 }
 
 

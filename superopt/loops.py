@@ -17,7 +17,9 @@ body's jaxpr:
   updates (in row order), `init[lo + L:]`.
 
 Anything else (a carry read whole, a value carried from one iteration to the next, effects) leaves the
-loop as it is. Where every carry is one of these, the body runs once, under `jax.vmap` over the iteration
+loop as it is, unless it has at most `UNROLL` iterations: then it is written out, iteration after
+iteration (the same ops in the same order), so that algebra across iterations can fire (a Horner
+recurrence becomes one fused polynomial). Where every carry is one of these, the body runs once, under `jax.vmap` over the iteration
 index: the counters as the vector of their values, xs as they are, each row read of a loop-invariant array
 or of a row-written carry at the counter's row as the slice of those rows (not a gather), and everything
 else shared. What comes back is the term language's own ops on whole tensors, captured again, so every
@@ -40,6 +42,7 @@ from jax.extend import core as jcore
 from superopt.core.ir import Graph, Node
 
 MAX_PASSES = 3          # nested loops: the batched body of an outer loop may hold an inner loop to vectorize
+UNROLL = 8              # a loop of at most this many iterations that does not vectorize is written out
 
 
 class _Unsupported(Exception):
@@ -309,6 +312,28 @@ def _lifted(plan: _Plan):
     return run
 
 
+def _unrolled(params: dict, known: list):
+    """The scan's outputs as a function of its operands with its iterations written out one after another:
+    the same ops in the same order, so the values are the loop's; the e-graph then sees across iterations.
+    A carry whose initial value is known (a counter's literal start) starts as that value, so the indices
+    computed from it are known in each copy (a row read becomes a slice)."""
+    closed, nc, nk, length = params["jaxpr"], params["num_consts"], params["num_carry"], params["length"]
+    starts = [None if v is None or np.ndim(v) else v for v in known[nc:nc + nk]]
+
+    def run(*operands):
+        consts, xs = operands[:nc], operands[nc + nk:]
+        carry = [x if v is None else jnp.asarray(v, x.dtype) for x, v in zip(operands[nc:nc + nk], starts)]
+        ys = [None] * length
+        for t in range(length):
+            k = length - 1 - t if params["reverse"] else t
+            out = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *consts, *carry, *[x[k] for x in xs])
+            carry, ys[k] = list(out[:nk]), out[nk:]
+        stacked = [jnp.stack([y[n] for y in ys]) for n in range(len(closed.jaxpr.outvars) - nk)]
+        return carry + stacked
+
+    return run
+
+
 def _bind(e, args: list):
     """Equation `e` bound on `args`, as `jax.core.eval_jaxpr` binds it (JAX releases differ in whether
     `get_bind_params` returns the sub-functions too)."""
@@ -317,16 +342,17 @@ def _bind(e, args: list):
     return e.primitive.bind(*subfuns, *args, **params)
 
 
-def vectorize(graph: Graph) -> tuple[Graph, int]:
-    """`graph` with each scan whose iterations are independent (module doc) replaced by its body batched,
-    and how many were; `graph` itself where none is."""
-    total = 0
+def vectorize(graph: Graph) -> tuple[Graph, list[str]]:
+    """`graph` with each scan whose iterations are independent (module doc) replaced by its body batched, and
+    each short one that is not written out, and what was done to each loop ("batched", "unrolled"); `graph`
+    itself where nothing was."""
+    done: list[str] = []
     for _ in range(MAX_PASSES):
-        graph, n = _one_pass(graph)
-        total += n
-        if not n:
+        graph, kinds = _one_pass(graph)
+        done += kinds
+        if not kinds:
             break
-    return graph, total
+    return graph, done
 
 
 def _known(graph: Graph, i: int):
@@ -338,9 +364,10 @@ def _known(graph: Graph, i: int):
     return None
 
 
-def _one_pass(graph: Graph) -> tuple[Graph, int]:
+def _one_pass(graph: Graph) -> tuple[Graph, list[str]]:
     from superopt.egraph.capture import capture
     replaced: dict[int, tuple[Graph, tuple]] = {}
+    kinds: list[str] = []
     for i in graph.live():
         node = graph.nodes[i]
         if node.op != "opaque" or node.attrs[0] in replaced:
@@ -348,21 +375,25 @@ def _one_pass(graph: Graph) -> tuple[Graph, int]:
         op = graph.opaque[node.attrs[0]]
         if op.name != "scan" or op.effectful:
             continue
+        known = [_known(graph, j) for j in node.inputs]
         try:
-            plan = _plan(op.params, [_known(graph, j) for j in node.inputs])
+            lifted, kind = _lifted(_plan(op.params, known)), "batched"
         except _Unsupported:
-            continue
+            if op.params["length"] > UNROLL or op.params["jaxpr"].jaxpr.effects:
+                continue
+            lifted, kind = _unrolled(op.params, known), "unrolled"
         avals = tuple(jax.ShapeDtypeStruct(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs)
         try:
-            sub = capture(_lifted(plan), avals, keep_whole=False).graph
+            sub = capture(lifted, avals, keep_whole=False).graph
         except Exception:   # noqa: BLE001 - a body that does not batch or capture stays a loop
             continue
         if sub.hidden_outputs:
             continue
         replaced[node.attrs[0]] = (sub, node.inputs)
+        kinds.append(kind)
     if not replaced:
-        return graph, 0
-    return _spliced(graph, replaced), len(replaced)
+        return graph, []
+    return _spliced(graph, replaced), kinds
 
 
 def _spliced(graph: Graph, replaced: dict) -> Graph:
@@ -414,6 +445,9 @@ def _inline(out: Graph, sub: Graph, ins: list, opaque_index: dict, graph: Graph)
     return [local[o] for o in sub.outputs]
 
 
-def vectorized_note(loops: int) -> str:
-    """The report's words for what vectorizing did."""
-    return f"{loops} loop{'s' if loops != 1 else ''} with independent iterations batched before the search"
+def vectorized_note(kinds: list[str]) -> str:
+    """The report's words for what was done to the program's loops before the search."""
+    batched, unrolled = kinds.count("batched"), kinds.count("unrolled")
+    parts = ([f"{batched} with independent iterations batched"] if batched else []) + \
+        ([f"{unrolled} short one{'s' if unrolled != 1 else ''} written out"] if unrolled else [])
+    return f"loops before the search: {'; '.join(parts)}"

@@ -44,6 +44,7 @@ from superopt.extract.target import load_target
 from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.jax import lower
 from superopt.report import Outcome, Report
+from superopt.extract.loops import loop_notes
 from superopt.loops import vectorize, vectorized_note
 from superopt.reroll import reroll, rerolled_note
 from superopt.reuse import (
@@ -395,9 +396,10 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
                             f"superopt optimizes programs of known shapes, so this one runs as captured")
     if not (captured.kept_whole or captured.graph.hidden_outputs) and any(op.name == "scan"
                                                                           for op in captured.graph.opaque):
-        lifted, loops = timer("vectorize", vectorize, captured.graph)
-        if loops:
-            captured = dataclasses.replace(captured, graph=lifted, traced=captured.graph, vectorized=loops)
+        lifted, done = timer("vectorize", vectorize, captured.graph)
+        if done:
+            captured = dataclasses.replace(captured, graph=lifted, traced=captured.graph,
+                                           vectorized=vectorized_note(done))
     if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
         rolled, loops = timer("reroll", reroll, captured.graph)
         if loops:
@@ -872,8 +874,7 @@ def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reas
                     ops_before=original.op_counts(), numerics=numerics, left_out=left_out,
                     overflow_rewrites=numerics_mode.overflow_rewrites(schedule, run.fired),
                     stage_seconds=stage_seconds)
-    if captured.vectorized:
-        report.loops = vectorized_note(captured.vectorized)
+    report.loops = "; ".join(filter(None, [captured.vectorized, *loop_notes(original)]))
     if captured.traced is not None:
         report.rerolled = rerolled_note(captured.traced, captured.graph)
     if chosen is not None:

@@ -184,3 +184,14 @@ def test_a_diagonal_is_a_strided_slice_and_other_gathers_stay_opaque():
         np.testing.assert_array_equal(np.asarray(lower(graph)(m)[0]), np.asarray(jax.jit(fn)(m)))
     picked = capture(lambda x: x[jnp.array([0, 3, 1])], (m,)).graph     # not a progression: a gather
     assert [op.name for op in picked.opaque] == ["gather"]
+
+
+def test_a_dynamic_slice_at_known_indices_is_a_clamped_slice():
+    """dynamic_slice clamps its start into the operand; with indices known when the program is built
+    (computed from literals) capture makes it a slice at the clamped start, with dynamic_slice's values."""
+    x = jnp.arange(24.0 * 8).reshape(24, 8)
+    for start in (0, 5, 20, 30, -3):
+        fn = lambda x, s=start: lax.dynamic_slice(x, (jnp.int32(s) + 1, 2), (4, 3))  # noqa: E731
+        graph = capture(fn, (x,)).graph
+        assert not graph.opaque and any(graph.nodes[i].op == "slice" for i in graph.live())
+        np.testing.assert_array_equal(np.asarray(lower(graph)(x)[0]), np.asarray(jax.jit(fn)(x)))

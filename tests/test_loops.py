@@ -19,7 +19,8 @@ M = jnp.asarray(RNG.standard_normal((8, 8)), jnp.float32)
 
 def vectorized(fn, *args):
     """(how many loops were batched, the loops left, the batched program's outputs, jax.jit's)."""
-    graph, n = vectorize(capture(fn, args).graph)
+    graph, done = vectorize(capture(fn, args).graph)
+    n = done.count("batched")
     left = sum(op.name in ("scan", "while") for op in graph.opaque)
     return n, left, [np.asarray(o) for o in lower(graph)(*args)], [np.asarray(o) for o in
                                                                    jax.tree_util.tree_leaves(jax.jit(fn)(*args))]
@@ -115,5 +116,17 @@ def test_a_loop_with_a_print_stays_a_loop():
             jax.debug.print("{}", i)
             return x.at[i].set(x[i] * 2.0)
         return lax.fori_loop(0, 4, body, x)
-    graph, n = vectorize(capture(fn, (X,)).graph)
-    assert n == 0
+    graph, done = vectorize(capture(fn, (X,)).graph)
+    assert done == []
+
+
+def test_a_short_dependent_loop_is_written_out_with_the_loops_values():
+    coeffs = jnp.asarray(RNG.standard_normal(6), jnp.float32)
+    horner = lambda c, x: lax.fori_loop(0, c.shape[0], lambda i, acc: acc * x + c[i], jnp.zeros_like(x))  # noqa: E731
+    power = lambda a: lax.fori_loop(0, 5, lambda _, p: p @ a, jnp.eye(8, dtype=a.dtype))                    # noqa: E731
+    emitted = lambda x: lax.scan(lambda c, r: (jnp.tanh(c + r), c * r), jnp.zeros(8), x[:6], reverse=True)  # noqa: E731
+    for fn, args in ((horner, (coeffs, X)), (power, (M,)), (emitted, (X,))):
+        graph, done = vectorize(capture(fn, args).graph)
+        assert done == ["unrolled"] and not graph.opaque
+        for g, w in zip(lower(graph)(*args), jax.tree_util.tree_leaves(jax.jit(fn)(*args)), strict=True):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

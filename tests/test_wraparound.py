@@ -176,3 +176,37 @@ def test_integer_extremes_include_the_square_roots():
         root = math.isqrt(int(info.max))
         block, = verify.special_args([((16,), dtype)], "zeros")
         assert {root, root + 1, int(info.max)} <= set(block.astype(np.int64).tolist()), (dtype, block)
+
+
+def test_float64_values_near_the_largest_are_compared_not_overflowed():
+    """Found by fuzzing float64 programs: `mismatch` measured errors with sums that overflow float64. +max
+    against -max was an error of inf within a bound of inf, and a normwise error whose norms overflow was
+    inf / inf, NaN, which passes any tolerance: both pairs agreed, with overflow warnings to the caller."""
+    big = float(np.finfo(np.float64).max)
+    off = np.full(4, 1e200) * (1 + 5e-10)            # elementwise within 1e-9, normwise 5e-10 over 1e-10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert verify.mismatch(np.array([big, 1.0]), np.array([-big, 1.0])) is not None
+        assert "normwise" in verify.mismatch(np.full(4, 1e200), off)
+        assert verify.mismatch(np.array([big, -big, 1e200]), np.array([big, -big, 1e200])) is None
+        assert verify.as_accurate(np.full(4, 1e200), off, np.full(4, 1e200), factor=1.0) is not None
+
+
+@pytest.mark.slow
+def test_a_float64_program_warns_the_caller_of_nothing():
+    """Found by fuzzing float64 programs: verifying one leaked numpy's RuntimeWarnings to the caller (an
+    overflow casting float64's largest value to float32 in the scaled input sets, overflows in the norms
+    of `mismatch`)."""
+    def f(a, b):
+        return jnp.sum(jnp.diagonal(a @ b)) * 2.0 * 3.0 + jnp.exp(a).sum()
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
+    with jax.enable_x64(True), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = superopt(f, target="gpu-h100")
+        got = fast(a, b)
+        want = jax.jit(f)(a, b)
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+    assert fast.report.optimized, fast.report.outcome
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -153,15 +153,29 @@ def mismatch(expected, actual, as_dtype: str | None = None) -> str | None:
     # one program and not in the other, as fusion decides.
     af = np.where((np.abs(ef) < tiny) & (np.abs(af) < tiny), ef, af)
     scale = max(float(np.max(np.abs(ef))), tiny)
-    err = np.abs(ef - af)
-    bound = tol * (np.abs(ef) + scale)
+    with np.errstate(over="ignore"):    # float64 values near its largest: a difference past it is inf
+        err = np.abs(ef - af)
+    bound = tol * np.abs(ef) + tol * scale
     if not np.all(err <= bound):
         worst = int(np.argmax(err - bound))
         return f"element error {err[worst]:.3g} over bound {bound[worst]:.3g} (dtype {e.dtype})"
-    norm_err = float(np.linalg.norm(ef - af) / max(np.linalg.norm(ef), tiny))
+    with np.errstate(over="ignore"):
+        norm_err = _norm(ef - af) / max(_norm(ef), tiny)
     if norm_err > norm_tol:
         return f"normwise relative error {norm_err:.3g} over {norm_tol:g} (dtype {e.dtype})"
     return None
+
+
+def _norm(v) -> float:
+    """The 2-norm of `v`, computed on its own scale: numpy's sums the squares, which overflows (with a
+    warning to the caller) for float64 values past the square root of its largest, and then compares inf
+    with inf, which is no comparison at all. inf where `v` has an infinite element."""
+    v = np.asarray(v, np.float64)
+    m = float(np.max(np.abs(v), initial=0.0))
+    if m == 0.0 or not math.isfinite(m):
+        return m
+    with np.errstate(over="ignore"):
+        return float(m * np.linalg.norm(v / m))
 
 
 def compare_outputs(expected: list, actual: list, as_dtype: str | None = None) -> str | None:
@@ -193,9 +207,10 @@ def as_accurate(expected, actual, truth, factor: float = 2.0, slack: float = 0.0
     if not np.array_equal(e64[inf], a64[inf]):
         return "Inf positions or signs differ"
     finite = ~(np.isnan(e64) | inf) & np.isfinite(t64)
-    scale = float(np.linalg.norm(t64[finite]))
-    err_expected = float(np.linalg.norm(e64[finite] - t64[finite]))
-    err_actual = float(np.linalg.norm(a64[finite] - t64[finite]))
+    scale = _norm(t64[finite])
+    with np.errstate(over="ignore"):
+        err_expected = _norm(e64[finite] - t64[finite])
+        err_actual = _norm(a64[finite] - t64[finite])
     # Within the dtype's normwise tolerance (the same bound the direct comparison uses) or within a
     # small factor of the original's own rounding error: a wrong program errs on the output's scale.
     floor = TOLERANCES.get(str(e.dtype), TOLERANCES["float32"])[1] * scale if is_float(e.dtype) else 0.0
@@ -380,10 +395,11 @@ class Scaler:
             info = _finfo(dt)
             mag, sign, pick = self._part(index)
             big = float(info.max)
-            up, down = np.float32(min(big ** s, big)), np.float32(4 * float(info.tiny))
             if dt.itemsize > 4 or big > np.finfo(np.float32).max:    # float64: scale in float64
                 mag, sign = mag.astype(np.float64), sign.astype(np.float64)
                 up, down = np.float64(big ** s), np.float64(4 * float(info.tiny))
+            else:       # only here: float64's max ** s would overflow a cast to float32, warning the caller
+                up, down = np.float32(min(big ** s, big)), np.float32(4 * float(info.tiny))
             if kind == "up":
                 vals = mag * up
             elif kind == "up+-":

@@ -11,38 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from custom_rules import clip_gradient, safe_norm, straight_through_round
 from superopt import superopt
 
 CHANGED = "gpu-h100"   # on cpu these small programs run as the original; a GPU target's model changes them
 N = 8
-
-
-@jax.custom_vjp
-def clip_gradient(x):
-    return x
-
-
-clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.01, 0.01),))
-
-
-@jax.custom_jvp
-def straight_through_round(x):
-    return jnp.round(x)
-
-
-straight_through_round.defjvp(lambda p, t: (straight_through_round(p[0]), t[0]))
-
-
-@jax.custom_jvp
-def safe_norm(x):
-    return jnp.sqrt(jnp.sum(x * x))
-
-
-@safe_norm.defjvp
-def _safe_norm_jvp(primals, tangents):
-    (x,), (t,) = primals, tangents
-    norm = safe_norm(x)
-    return norm, jnp.where(norm == 0, 0.0, jnp.sum(x * t) / jnp.where(norm == 0, 1.0, norm))
 
 
 def diag_of(a, b):

@@ -107,7 +107,11 @@ class Pins:
         if op not in STEPS:
             return True
         if any(m.fn in _LISTS for c in n.children for m in fz.classes.get(c, ())):
-            return all(c in self.chosen for c in n.children)   # an opaque reads its list as captured
+            # an opaque reads its list as captured, where an element of it is in the cone (pinned); an opaque
+            # reading none (a sort of an argmin's integers) is not a step on the cone's floats
+            if not any(e in self.chosen for c in n.children for e in _list_elements(fz, c)):
+                return True
+            return all(c in self.chosen for c in n.children)
         operands = stepped(op, [fz.dtypes.get(c) for c in n.children], fz.dtypes.get(n.eclass, ""))
         return all(n.children[k] in self.chosen for k in operands)
 
@@ -123,6 +127,21 @@ class Pins:
                 if src.op != "arg" or n.children[src.attrs[0]] not in self.chosen:
                     return False
         return True
+
+
+def _list_elements(fz: FrozenEGraph, cls) -> set:
+    """The element classes of the operand list class `cls` (tcons(a, tcons(b, tnil))), by any of its e-nodes."""
+    out, todo, seen = set(), [cls], set()
+    while todo:
+        c = todo.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        for m in fz.classes.get(c, ()):
+            if m.fn == "tcons":
+                out.add(m.children[0])
+                todo.append(m.children[1])
+    return out
 
 
 def pins(fz: FrozenEGraph, enc: Encoding) -> Pins:

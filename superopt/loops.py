@@ -57,6 +57,16 @@ class _RowRead:
 
 
 @dataclass
+class _Segment:
+    """A sum, at iteration k, of the elements of `data` (None: of ones, a count) whose `ids` equal the
+    counter, `first + k`: row k of one segment sum of `data` by `ids - first`."""
+    ids: object
+    data: object
+    dtype: object
+    first: int
+
+
+@dataclass
 class _Plan:
     body: object                 # the body's ClosedJaxpr
     nc: int
@@ -68,6 +78,8 @@ class _Plan:
     written: dict                # carry index -> (writer eqn, the update var, the row written per iteration)
     reads: dict                  # eqn id -> _RowRead: contiguous row reads, given as batched rows
     skip: set                    # eqn ids not evaluated (the writers and the accumulations)
+    hoisted: list = None         # the equations that read only loop invariants: evaluated once, not batched
+    segments: dict = None        # eqn id -> _Segment: masked sums by the counter, as one segment sum
 
 
 def _literal(atom):
@@ -81,10 +93,11 @@ def _is_one(atom) -> bool:
 def _plan(params: dict, known: list) -> _Plan:
     """How the scan with these params vectorizes, given the values of its operands that are known (None
     where not), or _Unsupported."""
-    closed, nc, nk, length = params["jaxpr"], params["num_consts"], params["num_carry"], params["length"]
-    jaxpr = closed.jaxpr
-    if jaxpr.effects or length < 1:
+    nc, nk, length = params["num_consts"], params["num_carry"], params["length"]
+    if params["jaxpr"].jaxpr.effects or length < 1:
         raise _Unsupported("effects")
+    closed = _inlined(params["jaxpr"])
+    jaxpr = closed.jaxpr
     kvars, kouts = jaxpr.invars[nc:nc + nk], jaxpr.outvars[:nk]
     producer = {v: e for e in jaxpr.eqns for v in e.outvars}
     uses: dict = {}
@@ -161,7 +174,94 @@ def _plan(params: dict, known: list) -> _Plan:
     for j, (e, _, _) in written.items():
         if not _contiguous(_written_rows(e, scalars), kvars[j].aval.shape[0]):
             raise _Unsupported("rows written out of order, or outside the carry")
-    return _Plan(closed, nc, nk, length, counters, invariant, accumulated, written, reads, skip)
+    hoisted, invariant_vars = _invariant_equations(jaxpr, invariant_vars)
+    segments = {id(e): seg for e in jaxpr.eqns if id(e) not in skip
+                for seg in [_masked_sum(e, producer, scalars, invariant_vars)] if seg is not None}
+    return _Plan(closed, nc, nk, length, counters, invariant, accumulated, written, reads, skip, hoisted, segments)
+
+
+_CALLS = ("pjit", "jit", "closed_call", "core_call")
+
+
+def _inlined(closed):
+    """`closed` traced again with its `jit` calls (jnp.where is one) inlined, so the patterns above see the
+    equations inside them."""
+    if not any(e.primitive.name in _CALLS for e in closed.jaxpr.eqns):
+        return closed
+
+    def run(jaxpr, consts, *args):
+        env = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+        read = lambda a: a.val if _literal(a) else env[a]   # noqa: E731
+        for e in jaxpr.eqns:
+            body = e.params.get("jaxpr") if e.primitive.name in _CALLS else None
+            if body is not None:
+                inner = body if isinstance(body, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(body, ())
+                out = run(inner.jaxpr, inner.consts, *map(read, e.invars))
+            else:
+                out = _bind(e, list(map(read, e.invars)))
+                out = out if e.primitive.multiple_results else [out]
+            env.update(zip(e.outvars, out))
+        return [read(v) for v in jaxpr.outvars]
+
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    return jax.make_jaxpr(lambda *a: run(closed.jaxpr, closed.consts, *a))(*avals)
+
+
+def _invariant_equations(jaxpr, invariant: set) -> tuple[list, set]:
+    """The equations whose operands are all loop invariants (or computed from them), in order, and every
+    invariant var: loop-invariant code, evaluated once outside the batched body."""
+    invariant = set(invariant) | set(jaxpr.constvars)
+    hoisted = []
+    for e in jaxpr.eqns:
+        if e.effects or not all(_literal(a) or a in invariant for a in e.invars):
+            continue
+        hoisted.append(e)
+        invariant.update(e.outvars)
+    return hoisted, invariant
+
+
+def _zero(atom, producer: dict) -> bool:
+    """A literal zero, or a broadcast or conversion of one."""
+    while not _literal(atom):
+        e = producer.get(atom)
+        if e is None or e.primitive.name not in ("broadcast_in_dim", "convert_element_type"):
+            return False
+        atom = e.invars[0]
+    return bool(np.all(np.asarray(atom.val) == 0))
+
+
+def _masked_sum(e, producer: dict, scalars: dict, invariant: set):
+    """A `_Segment` where `e` sums, over the axis of an invariant index vector `ids`, an invariant array where
+    `ids == counter` and zero elsewhere (`jnp.sum(jnp.where(ids == k, data, 0), axis=0)`), or counts where
+    `ids == counter` (`jnp.sum(ids == k)`); else None."""
+    if e.primitive.name != "reduce_sum" or tuple(e.params["axes"]) != (0,):
+        return None
+    p = producer.get(e.invars[0])
+    if p is None:
+        return None
+    if p.primitive.name == "convert_element_type":
+        pred, data = p.invars[0], None
+    elif p.primitive.name == "select_n" and len(p.invars) == 3 and _zero(p.invars[1], producer):
+        pred, data = p.invars[0], p.invars[2]
+        if data not in invariant:
+            return None
+    else:
+        return None
+    b = producer.get(pred)
+    while b is not None and b.primitive.name == "broadcast_in_dim" and b.params["broadcast_dimensions"][:1] == (0,):
+        pred, b = b.invars[0], producer.get(b.invars[0])   # the mask spread over the data's other axes
+    if b is None or b.primitive.name != "eq" or len(pred.aval.shape) != 1:
+        return None
+    ids, counter = b.invars if b.invars[1] in scalars else b.invars[::-1]
+    if _literal(ids) or ids not in invariant or counter not in scalars or ids.aval.shape != pred.aval.shape:
+        return None
+    values = np.asarray(scalars[counter]).reshape(-1)
+    if values.size < 1 or not np.all(np.diff(values) == 1):
+        return None
+    if data is not None and np.shape(data.aval)[:1] != ids.aval.shape:
+        return None
+    return _Segment(ids, data, e.outvars[0].aval.dtype, int(values[0]))
 
 
 def _carried(atom, v, producer: dict, uses: dict, add):
@@ -267,27 +367,35 @@ def _lifted(plan: _Plan):
     kvars = invars[nc:nc + nk]
     reads = list(plan.reads.items())
 
+    segments = list(plan.segments.items())
+    hoisted = {id(e) for e in plan.hoisted}
+    given_ids = {eqn_id for eqn_id, _ in reads} | {eqn_id for eqn_id, _ in segments}
+    results = [*plan.accumulated.values(), *(u for _, u, _ in plan.written.values()), *jaxpr.outvars[nk:]]
+    body = _needed(jaxpr.eqns, results, plan.skip | hoisted, given_ids)
+
     def run(*operands):
         inits = operands[nc:nc + nk]
         shared = {v: x for v, x in zip(invars[:nc], operands[:nc])}
         shared.update({kvars[j]: inits[j] for j in plan.invariant})
+        shared.update(zip(jaxpr.constvars, consts))
+        for e in plan.hoisted:            # loop-invariant work, once
+            out = _bind(e, [a.val if _literal(a) else shared[a] for a in e.invars])
+            shared.update(zip(e.outvars, out if e.primitive.multiple_results else [out]))
         sources = {**shared, **{kvars[j]: inits[j] for j in plan.written}}
         rows = [_in_order(jax.lax.slice_in_dim(sources[r.source], int(r.rows.min()), int(r.rows.min()) + plan.length,
-                                               axis=0), r.rows) for _, r in reads]
+                                               axis=0), r.rows)[:, None] for _, r in reads]
+        rows += [_segment_sum(seg, shared, plan.length) for _, seg in segments]
         counters = [jnp.asarray(vals, kvars[j].aval.dtype) for j, vals in plan.counters.items()]
 
         def one(counter_values, xs, row_values):
             env = dict(shared)
             env.update({kvars[j]: c for j, c in zip(plan.counters, counter_values)})
             env.update(zip(invars[nc + nk:], xs))
-            env.update(zip(jaxpr.constvars, consts))
-            given = {eqn_id: r[None] for (eqn_id, _), r in zip(reads, row_values)}
+            env.update(zip([eqn_id for eqn_id, _ in reads] + [eqn_id for eqn_id, _ in segments], row_values))
             read = lambda a: a.val if _literal(a) else env[a]   # noqa: E731
-            for e in jaxpr.eqns:
-                if id(e) in plan.skip:
-                    continue
-                if id(e) in given:
-                    env[e.outvars[0]] = given[id(e)]
+            for e in body:
+                if id(e) in given_ids:
+                    env[e.outvars[0]] = env[id(e)]
                     continue
                 out = _bind(e, [read(a) for a in e.invars])
                 for o, val in zip(e.outvars, out if e.primitive.multiple_results else [out]):
@@ -310,6 +418,27 @@ def _lifted(plan: _Plan):
         return finals + list(ys)
 
     return run
+
+
+def _needed(eqns, results: list, left_out: set, given: set) -> list:
+    """The equations the batched body must evaluate for `results`: none in `left_out` (hoisted or replaced),
+    and none that only feed an equation whose value is `given` (a row read, a segment sum)."""
+    want = {v for v in results if not _literal(v)}
+    keep = []
+    for e in reversed(eqns):
+        if id(e) in left_out or not any(o in want for o in e.outvars):
+            continue
+        keep.append(e)
+        if id(e) not in given:
+            want.update(a for a in e.invars if not _literal(a))
+    return keep[::-1]
+
+
+def _segment_sum(seg: _Segment, env: dict, length: int):
+    """Row k: the sum over the elements whose id is `seg.first + k` (ids outside the loop's range dropped)."""
+    ids = env[seg.ids]
+    data = jnp.ones(ids.shape, seg.dtype) if seg.data is None else env[seg.data]
+    return jax.ops.segment_sum(data, ids - jnp.asarray(seg.first, ids.dtype), num_segments=length).astype(seg.dtype)
 
 
 def _unrolled(params: dict, known: list):

@@ -118,3 +118,22 @@ def test_strict_computes_what_feeds_a_step_bit_identically_to_jax_jit(feed, step
     got, want = superopt(fn, target="cpu")(a, b, x), jax.jit(fn)(a, b, x)
     np.testing.assert_array_equal(_bits(got[1]), _bits(want[1]), err_msg=f"{feed} into {step}")
     np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]), err_msg=f"{feed} into {step}")
+
+
+def test_an_opaque_reading_a_steps_integers_is_extracted():
+    """A sort (opaque) of an argmin's labels: the argmin is a step on the cone's floats, the sort reads only
+    its integers, which no rewrite can move across a discontinuity. The extractor had excluded every e-node
+    of the sort ("no well-typed term found") and the program ran as captured for no reason."""
+    rng = np.random.default_rng(0)
+    points, centroids = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((40, 3), (6, 3)))
+
+    def labels_sorted(points, centroids):
+        dist = jnp.sum((points[:, None, :] - centroids[None, :, :]) ** 2, axis=-1)
+        return jnp.sort(jnp.argmin(dist, axis=1)), dist * 2.0 * 3.0
+
+    for target in ("cpu", "gpu-h100"):
+        fast = superopt(labels_sorted, target=target, cache=False)
+        got = fast(points, centroids)
+        assert "well-typed" not in fast.report.outcome, fast.report.outcome
+        for g, w in zip(got, jax.jit(labels_sorted)(points, centroids)):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

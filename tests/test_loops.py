@@ -130,3 +130,35 @@ def test_a_short_dependent_loop_is_written_out_with_the_loops_values():
         assert done == ["unrolled"] and not graph.opaque
         for g, w in zip(lower(graph)(*args), jax.tree_util.tree_leaves(jax.jit(fn)(*args)), strict=True):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_masked_sums_by_the_counter_are_one_segment_sum():
+    """A row loop that sums, per row r, the entries whose row id is r (a sparse matrix-vector product, a
+    histogram, a k-means centroid update) is one segment sum: the values the loop computes, without the
+    rows x entries mask."""
+    rows, nnz = 16, 200
+    row_ids = jnp.asarray(np.sort(RNG.integers(0, rows + 3, nnz)), jnp.int32)   # some ids past the loop's rows
+    cols = jnp.asarray(RNG.integers(0, rows, nnz), jnp.int32)
+    vals = jnp.asarray(RNG.standard_normal(nnz), jnp.float32)
+    v = jnp.asarray(RNG.standard_normal(rows), jnp.float32)
+
+    def csr(vals, cols, row_ids, x):
+        body = lambda r, y: y.at[r].set(jnp.sum(jnp.where(row_ids == r, vals * x[cols], 0.0)))   # noqa: E731
+        return lax.fori_loop(0, x.shape[0], body, jnp.zeros_like(x))
+
+    def centroids(points, labels, c):
+        def body(k, c):
+            mask = labels == k
+            return c.at[k].set(jnp.sum(jnp.where(mask[:, None], points, 0.0), axis=0) / jnp.maximum(jnp.sum(mask), 1))
+        return lax.fori_loop(0, c.shape[0], body, c)
+
+    labels = jnp.asarray(RNG.integers(0, 5, 40), jnp.int32)
+    points = jnp.asarray(RNG.standard_normal((40, 3)), jnp.float32)
+    for fn, args in ((csr, (vals, cols, row_ids, v)), (centroids, (points, labels, jnp.zeros((6, 3))))):
+        graph, done = vectorize(capture(fn, args).graph)
+        assert done == ["batched"]
+        assert any(op.name == "scatter-add" for op in graph.opaque), [op.name for op in graph.opaque]
+        assert not any(graph.nodes[i].op == "select" and len(graph.nodes[i].shape) == 2 and
+                       graph.nodes[i].shape[0] == args[-1].shape[0] for i in graph.live())   # no rows x entries mask
+        np.testing.assert_allclose(np.asarray(lower(graph)(*args)[0]), np.asarray(jax.jit(fn)(*args)),
+                                   rtol=1e-5, atol=1e-5)

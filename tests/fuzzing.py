@@ -9,9 +9,24 @@ types it needs among the values so far (recent ones first, for deep chains) and,
 adds a new argument of a fitting type. Result types come from `jax.eval_shape` of each statement, so
 the generator never has to agree with JAX's type rules. Shapes use size-1 and odd dimensions, operands
 broadcast against each other, and the dtypes are f32, f16, bf16, i32 and i8.
+
+Besides these mixed programs, `programs(kind)` draws four kinds aimed at what random small values miss
+(`KINDS`): "integer" programs (i32, i8, u8) that multiply by and square values near the square root of the
+dtype's largest value, so products wrap, and feed them to the ops whose range facts wraparound breaks
+(max with 0, min with 1, abs, x - max(x)); "histogram" programs that compare values against bin edges
+computed in the program (`linspace`, `lo + i * w`, a lerp of the ends, the data's own min and max, a
+sorted argument), count them with `(x[:, None] >= edges)` masks, bin indices and bincount-like
+`idx[:, None] == arange`, weigh and normalize them; "float64" programs (run under `jax.enable_x64`,
+`Program.context`); and "custom" programs that call functions with their own derivative rules
+(`CUSTOM_FUNCTIONS`: jax.nn's relu and relu6, and tests/custom_rules.py's gradient clipping,
+straight-through round and floor, a safe norm, a relu whose derivative at 0 is 1 and a clip whose gradient
+passes inside its bounds). Each kind draws its
+inputs where its programs turn: integers near the square root of the dtype's largest value
+(`root_args`), floats on a grid of quarters that holds the bin edges and the kinks (`grid_args`).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -21,6 +36,9 @@ import numpy as np
 from hypothesis import strategies as st
 from jax import lax
 
+from custom_rules import CUSTOM_VJP, RULES
+from superopt.core.dtypes import is_float
+
 FLOATS = ("float32", "float16", "bfloat16")
 INTS = ("int32", "int8")
 DTYPES = FLOATS + INTS
@@ -28,7 +46,6 @@ DIMS = (1, 2, 3, 4, 5, 7, 8, 16)
 MAX_OUTPUTS = 6
 MAX_ELEMENTS = 4096             # per value: keeps every program fast on the NPU emulator and the reference
 
-_NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np}
 
 # Elementwise ops of one operand, as source templates. Ops with a restricted domain get |x| first, so
 # most values stay finite and a NaN, where it appears, is a real one.
@@ -45,11 +62,25 @@ _FLOAT_BINARY = ("{x} + {y}", "{x} - {y}", "{x} * {y}", "{x} / {y}", "jnp.maximu
                  "jnp.minimum({x}, {y})", "jnp.arctan2({x}, {y})")
 _INT_BINARY = ("{x} + {y}", "{x} - {y}", "{x} * {y}", "jnp.maximum({x}, {y})", "jnp.minimum({x}, {y})",
                "{x} & {y}", "{x} | {y}", "{x} ^ {y}")
+# Products that wrap where {k} is near the square root of the dtype's largest value (`_Builder.wrap`), and
+# the ops a range or sign fact of an integer operand would remove (`_Builder.fact`; the last two need an axis).
+_WRAPS = ("{x} * {k}", "({x} + {k}) * ({y} + {k})", "({x} + {k}) * ({x} - {k})", "({x} + {k}) ** 2",
+          "jnp.square({x} + {k})", "({x} * {k}) * {y}", "({x} + {k}) * {y}")
+_FACTS = ("jnp.maximum({x}, 0)", "jnp.minimum({x}, 1)", "jnp.abs({x})", "jax.nn.relu({x})", "jnp.minimum(-{x}, 1)",
+          "jnp.maximum(jnp.abs({x}), 1)", "jnp.clip({x}, 0, 1)", "jnp.where({x} >= 0, {x}, 0)",
+          "({x} > 0).astype({x}.dtype)", "jnp.maximum({x} + {x}, 0)",
+          "{x} - jnp.max({x}, axis=-1, keepdims=True)", "jnp.sum(jnp.maximum({x}, 0), axis=-1)")
 _FLOAT_LITERALS = ("0.0", "1.0", "-1.0", "0.5", "2.0", "3.0")
 _INT_LITERALS = ("0", "1", "-1", "2", "3")
 _COMPARISONS = ("<", ">", "<=", ">=", "==", "!=")
 # Primitives superopt does not model: they must pass through as opaque nodes.
 _OPAQUE = ("jnp.cumsum({x}, axis=-1)", "jnp.flip({x}, axis=0)", "jnp.sort({x}, axis=-1)")
+
+
+# Functions the "custom" kind calls: jax.nn's custom_jvp functions and the user-written rules of
+# tests/custom_rules.py.
+CUSTOM_FUNCTIONS = ("jax.nn.relu", "jax.nn.relu6", *RULES)
+_NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np, **RULES}
 
 
 @dataclass(frozen=True)
@@ -69,6 +100,7 @@ class Program:
     lines: tuple                # statements "v<k> = <expression>" over arguments and earlier values
     outputs: tuple              # names of the returned values
     exact: bool = False         # every value is an integer (or bool): outputs must match exactly
+    kind: str = "mixed"         # which of `KINDS` drew it
 
     @property
     def source(self) -> str:
@@ -81,13 +113,24 @@ class Program:
         return len(self.lines)
 
     def function(self):
-        """The program as a Python function (its source, executed)."""
+        """The program as a Python function (its source, executed; the functions the "custom" kind calls
+        by name are tests/custom_rules.py's)."""
         scope = dict(_NAMESPACE)
         exec(compile(self.source, "<fuzzed program>", "exec"), scope)
         return scope["program"]
 
+    def context(self):
+        """What the program runs under (`Kind.context`: x64 for the float64 kind)."""
+        return KINDS[self.kind].context()
+
+    @property
+    def forward_mode(self) -> bool:
+        """Whether `jax.jvp` can differentiate it: a custom_vjp function has no forward mode."""
+        return not any(f"{name}(" in line for line in self.lines for name in CUSTOM_VJP)
+
     def __repr__(self):  # what Hypothesis prints for a failing example
-        return f"Program(args={self.args!r}):\n{self.source}"
+        under = " under jax.enable_x64(True)" if KINDS[self.kind].x64 else ""
+        return f"Program(kind={self.kind!r}, args={self.args!r}){under}:\n{self.source}"
 
 
 def _shape_str(shape: tuple) -> str:
@@ -97,8 +140,11 @@ def _shape_str(shape: tuple) -> str:
 class _Builder:
     """One program under construction; `draw` is Hypothesis's."""
 
-    def __init__(self, draw):
+    def __init__(self, draw, dtypes=DTYPES):
         self.draw = draw
+        self.dtypes = dtypes                 # what new arguments and operands are drawn among
+        self.floats = tuple(d for d in dtypes if is_float(d))
+        self.ints = tuple(d for d in dtypes if not is_float(d))
         self.values: list[Value] = []
         self.args: list[tuple] = []
         self.lines: list[str] = []
@@ -143,11 +189,12 @@ class _Builder:
         rank = self.draw(st.integers(min_rank, max_rank))
         return tuple(self.draw(st.lists(st.sampled_from(DIMS), min_size=rank, max_size=rank)))
 
-    def dtype(self, among=DTYPES) -> str:
-        return self.draw(st.sampled_from(among))
+    def dtype(self, among=None) -> str:
+        return self.draw(st.sampled_from(among or self.dtypes))
 
-    def operand(self, accept=lambda v: True, min_rank: int = 0, dtypes=DTYPES) -> Value:
+    def operand(self, accept=lambda v: True, min_rank: int = 0, dtypes=None) -> Value:
         """A value to operate on: usually an existing one, sometimes a fresh argument."""
+        dtypes = dtypes or self.dtypes
         ok = lambda v: v.dtype in dtypes and len(v.shape) >= min_rank and accept(v)
         found = self.pick(ok) if self.draw(st.integers(0, 4)) else None
         if found is not None:
@@ -179,14 +226,15 @@ class _Builder:
 
     def constant(self, shape: tuple, dtype: str) -> str:
         seed = self.draw(st.integers(0, 99))
-        if dtype in INTS:
-            return f"np.random.default_rng({seed}).integers(-8, 9, {_shape_str(shape)}).astype(np.{dtype})"
+        if not is_float(dtype):
+            low = 0 if dtype.startswith("u") else -8
+            return f"np.random.default_rng({seed}).integers({low}, 9, {_shape_str(shape)}).astype(np.{dtype})"
         return f"np.random.default_rng({seed}).standard_normal({_shape_str(shape)}).astype(jnp.{dtype})"
 
     # ---- ops: each appends one statement (or none, where the result would be too large) ----
     def unary(self):
         x = self.operand()
-        template = self.draw(st.sampled_from(_FLOAT_UNARY if x.dtype in FLOATS else _INT_UNARY))
+        template = self.draw(st.sampled_from(_FLOAT_UNARY if is_float(x.dtype) else _INT_UNARY))
         if "axis" in template and not x.shape:
             template = "jnp.exp({x})"   # softmax needs an axis
         return self.emit(template.format(x=x.name), [x])
@@ -194,14 +242,14 @@ class _Builder:
     def binary(self):
         x = self.operand()
         y = self.partner(x)
-        table = _FLOAT_BINARY if x.dtype in FLOATS else _INT_BINARY
+        table = _FLOAT_BINARY if is_float(x.dtype) else _INT_BINARY
         a, b = (x, y) if self.draw(st.booleans()) else (y, x)
         return self.emit(self.draw(st.sampled_from(table)).format(x=a.name, y=b.name), [a, b])
 
     def literal(self):
         x = self.operand()
-        lit = self.draw(st.sampled_from(_FLOAT_LITERALS if x.dtype in FLOATS else _INT_LITERALS))
-        op = self.draw(st.sampled_from("+-*/" if x.dtype in FLOATS else "+-*"))
+        lit = self.draw(st.sampled_from(_FLOAT_LITERALS if is_float(x.dtype) else _INT_LITERALS))
+        op = self.draw(st.sampled_from("+-*/" if is_float(x.dtype) else "+-*"))
         if op == "/" and float(lit) == 0:
             lit = "2.0"
         text = f"{x.name} {op} {lit}" if self.draw(st.booleans()) or op == "/" else f"{lit} {op} {x.name}"
@@ -247,7 +295,7 @@ class _Builder:
         rank = len(x.shape)
         axes = tuple(sorted(self.draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank))))
         axis = axes[0] if len(axes) == 1 else axes
-        fns = ["sum", "max", "min", "prod"] + (["mean"] if x.dtype in FLOATS else [])
+        fns = ["sum", "max", "min", "prod"] + (["mean"] if is_float(x.dtype) else [])
         fn = self.draw(st.sampled_from(fns + ["argmax", "argmin"]))
         if fn in ("argmax", "argmin"):
             return self.emit(f"jnp.{fn}({x.name}, axis={axes[0]})", [x])
@@ -323,7 +371,7 @@ class _Builder:
 
     def convert(self):
         x = self.operand()
-        to = self.dtype(tuple(d for d in DTYPES if d != x.dtype))
+        to = self.dtype(tuple(d for d in self.dtypes if d != x.dtype) or DTYPES)
         return self.emit(f"{x.name}.astype(jnp.{to})", [x])
 
     def iota(self):
@@ -332,7 +380,7 @@ class _Builder:
         return self.emit(f"{x.name} + lax.broadcasted_iota(jnp.{x.dtype}, {_shape_str(x.shape)}, {d})", [x])
 
     def pool(self):
-        x = self.operand(min_rank=2, dtypes=FLOATS)
+        x = self.operand(min_rank=2, dtypes=self.floats or FLOATS)
         window = tuple(self.draw(st.integers(1, min(d, 3))) for d in x.shape)
         strides = tuple(self.draw(st.integers(1, 2)) for _ in x.shape)
         if self.draw(st.booleans()):
@@ -342,7 +390,7 @@ class _Builder:
         return self.emit(f"lax.reduce_window({x.name}, {init}, {fn}, {window}, {strides}, 'VALID')", [x])
 
     def conv(self):
-        x = self.operand(min_rank=4, dtypes=FLOATS, accept=lambda v: len(v.shape) == 4)
+        x = self.operand(min_rank=4, dtypes=self.floats or FLOATS, accept=lambda v: len(v.shape) == 4)
         kh, kw = (self.draw(st.integers(1, min(d, 3))) for d in x.shape[1:3])
         w = self.new_arg((kh, kw, x.shape[3], self.draw(st.sampled_from(DIMS))), x.dtype)
         padding = self.draw(st.sampled_from(("'SAME'", "'VALID'")))
@@ -353,51 +401,235 @@ class _Builder:
         x = self.operand(min_rank=1)
         return self.emit(self.draw(st.sampled_from(_OPAQUE)).format(x=x.name), [x])
 
+    # ---- the ops of the kinds ----
+    def wrap(self):
+        """A product of integers near the square root of the dtype's largest value (int32: 46341 ** 2 is
+        negative), half the time fed straight to an op whose range fact wraparound breaks."""
+        x = self.operand(dtypes=self.ints or INTS)
+        k = math.isqrt(int(np.iinfo(x.dtype).max)) + self.draw(st.integers(-2, 2))
+        if not x.dtype.startswith("u") and self.draw(st.booleans()):
+            k = -k
+        template = self.draw(st.sampled_from(_WRAPS))
+        y = self.partner(x) if "{y}" in template else x
+        v = self.emit(template.format(x=x.name, y=y.name, k=k), [x, y] if y is not x else [x])
+        return self.fact(v) if v is not None and self.draw(st.booleans()) else v
+
+    def fact(self, x: Value | None = None):
+        """An op that a range or sign fact of its integer operand would remove (`_FACTS`)."""
+        x = x or self.operand(dtypes=self.ints or INTS)
+        template = self.draw(st.sampled_from(_FACTS if x.shape else _FACTS[:-2]))
+        return self.emit(template.format(x=x.name), [x])
+
+    def custom(self):
+        """A call of a function with a derivative rule of its own (`CUSTOM_FUNCTIONS`)."""
+        x = self.operand(dtypes=self.floats or FLOATS)
+        fn = self.draw(st.sampled_from(CUSTOM_FUNCTIONS))
+        return self.emit(f"{fn}({x.name})", [x])
+
+    def histogram(self):
+        """Values counted into bins whose edges the program computes (`edges`): `(x[:, None] >= edges)`
+        masks summed, one-hot masks (weighed by a matmul), bin indices by comparison or floor and their
+        bincount-like `idx[:, None] == arange` counts, weighted and normalized counts, and values compared
+        with one edge. On `grid_args` inputs many values lie exactly on an edge."""
+        x = self.operand(dtypes=self.floats or FLOATS, accept=lambda v: 0 < v.size <= 256)
+        n = self.draw(st.integers(1, 8))
+        lo = self.draw(st.sampled_from((-3.0, -2.0, -1.5, -1.0, -0.5, 0.0)))
+        w = self.draw(st.sampled_from((0.25, 0.5, 0.75, 1.0, 1.5, 3.0)))
+        edges = self.edges(x, n, lo, w)
+        xs, e, dt = f"{x.name}.reshape(-1)", edges.name, x.dtype
+        inside = f"({xs}[:, None] >= {e}[:-1]) & ({xs}[:, None] < {e}[1:])"
+        form = self.draw(st.sampled_from(("cumulative", "counts", "index", "last closed", "floor", "one-hot",
+                                          "weighted", "against one edge")))
+        if form == "against one edge":
+            k = self.draw(st.integers(0, n))
+            return self.emit(f"jnp.where({x.name} >= {e}[{k}], {x.name}, -{x.name})", [x, edges])
+        if form == "weighted":
+            weights = self.new_arg((x.size,), dt)
+            return self.emit(f"jnp.sum(jnp.where({inside}, {weights.name}[:, None], 0), axis=0)",
+                             [x, edges, weights])
+        if form == "one-hot":
+            hot = self.emit(f"({inside}).astype(jnp.{dt})", [x, edges])
+            if hot is None or self.draw(st.booleans()):
+                return hot
+            weights = self.new_arg((x.size, self.draw(st.sampled_from((1, 2, 3)))), dt)
+            return self.emit(f"{hot.name}.T @ {weights.name}", [hot, weights])
+        if form in ("cumulative", "counts"):
+            counts = self.emit(f"jnp.sum({xs}[:, None] >= {e}, axis=0)" if form == "cumulative" else
+                               f"jnp.sum({inside}, axis=0)", [x, edges])
+        else:
+            index = self.emit({
+                "index": f"jnp.sum({x.name}[..., None] >= {e}[1:-1], axis=-1)",
+                # np.histogram's last bin holds its right edge
+                "last closed": f"jnp.minimum(jnp.sum({x.name}[..., None] >= {e}[1:], axis=-1), {n - 1})",
+                "floor": f"jnp.clip(jnp.floor(({x.name} - {e}[0]) / ({e}[1] - {e}[0])), 0, {n - 1})"
+                         f".astype(jnp.int32)"}[form], [x, edges])
+            if self.draw(st.booleans()):
+                return index
+            counts = self.emit(f"jnp.sum({index.name}.reshape(-1)[:, None] == jnp.arange({n}), axis=0)", [index])
+        normalize = self.draw(st.integers(0, 2))
+        if normalize == 1:
+            return self.emit(f"{counts.name} / jnp.sum({counts.name})", [counts])
+        if normalize == 2:
+            return self.emit(f"{counts.name}.astype(jnp.{dt}) / {x.size * w!r}", [counts])
+        return counts
+
+    def edges(self, x: Value, n: int, lo: float, w: float) -> Value:
+        """n + 1 bin edges of x's dtype from lo, w apart, computed one of the ways programs compute them
+        (all on the grid of `grid_args` in exact arithmetic, most of them rounded), or the data's own
+        minimum and maximum as np.histogram's, or a sorted argument."""
+        hi, dt = lo + n * w, x.dtype
+        i = f"jnp.arange({n + 1}, dtype=jnp.{dt})"
+        form = self.draw(st.sampled_from((
+            f"jnp.linspace({lo!r}, {hi!r}, {n + 1}, dtype=jnp.{dt})",
+            f"{lo!r} + {i} * {w!r}",
+            f"{i} * {w!r} + {lo!r}",
+            f"{lo!r} + ({hi!r} - {lo!r}) * ({i} / {n})",
+            f"{lo!r} * (1 - {i} / {n}) + {hi!r} * ({i} / {n})",          # a lerp of the ends
+            "the data's", "sorted")))
+        if form == "sorted":
+            bounds = self.new_arg((n + 1,), dt)
+            return self.emit(f"jnp.sort({bounds.name})", [bounds])
+        if form == "the data's":
+            return self.emit(f"jnp.min({x.name}) + (jnp.max({x.name}) - jnp.min({x.name})) * ({i} / {n})", [x])
+        return self.emit(form, [])
+
 
 # Op kinds with their weights: elementwise ops dominate real programs.
 _OPS = (("unary", 6), ("binary", 6), ("literal", 3), ("constant_operand", 1), ("select", 2), ("matmul", 3),
         ("reduce", 3), ("transpose", 2), ("reshape", 2), ("broadcast", 1), ("slice", 1), ("pad", 1),
         ("concat", 1), ("convert", 2), ("iota", 1), ("pool", 1), ("conv", 1), ("opaque", 1))
-_OP_NAMES = tuple(name for name, weight in _OPS for _ in range(weight))
+_INTEGER_OPS = (("wrap", 5), ("fact", 3), ("unary", 3), ("binary", 4), ("literal", 2), ("constant_operand", 1),
+                ("select", 2), ("matmul", 2), ("reduce", 3), ("transpose", 1), ("reshape", 1), ("broadcast", 1),
+                ("slice", 1), ("concat", 1), ("convert", 1), ("iota", 1))
+_HISTOGRAM_OPS = (("histogram", 6), ("unary", 2), ("binary", 3), ("literal", 2), ("select", 1), ("matmul", 1),
+                  ("reduce", 2), ("reshape", 1), ("slice", 1), ("concat", 1), ("convert", 1), ("opaque", 1))
+_CUSTOM_OPS = (("custom", 6), ("unary", 3), ("binary", 3), ("literal", 2), ("select", 1), ("matmul", 2),
+               ("reduce", 2), ("transpose", 1), ("reshape", 1), ("broadcast", 1), ("slice", 1), ("concat", 1),
+               ("convert", 1), ("opaque", 1))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a kind of program is drawn from."""
+    dtypes: tuple               # argument and operand dtypes (a repeated one is drawn more often)
+    ops: tuple                  # (op, weight)
+    first: str                  # the inputs of its first call: "random", "roots" or "grid" (`first_args`)
+    inputs: tuple               # the input sets `draw_inputs` draws among
+    x64: bool = False           # runs under jax.enable_x64
+    last: str | None = None     # an op every program ends with
+
+    @property
+    def op_names(self) -> tuple:
+        return tuple(name for name, weight in self.ops for _ in range(weight))
+
+    def context(self):
+        """What its programs are drawn and run under: `jax.enable_x64(True)` for float64 (the flag is the
+        calling thread's), nothing otherwise."""
+        return jax.enable_x64(True) if self.x64 else contextlib.nullcontext()
+
+
+INPUT_KINDS = ("random", "random", "zeros", "specials", "scaled", "scaled")
+KINDS = {
+    "mixed": Kind(DTYPES, _OPS, "random", INPUT_KINDS),
+    "integer": Kind(("int32", "int32", "int8", "uint8", "float32"), _INTEGER_OPS, "roots",
+                    ("roots", "roots", "random", "zeros", "specials")),
+    "histogram": Kind(("float32", "float32", "float16", "bfloat16", "int32"), _HISTOGRAM_OPS, "grid",
+                      ("grid", "grid", "random", "zeros", "specials", "scaled")),
+    "float64": Kind(("float64", "float64", "float64", "float32", "int64", "int32"), _OPS, "random", INPUT_KINDS,
+                    x64=True),
+    "custom": Kind(("float32", "float32", "float32", "int32"), _CUSTOM_OPS, "grid",
+                   ("grid", "grid", "random", "zeros", "specials"), last="custom"),
+}
 
 
 @st.composite
-def programs(draw, min_ops: int = 1, max_ops: int = 60) -> Program:
-    """A random program of `min_ops` to `max_ops` statements."""
-    b = _Builder(draw)
-    n_ops = draw(st.integers(min_ops, max_ops))
-    while len(b.lines) < n_ops:
-        getattr(b, draw(st.sampled_from(_OP_NAMES)))()
+def programs(draw, kind: str = "mixed", min_ops: int = 1, max_ops: int = 60) -> Program:
+    """A random program of `kind` (`KINDS`) of `min_ops` to `max_ops` statements (one more for a kind
+    with a `last` op)."""
+    spec = KINDS[kind]
+    with spec.context():        # typed as it will run
+        b = _Builder(draw, spec.dtypes)
+        n_ops = draw(st.integers(min_ops, max_ops))
+        while len(b.lines) < n_ops:
+            getattr(b, draw(st.sampled_from(spec.op_names)))()
+        if spec.last:
+            getattr(b, spec.last)()
     # Every value no later statement reads is an output (the newest MAX_OUTPUTS of them), so no
     # statement is dead code.
     sinks = [v.name for v in b.computed if v.name not in b.read]
     outputs = tuple(sinks[-MAX_OUTPUTS:])
-    exact = all(v.dtype not in FLOATS for v in b.values)
-    return Program(tuple(b.args), tuple(b.lines), outputs, exact)
+    exact = all(not is_float(v.dtype) for v in b.values)
+    return Program(tuple(b.args), tuple(b.lines), outputs, exact, kind)
 
 
 # ---- inputs ----
 
-INPUT_KINDS = ("random", "random", "zeros", "specials", "scaled", "scaled")
+KINKS = (0.0, -0.0, 0.5, -0.5, 1.0, -1.0)
 
 
-def draw_inputs(draw, avals, reference=None) -> tuple[str, list]:
-    """(a description, arguments) for a fuzzed program: random normal a third of the time, else one of
+def grid_args(avals, seed: int) -> list[np.ndarray]:
+    """Floats on the grid of quarters in [-4, 4], exact in every float dtype, on which the histogram kind's
+    edges lie in exact arithmetic; a third of them the custom rules' kinks (`KINKS`: relu's 0, the clip
+    bounds +-1, round's +-0.5). Integers and bools as `random_args`."""
+    from superopt.core.verify import random_args
+    rng = np.random.default_rng([seed, 4])
+    out = []
+    for (shape, dtype), a in zip(avals, random_args(avals, seed)):
+        if is_float(dtype):
+            n = a.size
+            vals = np.where(rng.random(n) < 1 / 3, np.array(KINKS)[rng.integers(0, len(KINKS), n)],
+                            rng.integers(-16, 17, n) / 4)
+            a = vals.astype(np.dtype(dtype)).reshape(shape)
+        out.append(a)
+    return out
+
+
+def root_args(avals, seed: int) -> list[np.ndarray]:
+    """Integers near the square root of their dtype's largest value (+-(root - 2) to +-(root + 2), where a
+    product of two wraps), a third of them `random_args`' small ones. Floats and bools as `random_args`."""
+    from superopt.core.verify import random_args
+    rng = np.random.default_rng([seed, 52])
+    out = []
+    for (shape, dtype), a in zip(avals, random_args(avals, seed)):
+        dt = np.dtype(dtype)
+        if dt.kind in "iu":
+            info, n = np.iinfo(dt), a.size
+            near = math.isqrt(int(info.max)) + rng.integers(-2, 3, n)
+            if dt.kind == "i":
+                near = np.where(rng.random(n) < 0.5, -near, near)
+            vals = np.where(rng.random(n) < 2 / 3, near, a.reshape(-1).astype(np.int64))
+            a = np.clip(vals, int(info.min), int(info.max)).astype(dt).reshape(shape)
+        out.append(a)
+    return out
+
+
+def first_args(program: Program, seed: int) -> list[np.ndarray]:
+    """The inputs of a program's first call, as its kind draws them (`Kind.first`)."""
+    from superopt.core.verify import random_args
+    return {"random": random_args, "roots": root_args, "grid": grid_args}[KINDS[program.kind].first](
+        program.args, seed)
+
+
+def draw_inputs(draw, avals, reference=None, kinds: tuple = INPUT_KINDS) -> tuple[str, list]:
+    """(a description, arguments) for a fuzzed program, one of `kinds`: random normal, or one of
     superopt.core.verify's adversarial sets with a drawn seed, so never the inputs superopt verified with:
     "zeros" (+-0, subnormals, the smallest normal; integer extremes, int8 -128/127, int32 min/max),
     "specials" (NaN, +-inf, +-max and -0 among random values; integers over their whole range) or
     "scaled" (float arguments per a drawn `scale_patterns` pattern: near the dtype's overflow, near its
     smallest normal, or a mix; calibrated against `reference`, the original under jax.jit, to just below
-    where it overflows, or at a drawn exponent without one)."""
+    where it overflows, or at a drawn exponent without one); or a kind's own: "roots" (`root_args`) or
+    "grid" (`grid_args`)."""
     from superopt.core.verify import calibrated, random_args, scale_patterns, scaled_args, special_args
     avals = [(tuple(shape), np.dtype(dtype)) for shape, dtype in avals]
-    kind = draw(st.sampled_from(INPUT_KINDS))
+    kind = draw(st.sampled_from(kinds))
     seed = draw(st.integers(2, 2**16))
     patterns = scale_patterns(avals, limit=1000)
     if kind == "scaled" and not patterns:
         kind = "zeros"                  # no float arguments: integer extremes instead
     if kind == "random":
         return f"random inputs (seed {seed})", random_args(avals, seed)
+    if kind in ("roots", "grid"):
+        return f"{kind} inputs (seed {seed})", (root_args if kind == "roots" else grid_args)(avals, seed)
     if kind in ("zeros", "specials"):
         return f"{kind} inputs (seed {seed})", [_flush_subnormals(a) for a in special_args(avals, kind, seed)]
     name, pattern = draw(st.sampled_from(patterns))
@@ -416,7 +648,6 @@ def _flush_subnormals(a: np.ndarray) -> np.ndarray:
     them by a discontinuity at zero (atan2 of a subnormal and 0: +-pi/2 against 0). README.md's contract
     leaves that to XLA; superopt's own verification still draws subnormals and keeps the original
     where they make the programs differ."""
-    from superopt.core.dtypes import is_float
     if not is_float(a.dtype) or a.ndim == 0 and not np.isfinite(np.float64(a)):
         return a
     import ml_dtypes

@@ -400,8 +400,9 @@ def measure(samples: int = 21, only: tuple[str, ...] = (), small: bool = False) 
         modes, seconds = optimized(fn, args)
         med, calls = interleaved({"jit": jitted, **modes}, args, samples)
         reference = executable(jitted, args)
+        done = modes["strict"].report.loops.removeprefix("loops before the search: ")
         row = dict(name=name, loops=loop_shape(fn, args), opaque=opaque_to_superopt(fn, args), jit=med["jit"],
-                   calls=calls)
+                   calls=calls, lifted=done or "left as loops")
         for mode, f in modes.items():
             r = f.report
             dev = deviation(f(*args), want)
@@ -434,7 +435,9 @@ def render(rows: list[dict], samples: int, load: tuple[str, str], small: bool = 
              "where XLA compiles it to a different executable than jax.jit's (`kernelbench.executable`: the optimized "
              "HLO compared blind to names, metadata and the order of independent instructions). \"Loops after tracing\" is the jaxpr's loop structure (a "
              "`fori_loop` with static bounds traces to a scan); \"opaque to superopt\" is what its capture "
-             "keeps as opaque nodes, which no rule rewrites.", ""]
+             "keeps as opaque nodes; \"loop pass\" is what superopt/loops.py did to them before the search "
+             "(the strict report's loops line: batched where the iterations are independent, written out where "
+             "a loop is short; a while loop's assumed trip count).", ""]
     for mode in ("strict", "fast"):
         changed = [r for r in rows if r[mode]["changed"]]
         slower = [r["name"] for r in changed if r[mode]["speedup"] < 1 / 1.03]
@@ -455,17 +458,19 @@ def render(rows: list[dict], samples: int, load: tuple[str, str], small: bool = 
                 "rule looks inside, so under either numerics mode it runs jax.jit's executable, and the speedups "
                 "above are the noise of timing one program against itself.")
     else:
-        what = (f"{len(opaque)} of the {len(rows)} reach superopt with their loops as opaque nodes; "
+        lifted = [r["name"] for r in rows if "batched" in r["lifted"] or "written out" in r["lifted"]]
+        what = (f"{len(opaque)} of the {len(rows)} reach superopt with their loops as opaque nodes; the loop pass "
+                f"batched or wrote out the loops of {len(lifted)} ({', '.join(lifted) or 'none'}); "
                 f"{len(changed)} compile to a different executable in at least one mode"
                 + (f" ({', '.join(r['name'] for r in changed)})" if changed else "") + ".")
     lines += [f"- {what}", "",
-              "| kernel | loops after tracing | opaque to superopt | jax.jit | strict | speedup | executable (strict) "
-              "| optimizing | fast | speedup | executable (fast) | optimizing | largest deviation |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| kernel | loops after tracing | opaque to superopt | loop pass | jax.jit | strict | speedup "
+              "| executable (strict) | optimizing | fast | speedup | executable (fast) | optimizing | largest deviation |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         st, fa = r["strict"], r["fast"]
         dev = max(st["deviation"], fa["deviation"])
-        lines.append(f"| {r['name']} | {r['loops']} | {r['opaque']} | {r['jit'] * 1e3:.3f} ms | {st['time'] * 1e3:.3f} ms | "
+        lines.append(f"| {r['name']} | {r['loops']} | {r['opaque']} | {short(r['lifted'], 60)} | {r['jit'] * 1e3:.3f} ms | {st['time'] * 1e3:.3f} ms | "
                      f"{st['speedup']:.2f}x | {_what(st, short)} | {st['optimize']:.1f} s | {fa['time'] * 1e3:.3f} ms | "
                      f"{fa['speedup']:.2f}x | {_what(fa, short)} | {fa['optimize']:.1f} s | "
                      f"{'0' if dev == 0 else f'{dev:.1e}'}{'' if dev <= RTOL else ' **MISMATCH**'} |")

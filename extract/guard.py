@@ -133,17 +133,21 @@ def _states(flat: Graph, e: int) -> bool:
     cover."""
     state: dict[int, int | None] = {}     # the exponent bound of each value's magnitudes; None: always zero
     divisors: dict[int, int] = {}         # constants with no zero element (and their moves): their least exponent
+    known, constant = _constant_values(flat), flat.constant_nodes()
     for i in flat.live():
         node: Node = flat.nodes[i]
         info = _float_info(node.dtype)
-        if info is None:
+        if i in constant and info is None:
+            continue                      # an integer or bool constant, for nodes computed from constants alone
+        if info is None or (i not in known and any(j not in state for j in node.inputs)):
             raise _Unbounded(f"{node.op} of {node.dtype}")
         p, largest = info
-        ins = [state[j] for j in node.inputs]
+        ins = [state.get(j) for j in node.inputs]   # a constant's own operands are not read: it is known
         if node.op == "arg":
             s = e
-        elif node.op in ("lit", "const"):
-            values = np.asarray(node.attrs[0]) if node.op == "lit" else flat.consts[node.attrs[0]]
+        elif node.op in ("lit", "const") or i in known:
+            values = known[i] if i in known else np.asarray(node.attrs[0]) if node.op == "lit" else \
+                flat.consts[node.attrs[0]]
             bounds = _literal(values)
             s = None if bounds is None else bounds[1]
             if bounds is not None and np.all(values != 0):
@@ -173,6 +177,17 @@ def _states(flat: Graph, e: int) -> bool:
             return False
         state[i] = s
     return True
+
+
+def _constant_values(flat: Graph) -> dict:
+    """The values of the nodes computed from constants alone other than literals and constants (an identity
+    matrix from iota and a comparison, a loop's known start): bounded as the constants they are."""
+    from superopt.core.reference import evaluate
+    computed = sorted(i for i in flat.constant_nodes() if flat.nodes[i].op not in ("lit", "const"))
+    if not computed:
+        return {}
+    probe = Graph(nodes=flat.nodes, outputs=computed, consts=flat.consts, opaque=flat.opaque)
+    return dict(zip(computed, (np.asarray(v) for v in evaluate(probe, ()))))
 
 
 def exponent(*graphs: Graph) -> int | None:

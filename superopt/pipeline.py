@@ -547,7 +547,11 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
     except Kept:
         return strict
     reals = numerics_mode.overflow_rewrites(search.guarded, saturated.run.fired)
-    exponent = guarding.exponent(original, program, fast.graph)
+    # the program the search started from computes the original's intermediates (a loop batched or written out,
+    # rows re-rolled: the same values, sums in another order), which the bound reads where the original's loops
+    # are opaque to it
+    exponent = guarding.exponent(program, fast.graph) if captured.traced is not None else \
+        guarding.exponent(original, program, fast.graph)
     if not reals or exponent is None:
         return strict
     args = guarding.checked_args(original, fast.graph)
@@ -555,8 +559,8 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
     if not fast.cost + check < strict.cost * (1 - MIN_PREDICTED_GAIN):
         return strict
     graph = dataclasses.replace(fast.graph, guard=Guard(exponent, args, program))
-    words = (f"{fast.method}; guarded: runs where arguments {', '.join(map(str, args))} are finite, each element "
-             f"0 or of magnitude 2**-{exponent} to 2**{exponent} (else the original), with rules equal over "
+    words = (f"{fast.method}; guarded: runs where every element of arguments {', '.join(map(str, args))} is "
+             f"finite and at most 2**{exponent} in magnitude (else the original), with rules equal over "
              f"the reals: {', '.join(sorted(reals))}")
     return Extraction(graph, fast.cost + check, fast.node_costs, words, fast.declined, fast.memory)
 

@@ -162,3 +162,36 @@ def test_masked_sums_by_the_counter_are_one_segment_sum():
                        graph.nodes[i].shape[0] == args[-1].shape[0] for i in graph.live())   # no rows x entries mask
         np.testing.assert_allclose(np.asarray(lower(graph)(*args)[0]), np.asarray(jax.jit(fn)(*args)),
                                    rtol=1e-5, atol=1e-5)
+
+
+# ---- through superopt ----
+
+from superopt import superopt   # noqa: E402
+
+A = jnp.asarray(RNG.standard_normal((512, 32)), jnp.float32)   # enough rows for the loop to cost more
+
+
+def test_a_batched_row_loop_is_chosen_and_matches_jax_jit_under_grad_vmap_and_export():
+    fast = superopt(row_norm, target="cpu", cache=False)
+    np.testing.assert_allclose(np.asarray(fast(A)), np.asarray(jax.jit(row_norm)(A)), rtol=1e-6, atol=1e-6)
+    assert fast.report.optimized, fast.report.outcome
+    assert "1 with independent iterations batched" in fast.report.loops
+    loss = lambda f: (lambda x: jnp.sum(f(x) ** 2 * jnp.arange(32.0)))   # noqa: E731
+    np.testing.assert_allclose(np.asarray(jax.grad(loss(fast))(A)), np.asarray(jax.grad(loss(row_norm))(A)),
+                               rtol=1e-4, atol=1e-4)
+    batch = jnp.stack([A, -A * 2.0])
+    np.testing.assert_allclose(np.asarray(jax.vmap(fast)(batch)), np.asarray(jax.vmap(row_norm)(batch)),
+                               rtol=1e-5, atol=1e-5)
+    exported = jax.export.export(jax.jit(fast))(A)
+    np.testing.assert_allclose(np.asarray(exported.call(A)), np.asarray(jax.jit(row_norm)(A)), rtol=1e-6, atol=1e-6)
+
+
+def test_a_short_matrix_power_loop_is_re_associated_behind_the_guard_under_strict():
+    a = jnp.asarray(RNG.standard_normal((128, 128)) / 12, jnp.float32)
+    power = lambda a: lax.fori_loop(0, 8, lambda _, p: p @ a, jnp.eye(128, dtype=a.dtype))   # noqa: E731
+    fast = superopt(power, target="cpu", cache=False)
+    np.testing.assert_allclose(np.asarray(fast(a)), np.asarray(jax.jit(power)(a)), rtol=1e-4, atol=1e-5)
+    assert fast.report.optimized and fast.report.guarded, fast.report.outcome
+    assert "written out" in fast.report.loops
+    big = a.at[0, 0].set(1e30)   # past the guard's bound: the original runs, bit for bit
+    np.testing.assert_array_equal(np.asarray(fast(big)), np.asarray(jax.jit(power)(big)))

@@ -385,7 +385,8 @@ def measure(samples: int = 21, only: tuple[str, ...] = (), small: bool = False) 
     """Per kernel: jax.jit, superopt under numerics="strict" and "fast", alternating sample by sample; whether
     each superopt program compiles to jax.jit's executable; how far its outputs are from jax.jit's."""
     import jax
-    from bench.kernelbench import executable, interleaved, optimized
+    from bench.kernelbench import interleaved, optimized
+    from superopt.lowering.hlo import executable
     from superopt.report import Outcome
     suite = kernels(small)
     unknown = set(only) - {name for name, _, _ in suite}

@@ -99,6 +99,17 @@ def lower(graph: Graph, effects: bool = True) -> Callable:
     return lambda *flat_args: run(list(flat_args), hoisted_values)
 
 
+def inlined(graph: Graph, effects: bool = True) -> Callable:
+    """`graph` as one jitted function of the flat arguments with its constants inside it (not hoisted out as
+    `lower` does): what XLA compiles for it compares with what it compiles for the original (`lowering/hlo.py`).
+    A guarded graph has no such single program: its guard is a branch the original does not have."""
+    assert graph.guard is None, "a guarded program has no single executable to compare"
+    def run(*flat):
+        env = evaluate(graph, list(flat), effects=effects)
+        return [env[o] for o in graph.results]
+    return jax.jit(run)
+
+
 def _check(graph: Graph) -> Graph:
     guard = graph.guard
     return check_graph(guard.exponent, guard.args, graph, guard.fallback)

@@ -42,7 +42,8 @@ from superopt.extract.memory import peak_memory
 from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import load_target
 from superopt.extract.traffic import gradient_traffic as traffic
-from superopt.lowering.jax import lower
+from superopt.lowering.hlo import executable
+from superopt.lowering.jax import inlined, lower
 from superopt.report import Outcome, Report
 from superopt.extract.loops import loop_notes
 from superopt.loops import vectorize, vectorized_note
@@ -268,6 +269,21 @@ def worth_it(chosen: Extraction, cost_before: float, peaks: tuple, memory_budget
         gain = 1 - chosen.cost / cost_before
         raise Kept(Outcome.BELOW_THRESHOLD,
                    f"predicted gain {gain:.1%} is below the {MIN_PREDICTED_GAIN:.0%} threshold")
+
+
+def same_executable(reference: Callable, graph: Graph, captured: Captured) -> bool:
+    """Whether XLA compiles `graph` (the chosen program, as superopt runs it on its own inputs) to the executable
+    it compiles `reference` (the original, so run) to (`lowering/hlo.py`: the optimized HLO, names, metadata and
+    the order of independent instructions aside). Then the rewrite changed nothing XLA does not change itself
+    (its CSE, constant folding and algebraic simplifier), and the original runs. A guarded program, or an
+    original verified by superopt's evaluator (no XLA program), is never the same."""
+    if graph.guard is not None or not hasattr(reference, "lower"):
+        return False
+    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in captured.in_avals]
+    try:
+        return executable(reference, args) == executable(inlined(graph, effects=False), args)
+    except Exception:   # noqa: BLE001 - a program XLA cannot compile here is judged by verification
+        return False
 
 
 def check(reference: Callable, candidate: Callable, captured: Captured, numerics: str,
@@ -509,6 +525,9 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
                 raise Kept(Outcome.TIME_LIMIT, f"time limit ({stage_name}: the call's {limits.seconds:g} s ran out)")
             if step is not None:
                 program = timer(stage_name, step)
+        if timer("compare", same_executable, reference, chosen.graph, captured):
+            raise Kept(Outcome.SAME_EXECUTABLE, "XLA compiles the chosen program to the original's executable: "
+                                                "nothing to gain, nothing verified")
         if search.check_results:   # on superopt's own inputs: the program's debug prints stay silent
             timer("verify", check, reference, on_own_inputs(chosen.graph, program), captured, numerics, run.fired,
                   segment)

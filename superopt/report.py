@@ -27,6 +27,7 @@ class Outcome(enum.Enum):
     (`Report.reason` has the words)."""
     OPTIMIZED = "optimized"
     NO_GAIN = "no cheaper program found"
+    SAME_EXECUTABLE = "same executable"   # XLA compiles the chosen program to the original's executable
     BELOW_THRESHOLD = "predicted gain below the threshold"
     TIME_LIMIT = "time limit"
     SATURATION_FAILED = "saturation failed"

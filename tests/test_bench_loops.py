@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from bench import loops
-from bench.kernelbench import executable
+from superopt.lowering.hlo import executable
 from superopt import superopt
 
 

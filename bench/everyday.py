@@ -14,6 +14,7 @@ superopt runs under numerics="strict" (the default) and "fast". Replaces its sec
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -92,7 +93,7 @@ def measure(samples: int = 21) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict], samples: int) -> list[str]:
+def render(rows: list[dict], samples: int, load: tuple[str, str] = ("?", "?")) -> list[str]:
     from bench.kernelbench import geomean
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
 
@@ -102,7 +103,8 @@ def render(rows: list[dict], samples: int) -> list[str]:
         return geo, changed, [r for r in changed if r[mode]["speedup"] < 1 / 1.03]
 
     lines = [SECTION, "",
-             f"Run: {when} (UTC), `python -m bench.everyday`, on the 2-core development machine, cpu target. "
+             f"Run: {when} (UTC), `python -m bench.everyday`, on the 2-core development machine (load average from "
+             f"`uptime`: {load[0]} at the start, {load[1]} at the end), cpu target. "
              f"{len(rows)} small kernels written for this benchmark (module doc of `bench/everyday.py`): every axis "
              f"{N}, vectors {V}, float32. Per-call medians of {samples} samples, each about 20 ms of back-to-back "
              "calls, jax.jit and superopt's callables (its call cost included) alternating sample by sample; "
@@ -136,7 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=21)
     ap.add_argument("--output", default="BENCHMARKS.md")
     ns = ap.parse_args(argv)
-    lines = render(measure(ns.samples), ns.samples)
+    start = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    rows = measure(ns.samples)
+    lines = render(rows, ns.samples, (start, ", ".join(f"{x:.2f}" for x in os.getloadavg())))
     print("\n".join(lines))
     replace_section(ns.output, lines, SECTION)
     return 0

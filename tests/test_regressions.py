@@ -1,5 +1,7 @@
 """Regression tests: each failure the fuzzer (tests/test_fuzz.py) or the reliability work found, with its
 program written out. RELIABILITY.md lists them with their cause and fix."""
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -250,6 +252,48 @@ def test_a_size_one_axis_broadcast_against_an_empty_one_is_empty():
     fast = superopt(fn, cache=False)
     assert fast(a).shape == (3, 0)
     assert "saturation failed" not in (fast.report.reason or ""), fast.report.reason
+
+
+# ---- found by the fuzzer's kinds of programs (tests/fuzzing.py, KINDS) ----
+
+
+@pytest.mark.slow
+def test_pallas_runs_a_sum_over_an_empty_axis_with_jax():
+    """Fuzz-found (histogram programs, gpu-h100 Pallas): a histogram of one bin has no interior edges, so
+    `jnp.sum(x[..., None] >= edges[1:-1], axis=-1)` sums over an empty axis. The elementwise template
+    divided its tile budget by that axis's extent (ZeroDivisionError) and the report said the Pallas
+    lowering failed. A kernel body with an empty array has no template (lowering/pallas/kernels.py): its
+    nodes run with the JAX lowering."""
+    def program(x, edges):
+        return jnp.sum(x[..., None] >= edges[1:-1], axis=-1)
+
+    args = [np.array([-1.0, -0.75, 0.0, 2.0], np.float32), np.array([-1.0, -0.75], np.float32)]
+    fast = superopt(program, target="gpu-h100", backend="pallas")
+    assert compare_outputs(_flat(jax.jit(program)(*args)), _flat(fast(*args))) is None
+    assert fast.report.backend.startswith("pallas") and "lowering failed" not in fast.report.backend, \
+        fast.report.backend
+
+
+@pytest.mark.slow
+def test_the_npu_emulator_converts_as_xla_and_warns_the_caller_of_nothing():
+    """Fuzz-found (integer programs, npu-910 emulator): an int32 matmul whose products pass int32's range
+    runs on the fp16 cube, and the emulator cast its float32 results to int32 with numpy, which warned the
+    caller ("invalid value encountered in cast") and made each one out of range int32's smallest value.
+    The backend's check returned the original's outputs, so values were right, but the warning was
+    superopt's own. The emulator converts floats to integers as XLA does (toward zero, saturating, NaN to
+    0) and computes under np.errstate, as the hardware does, silently (lowering/npu/emulator.py)."""
+    from superopt.lowering.npu.emulator import _saturated
+    a = np.array([[46341, -46342], [46340, 3]], np.int32)
+    b = np.array([[46341, 2], [-46343, 46341]], np.int32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = superopt(lambda a, b: a @ b, target="npu-910", backend="emulator")
+        got = fast(a, b)
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(lambda a, b: a @ b)(a, b)))
+    x = np.array([np.nan, np.inf, -np.inf, 3e9, -3e9, 2.7, -2.7, 2147483647.0, -0.5], np.float32)
+    for dtype in (jnp.int32, jnp.int8, jnp.uint8):
+        np.testing.assert_array_equal(_saturated(x, np.dtype(dtype)), jax.jit(lambda x: x.astype(dtype))(x))
 
 
 # ---- found by the fuzzer's custom-derivative programs (tests/test_fuzz.py, property 3) ----

@@ -242,6 +242,8 @@ class _Machine:
                 raise NumericOverflow(f"instruction #{index} ({ins.core}.{ins.queue} {type(ins).__name__}) converts "
                                       f"{int(big.sum())} finite values up to {float(np.abs(value[big]).max()):.4g} "
                                       f"to {dt.name} for {where}: they overflow (largest {np.finfo(dt).max:g})")
+        if dt.kind in "iu" and value.dtype.kind == "f":
+            return _saturated(value, dt)
         return value.astype(dt)
 
     def _store(self, core: str, dst, value, add: bool = False):
@@ -258,6 +260,10 @@ class _Machine:
         target[inside] = self._cast(target[inside] + part if add else part, target.dtype, dst)
 
     def _execute(self, core: str, ins) -> None:
+        with np.errstate(all="ignore"):   # NaN and Inf propagate silently, as on the hardware and in XLA
+            self._step(core, ins)
+
+    def _step(self, core: str, ins) -> None:
         if isinstance(ins, CopyIn):
             got = self._value(core, ins.src)
             if ins.layout:   # whole fractals of a packed tensor: the matrix they hold
@@ -389,6 +395,17 @@ class _Machine:
             if not self.symbolic:
                 self.current = (index, ins)
                 self._execute(ins.core, ins)
+
+
+def _saturated(value: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """Floats converted to the integer dtype `dt` as XLA converts them (and the hardware): toward zero,
+    beyond the range to its nearest end, NaN to 0. numpy's cast leaves those to the C compiler (int32's
+    smallest value for all of them on x86) and warns."""
+    info = np.iinfo(dt)
+    wide = np.nan_to_num(np.asarray(value, np.float64), nan=0.0)
+    high, low = wide >= float(info.max), wide <= float(info.min)
+    inside = np.where(high | low, 0.0, wide).astype(dt)
+    return np.where(high, info.max, np.where(low, info.min, inside)).astype(dt)
 
 
 def compute(program: Program, target: Target, inputs: dict) -> dict:

@@ -15,8 +15,9 @@
 
 A body the kind's template cannot run (three matrix ops, two GEMMs the chain template does not take)
 runs as one Pallas program over whole arrays (`whole`), and the launch says why; under Triton, which
-takes power-of-two blocks only, it raises `NoTemplate` instead. Convolutions have no template: always
-`NoTemplate`. The program runs a node that raised it with the JAX lowering and lists it.
+takes power-of-two blocks only, it raises `NoTemplate` instead. Convolutions have no template, nor has a
+body with an empty array (a sum over an empty axis): always `NoTemplate`. The program runs a node that
+raised it with the JAX lowering and lists it.
 """
 from __future__ import annotations
 
@@ -84,6 +85,8 @@ def run_kernel(body: tuple, inputs: list, tiling, options: Options, name: str, k
     kind = kind or kind_of(body, tiling)
     if kind == "conv":
         raise NoTemplate("no Pallas template for convolutions")
+    if any(0 in n.shape for n in body):    # a template's tiles divide by extents: an empty sum divided by 0
+        raise NoTemplate("an empty array: nothing to tile")
     body = inline_scalars(body, scalars or {})
     why = f"no template for {kind}"
     templates = [(kind, TEMPLATES[kind])] if kind in TEMPLATES else []

@@ -271,6 +271,13 @@ def worth_it(chosen: Extraction, cost_before: float, peaks: tuple, memory_budget
                    f"predicted gain {gain:.1%} is below the {MIN_PREDICTED_GAIN:.0%} threshold")
 
 
+def runs_here(tgt) -> bool:
+    """Whether this process's JAX compiles for the target's kind of device (a cpu target on a CPU, a GPU target
+    on a GPU): only then is what XLA compiles here the program the target runs (`same_executable`)."""
+    platform = jax.default_backend()
+    return tgt.kind == {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+
+
 def same_executable(reference: Callable, graph: Graph, captured: Captured) -> bool:
     """Whether XLA compiles `graph` (the chosen program, as superopt runs it on its own inputs) to the executable
     it compiles `reference` (the original, so run) to (`lowering/hlo.py`: the optimized HLO, names, metadata and
@@ -424,7 +431,7 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     # the rules strict leaves out are the "reals" ones a guarded program's search adds
     guarded = schedule_of(rulesets, "fast", tgt.kind)[0] if guard and numerics == "strict" and left_out else None
     search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune,
-                    guarded)
+                    guarded, on_xla=guard and runs_here(tgt))
     segments = key = None
     if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
         try:
@@ -467,11 +474,15 @@ class Search:
     numerics: str
     tune: bool = False
     guarded: Schedule | None = None   # strict numerics on the JAX backend: the schedule a guarded program's search runs
+    on_xla: bool = False   # the program runs as XLA compiles it here (the jax backend, on the target's kind of
+    #                        device): one XLA compiles to the original's executable is no gain (`same_executable`);
+    #                        Pallas and the NPU emulator run programs of their own, and a GPU target's program
+    #                        compiled for this CPU says nothing of what XLA compiles for the GPU
 
     def fingerprint(self) -> str:
         return fingerprint(self.target, self.schedule, limits=self.limits, check=self.check_results,
                            extractor=self.extractor, memory_budget=self.memory_budget, numerics=self.numerics,
-                           **({"tune": True} if self.tune else {}),
+                           **({"tune": True} if self.tune else {}), **({"on_xla": True} if self.on_xla else {}),
                            **({"guarded": repr(self.guarded)} if self.guarded is not None else {}))
 
 
@@ -525,7 +536,7 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
                 raise Kept(Outcome.TIME_LIMIT, f"time limit ({stage_name}: the call's {limits.seconds:g} s ran out)")
             if step is not None:
                 program = timer(stage_name, step)
-        if timer("compare", same_executable, reference, chosen.graph, captured):
+        if search.on_xla and timer("compare", same_executable, reference, chosen.graph, captured):
             raise Kept(Outcome.SAME_EXECUTABLE, "XLA compiles the chosen program to the original's executable: "
                                                 "nothing to gain, nothing verified")
         if search.check_results:   # on superopt's own inputs: the program's debug prints stay silent

@@ -145,7 +145,7 @@ def test_optimize_is_strict_by_default_and_says_what_it_left_out(program, capsys
     assert "numerics     : strict;" in out and "rules that can change overflow left out" in out
     # re-associating runs only behind a check of the arguments (extract/guard.py), and the report says so
     assert "matmul-assoc" not in out.replace("with rules equal over the reals: matmul-assoc", "")
-    assert "guarded: runs where arguments 0, 1, 2 are finite" in out
+    assert "guarded: runs where every element of arguments 0, 1, 2 is finite" in out
     with pytest.raises(SystemExit) as exit_:
         main(["optimize", program + ":chain", "--shapes", "4x4", "4x4", "4x1", "--numerics", "loose"])
     assert exit_.value.code == 2 and "invalid choice: 'loose'" in capsys.readouterr().err

@@ -120,10 +120,20 @@ def with_derivatives(spec, check: bool, differentiable: Callable | None = None):
     return replace(spec, run=_Ruled(spec.run, ruled))
 
 
+# A program traced longer than this (a Python loop over rows, unrolled by tracing) takes XLA seconds to compile,
+# and checking derivatives compiles four programs (jvp and vjp of both): its derivatives are the user's program's,
+# which need no check, and cost one compile, as under jax.jit.
+CHECKED_DERIVATIVE_OPS = 500
+
+
 def _checked(spec, differentiable: Callable) -> Callable:
     """The program whose derivative the changed program takes: `differentiable` where its derivatives equal
     the user's program's (`core/derivatives.py`), else the user's program; `report.derivatives` says which."""
     report, start = spec.report, time.perf_counter()
+    if len(spec.original.live()) > CHECKED_DERIVATIVE_OPS:
+        report.derivatives = (f"the original's: the program as traced has more than {CHECKED_DERIVATIVE_OPS} ops, "
+                               "whose derivatives take longer to check than to use")
+        return spec.differentiated or spec.reference
     try:
         with jax.core.eval_context():   # superopt's own arrays stay concrete under the caller's trace
             problem = derivatives.check(_listed(spec.reference), _listed(differentiable), spec.avals,

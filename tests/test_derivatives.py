@@ -88,3 +88,23 @@ def test_check_compares_both_modes_and_names_the_set():
     mixed = [((3,), "int32"), ((3,), "float32")]
     assert derivatives.check(lambda i, x: [i * 2, x * i], lambda i, x: [i + i, i * x], mixed) is None
     assert derivatives.check(lambda i, x: [x * 2.0], lambda i, x: [x * 2.5], mixed) is not None
+
+
+def test_a_program_traced_long_takes_the_originals_derivatives_unchecked():
+    """A Python loop over 200 rows traces to 1,000+ ops; checking its derivatives would compile four such
+    programs, so the user's program's derivative (one compile, as under jax.jit) is what runs, and the report
+    says why."""
+    rows = range(200)
+
+    def f(a, v):
+        return jnp.stack([jnp.sum(jnp.tanh(a[i]) * v) for i in rows])
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((200, 200)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal(200), jnp.float32)
+    fast = superopt(f, target="cpu", cache=False)
+    fast(a, v)
+    assert fast.report.optimized, fast.report.outcome
+    loss = lambda fn: (lambda a, v: jnp.sum(fn(a, v) ** 2))   # noqa: E731
+    np.testing.assert_allclose(np.asarray(jax.grad(loss(fast))(a, v)), np.asarray(jax.grad(loss(f))(a, v)),
+                               rtol=1e-5, atol=1e-5)
+    assert "more than 500 ops" in fast.report.derivatives, fast.report.derivatives

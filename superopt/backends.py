@@ -60,6 +60,10 @@ class PallasBackend:
     name = "pallas"
 
     def lower(self, spec, target, check: bool, *, precision=None, example=None):
+        if spec.report.kind is not Outcome.OPTIMIZED:
+            # the original runs as the user wrote it: its own kernels would be a change nothing priced or verified
+            spec.report.backend = "jax (the original runs: Pallas runs only a program superopt changed)"
+            return spec
         return with_derivatives(_on_pallas(spec, target, check), check, differentiable=spec.run)
 
     def reference(self, spec) -> Callable:
@@ -124,6 +128,16 @@ def with_derivatives(spec, check: bool, differentiable: Callable | None = None):
 # and checking derivatives compiles four programs (jvp and vjp of both): its derivatives are the user's program's,
 # which need no check, and cost one compile, as under jax.jit.
 CHECKED_DERIVATIVE_OPS = 500
+
+
+def with_users_derivative(program: Callable, spec) -> Callable:
+    """`program` (flat arrays -> outputs) differentiated as the user's program is, where that program calls
+    custom_jvp/custom_vjp functions (whose rules capture's inlined bodies lost); `program` itself elsewhere. For
+    the NPU target's extracted program under a trace, changed or kept."""
+    if not spec.custom_calls or spec.reference is None:
+        return program
+    return _ruled(program, _Rule(lambda: spec.differentiated or spec.reference),
+                  vjp=bool(spec.custom_calls & CUSTOM_VJP), effects=bool(spec.original.hidden_outputs))
 
 
 def _checked(spec, differentiable: Callable) -> Callable:
@@ -221,11 +235,7 @@ def _on_pallas(spec, target, check: bool):
         report.backend = f"jax (the Pallas lowering failed: {type(exc).__name__}: {exc})"
         return spec
     if check:
-        backend = BACKENDS["pallas"]
-        args = verification.random_args(spec.avals, 0)
-        expected = [np.asarray(o) for o in backend.reference(spec)(*args)]
-        actual = [np.asarray(o) for o in program(*args)]
-        problem = backend.tolerance(expected, actual, spec, args)
+        problem = _pallas_problem(spec, program)
         if problem:
             warnings.warn(f"superopt: the Pallas program differs from the JAX program ({problem}); running JAX",
                           verification.VerificationWarning, stacklevel=3)
@@ -239,6 +249,31 @@ def _on_pallas(spec, target, check: bool):
         report.gradient_traffic = (gradient_traffic(original, formed), gradient_traffic(spec.term, program.groups))
     report.stage_seconds["lower-pallas"] = time.perf_counter() - start
     return replace(spec, run=program)
+
+
+def _pallas_problem(spec, program) -> str | None:
+    """None where the Pallas program keeps the contract against the JAX program on verification's input sets
+    (random, then the strict sets' zeros and specials: infinities, NaN, values near overflow), else what
+    differs and where. Random inputs are judged at the narrowest float type each output is computed through
+    (`pallas_program.compare`); the strict sets as verification judges the JAX program, the sum edge
+    included (`verify.judge` against the program's float64 value): a kernel adds a product's terms in its
+    own order, and where they pass the range a NaN must not reach an output as a number."""
+    reference = BACKENDS["pallas"].reference(spec)
+    for where, args in verification.input_sets(spec.avals, spec.report.numerics, trials=1):
+        expected = [np.asarray(o) for o in reference(*args)]
+        actual = [np.asarray(o) for o in program(*args)]
+        if where.startswith("random"):
+            problem = pallas_program.compare(spec.term, expected, actual)
+        else:
+            narrow = pallas_program.narrowest_floats(spec.term)
+            truth = evaluate(spec.original, args, precise=True)
+            problem = next((f"output {k}{p.removeprefix('output 0')}" for k, (e, a, n, t)
+                            in enumerate(zip(expected, actual, narrow, truth))
+                            for p in [verification.judge([e], [a], [t], spec.report.numerics, as_dtype=n)] if p),
+                           None)
+        if problem:
+            return f"{problem}, on {where}"
+    return None
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (JaxBackend(), PallasBackend(), NpuEmulatorBackend())}

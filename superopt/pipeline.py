@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from superopt import numerics as numerics_mode
-from superopt.backends import BACKENDS
+from superopt.backends import BACKENDS, with_users_derivative
 from superopt.cache import CacheWarning
 from superopt.core import lazy, verify as verification
 from superopt.core.deadline import Deadline, TimeLimit
@@ -120,7 +120,7 @@ class Specialization:
         if self.npu is None:
             return self.unflatten(self.run(*flat))
         if self._traced is None:
-            program = lower(self.term)
+            program = with_users_derivative(lower(self.term), self)   # the user's custom rules, as on jax
             if npu_under_trace == "callback":
                 shapes = jax.eval_shape(lambda *a: program(*a), *flat)
                 self._traced = lambda *a: jax.pure_callback(lambda *c: [np.asarray(o) for o in self.run(*c)],

@@ -653,7 +653,7 @@ def _gather(b, eqn, ins):
     """A gather of single elements at positions known when the program is built, in an arithmetic
     progression of the operand's flat order (jnp.diagonal, a strided pick): a view of the flattened operand
     sliced with a stride. Any other gather stays opaque."""
-    from superopt.core.reference import evaluate
+    from superopt.core.reference import constant_values
     dn, operand, indices = eqn.params["dimension_numbers"], b.graph.nodes[ins[0]], ins[1]
     rank = len(operand.shape)
     if tuple(eqn.params["slice_sizes"]) != (1,) * rank or tuple(dn.offset_dims) or \
@@ -662,8 +662,7 @@ def _gather(b, eqn, ins):
         return None
     if indices not in b.graph.constant_nodes_of(indices):
         return None
-    probe = Graph(nodes=b.graph.nodes, outputs=[indices], consts=b.graph.consts)
-    where = np.asarray(evaluate(probe, ())[0]).reshape(-1, rank)
+    where = constant_values(b.graph, [indices])[0].reshape(-1, rank)
     if where.shape[0] < 2 or (where < 0).any() or (where >= np.asarray(operand.shape)).any():
         return None
     flat = np.ravel_multi_index(tuple(where.T), operand.shape)
@@ -681,12 +680,11 @@ def _dynamic_slice(b, eqn, ins):
     """A dynamic_slice whose start indices are known when the program is built (a loop written out, an
     index computed from literals) is a slice, its start clamped into the operand as dynamic_slice clamps it.
     Any other stays opaque."""
-    from superopt.core.reference import evaluate
+    from superopt.core.reference import constant_values
     operand, starts = b.graph.nodes[ins[0]], list(ins[1:])
     if not starts or any(i not in b.graph.constant_nodes_of(i) for i in starts):
         return None
-    probe = Graph(nodes=b.graph.nodes, outputs=list(starts), consts=b.graph.consts)
-    values = evaluate(probe, ())
+    values = constant_values(b.graph, starts)
     sizes = tuple(int(n) for n in eqn.params["slice_sizes"])
     start = tuple(int(min(max(int(np.asarray(v)), 0), dim - size))
                   for v, dim, size in zip(values, operand.shape, sizes))

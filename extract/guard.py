@@ -78,6 +78,7 @@ import numpy as np
 
 from superopt.core.dtypes import is_float
 from superopt.core.ir import Graph, Node, unfused
+from superopt.core.reference import constant_values
 
 # The least exponent worth a check: with a range below 2**8, data of ordinary scale (activations and counts in
 # the hundreds) would fail it and the original would run after it.
@@ -182,12 +183,8 @@ def _states(flat: Graph, e: int) -> bool:
 def _constant_values(flat: Graph) -> dict:
     """The values of the nodes computed from constants alone other than literals and constants (an identity
     matrix from iota and a comparison, a loop's known start): bounded as the constants they are."""
-    from superopt.core.reference import evaluate
     computed = sorted(i for i in flat.constant_nodes() if flat.nodes[i].op not in ("lit", "const"))
-    if not computed:
-        return {}
-    probe = Graph(nodes=flat.nodes, outputs=computed, consts=flat.consts, opaque=flat.opaque)
-    return dict(zip(computed, (np.asarray(v) for v in evaluate(probe, ()))))
+    return dict(zip(computed, constant_values(flat, computed))) if computed else {}
 
 
 def exponent(*graphs: Graph) -> int | None:

@@ -104,6 +104,7 @@ def inlined(graph: Graph, effects: bool = True) -> Callable:
     `lower` does): what XLA compiles for it compares with what it compiles for the original (`lowering/hlo.py`).
     A guarded graph has no such single program: its guard is a branch the original does not have."""
     assert graph.guard is None, "a guarded program has no single executable to compare"
+
     def run(*flat):
         env = evaluate(graph, list(flat), effects=effects)
         return [env[o] for o in graph.results]

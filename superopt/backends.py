@@ -112,16 +112,14 @@ def with_derivatives(spec, check: bool, differentiable: Callable | None = None):
     if spec.custom_calls:
         report.derivatives = ("the original's: the program calls custom_jvp/custom_vjp functions, whose rules "
                               "JAX applies to the user's program")
-        rule = _Rule(lambda: spec.differentiated or spec.reference)
+        rule = _Rule(lambda: _users(spec))
     elif not check:
         report.derivatives = "the optimized program's, not verified (verify=False)"
         rule = _Rule(lambda: differentiable)
     else:
         report.derivatives = "not verified yet (they are the first time the program is differentiated)"
         rule = _Rule(lambda: _checked(spec, differentiable))
-    ruled = _ruled(spec.run, rule, vjp=bool(spec.custom_calls & CUSTOM_VJP),
-                   effects=bool(spec.original.hidden_outputs))
-    return replace(spec, run=_Ruled(spec.run, ruled))
+    return replace(spec, run=_Ruled(spec.run, _ruled(spec.run, rule, spec)))
 
 
 # A program traced longer than this (a Python loop over rows, unrolled by tracing) takes XLA seconds to compile,
@@ -136,8 +134,7 @@ def with_users_derivative(program: Callable, spec) -> Callable:
     the NPU target's extracted program under a trace, changed or kept."""
     if not spec.custom_calls or spec.reference is None:
         return program
-    return _ruled(program, _Rule(lambda: spec.differentiated or spec.reference),
-                  vjp=bool(spec.custom_calls & CUSTOM_VJP), effects=bool(spec.original.hidden_outputs))
+    return _ruled(program, _Rule(lambda: _users(spec)), spec)
 
 
 def _checked(spec, differentiable: Callable) -> Callable:
@@ -147,7 +144,7 @@ def _checked(spec, differentiable: Callable) -> Callable:
     if len(spec.original.live()) > CHECKED_DERIVATIVE_OPS:
         report.derivatives = (f"the original's: the program as traced has more than {CHECKED_DERIVATIVE_OPS} ops, "
                                "whose derivatives take longer to check than to use")
-        return spec.differentiated or spec.reference
+        return _users(spec)
     try:
         with jax.core.eval_context():   # superopt's own arrays stay concrete under the caller's trace
             problem = derivatives.check(_listed(spec.reference), _listed(differentiable), spec.avals,
@@ -162,7 +159,7 @@ def _checked(spec, differentiable: Callable) -> Callable:
     warnings.warn(f"superopt: the optimized program's derivatives differ from the original's ({problem}); "
                   "differentiating the original", verification.VerificationWarning, stacklevel=2)
     report.derivatives = f"the original's: the optimized program's differ ({problem})"
-    return spec.differentiated or spec.reference
+    return _users(spec)
 
 
 def _listed(fn: Callable) -> Callable:
@@ -194,10 +191,18 @@ class _Ruled:
         return getattr(self.program, name)
 
 
-def _ruled(run: Callable, rule: _Rule, vjp: bool, effects: bool) -> Callable:
-    """`run` (flat arrays -> list of outputs) differentiated as `rule.program()`; under differentiation the
-    values are that program's, or `run`'s where it has `effects` to run."""
-    if vjp:
+def _users(spec) -> Callable:
+    """The user's program as it runs in a changed program's place under differentiation: its custom rules
+    applied, its host callbacks calling the user's code."""
+    return spec.differentiated or spec.reference
+
+
+def _ruled(run: Callable, rule: _Rule, spec) -> Callable:
+    """`run` (flat arrays -> list of outputs) differentiated as `rule.program()`: a custom_vjp where the user's
+    program calls a custom_vjp function (which has no forward mode), else a custom_jvp. Under differentiation
+    the values are that program's, or `run`'s where the program has effects to run."""
+    effects = bool(spec.original.hidden_outputs)
+    if spec.custom_calls & CUSTOM_VJP:
         @jax.custom_vjp
         def ruled(*flat):
             return list(run(*flat))

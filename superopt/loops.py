@@ -75,11 +75,11 @@ class _Plan:
     counters: dict               # carry index -> counter values per iteration (np.ndarray)
     invariant: set
     accumulated: dict            # carry index -> the var added to it (g)
-    written: dict                # carry index -> (writer eqn, the update var, the row written per iteration)
+    written: dict                # carry index -> (the update var, the row written per iteration)
     reads: dict                  # eqn id -> _RowRead: contiguous row reads, given as batched rows
     skip: set                    # eqn ids not evaluated (the writers and the accumulations)
-    hoisted: list = None         # the equations that read only loop invariants: evaluated once, not batched
-    segments: dict = None        # eqn id -> _Segment: masked sums by the counter, as one segment sum
+    hoisted: list                # the equations that read only loop invariants: evaluated once, not batched
+    segments: dict               # eqn id -> _Segment: masked sums by the counter, as one segment sum
 
 
 def _literal(atom):
@@ -142,10 +142,12 @@ def _plan(params: dict, known: list) -> _Plan:
                     skip.add(id(producer[mine[0]]))
                 continue
             raise _Unsupported(f"carry {j} is added to itself in another way")
-        rows = _row_written(e, v, scalars)
+        rows = _written_rows(e, scalars) if e.invars[0] is v else None
         if rows is None or not carried_only(out):
             raise _Unsupported(f"carry {j}: {e.primitive.name} is not one row at the counter")
-        written[j] = (e, e.invars[2] if e.primitive.name == "scatter" else e.invars[1], rows)
+        if not _contiguous(rows, v.aval.shape[0]):   # consecutive rows are distinct: none is written twice
+            raise _Unsupported("rows written out of order, twice, or outside the carry")
+        written[j] = (e.invars[2] if e.primitive.name == "scatter" else e.invars[1], rows)
         skip.add(id(e))
         for use in uses.get(v, []):
             if use is e:
@@ -154,8 +156,6 @@ def _plan(params: dict, known: list) -> _Plan:
             if read is None or not np.array_equal(read, rows):
                 raise _Unsupported(f"carry {j} is read other than at the row it writes")
             reads[id(use)] = _RowRead(v, read)
-        if len(set(rows.tolist())) != length:
-            raise _Unsupported("rows written twice")
     # every other use of a carried state is a dependence between iterations
     for v, j in state.items():
         if any(o is v for o in jaxpr.outvars):
@@ -171,9 +171,6 @@ def _plan(params: dict, known: list) -> _Plan:
         rows = _row_read(e, scalars)
         if rows is not None and _contiguous(rows, e.invars[0].aval.shape[0]):
             reads[id(e)] = _RowRead(e.invars[0], rows)
-    for j, (e, _, _) in written.items():
-        if not _contiguous(_written_rows(e, scalars), kvars[j].aval.shape[0]):
-            raise _Unsupported("rows written out of order, or outside the carry")
     hoisted, invariant_vars = _invariant_equations(jaxpr, invariant_vars)
     segments = {id(e): seg for e in jaxpr.eqns if id(e) not in skip
                 for seg in [_masked_sum(e, producer, scalars, invariant_vars)] if seg is not None}
@@ -331,15 +328,9 @@ def _row_read(e, scalars: dict):
     return _index_rows(e.invars[1:], scalars)
 
 
-def _row_written(e, v, scalars: dict):
-    """The rows a one-row write of carry `v` writes per iteration (a `dynamic_update_slice` of a (1, ...)
-    update, or a `scatter` of one row at index [i] along axis 0), or None."""
-    if e.invars[0] is not v:
-        return None
-    return _written_rows(e, scalars)
-
-
 def _written_rows(e, scalars: dict):
+    """The rows a one-row write writes per iteration (a `dynamic_update_slice` of a (1, ...) update, or a
+    `scatter` of one row at index [i] along axis 0), or None."""
     shape = e.invars[0].aval.shape
     if not shape:
         return None
@@ -370,7 +361,7 @@ def _lifted(plan: _Plan):
     segments = list(plan.segments.items())
     hoisted = {id(e) for e in plan.hoisted}
     given_ids = {eqn_id for eqn_id, _ in reads} | {eqn_id for eqn_id, _ in segments}
-    results = [*plan.accumulated.values(), *(u for _, u, _ in plan.written.values()), *jaxpr.outvars[nk:]]
+    results = [*plan.accumulated.values(), *(u for u, _ in plan.written.values()), *jaxpr.outvars[nk:]]
     body = _needed(jaxpr.eqns, results, plan.skip | hoisted, given_ids)
 
     def run(*operands):
@@ -401,7 +392,7 @@ def _lifted(plan: _Plan):
                 for o, val in zip(e.outvars, out if e.primitive.multiple_results else [out]):
                     env[o] = val
             accumulated = [read(g) for g in plan.accumulated.values()]
-            updates = [jnp.reshape(read(u), kvars[j].aval.shape[1:]) for j, (_, u, _) in plan.written.items()]
+            updates = [jnp.reshape(read(u), kvars[j].aval.shape[1:]) for j, (u, _) in plan.written.items()]
             ys = [read(y) for y in jaxpr.outvars[nk:]]
             return accumulated, updates, ys
 
@@ -411,7 +402,7 @@ def _lifted(plan: _Plan):
             finals[j] = inits[j] + jnp.asarray(plan.length, kvars[j].aval.dtype)
         for (j, _), g in zip(plan.accumulated.items(), accumulated):
             finals[j] = (inits[j] + jnp.sum(g, axis=0, dtype=g.dtype)).astype(kvars[j].aval.dtype)
-        for (j, (_, _, written)), u in zip(plan.written.items(), updates):
+        for (j, (_, written)), u in zip(plan.written.items(), updates):
             init, lo = inits[j], int(written.min())
             parts = [init[:lo], _in_order(u, written).astype(init.dtype), init[lo + plan.length:]]
             finals[j] = jnp.concatenate([p for p in parts if p.shape[0]], axis=0)

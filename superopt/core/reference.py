@@ -52,6 +52,13 @@ def evaluate(graph: Graph, args, precise: bool = False, round_args: bool = True)
         return _walk(graph, args, precise, round_args)
 
 
+def constant_values(graph: Graph, ids: list[int]) -> list[np.ndarray]:
+    """The values of nodes `ids` of `graph` (a graph still being built, too) that are computed from its constants
+    and literals alone, in their own dtypes."""
+    probe = Graph(nodes=graph.nodes, outputs=list(ids), consts=graph.consts, opaque=graph.opaque)
+    return [np.asarray(v) for v in evaluate(probe, ())]
+
+
 def _walk(graph: Graph, args, precise: bool, round_args: bool) -> list[np.ndarray]:
     env: dict[int, np.ndarray] = {}
     opaque_results: dict[tuple, list] = {}

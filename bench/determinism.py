@@ -2,7 +2,7 @@
 fresh cache, with a digest of the term superopt chose, written to a JSON file; a second run (on a machine busy
 or idle) is compared with it.
 
-    python -m bench.determinism --out idle.json [--target cpu] [--filter REGEX]
+    python -m bench.determinism --out idle.json [--target cpu] [--filter REGEX] [--extractor ilp]
     python -m bench.determinism --out busy.json --compare idle.json
 
 The budgets that decide the program count deterministic units (README, "Limits"); time limits are backstops. A
@@ -21,7 +21,7 @@ import sys
 import time
 
 
-def run(target: str, pattern: str) -> dict:
+def run(target: str, pattern: str, extractor: str = "greedy") -> dict:
     from superopt import superopt
     from superopt.core.ir import pretty
     from superopt.workloads import WORKLOADS
@@ -30,13 +30,13 @@ def run(target: str, pattern: str) -> dict:
         if not re.search(pattern, name):
             continue
         wl = WORKLOADS[name]()
-        fast = superopt(wl.fn, target=target, cache=False, backend="jax")
+        fast = superopt(wl.fn, target=target, cache=False, backend="jax", extractor=extractor)
         start = time.perf_counter()
         spec = fast.compile(*wl.args)
         seconds = time.perf_counter() - start
         report = spec.report
         backstop = (report.run.stop_reason.value == "time limit" or "time limit" in report.outcome
-                    or "of the time left" in report.extraction)
+                    or "of the time left" in report.extraction or "time backstop" in report.extraction)
         out[name] = dict(term=hashlib.sha1(pretty(spec.term).encode()).hexdigest()[:16], outcome=report.outcome,
                          iterations=report.run.iterations, enodes=report.run.enodes, seconds=round(seconds, 2),
                          backstop=backstop)
@@ -60,9 +60,11 @@ def main(argv=None) -> int:
     parser.add_argument("--compare")
     parser.add_argument("--target", default="cpu")
     parser.add_argument("--filter", default="")
+    parser.add_argument("--extractor", default="greedy", choices=("greedy", "ilp"))
     ns = parser.parse_args(argv)
     load = os.getloadavg()
-    results = dict(target=ns.target, load_before=load, workloads=run(ns.target, ns.filter),
+    results = dict(target=ns.target, extractor=ns.extractor, load_before=load,
+                   workloads=run(ns.target, ns.filter, ns.extractor),
                    load_after=os.getloadavg())
     with open(ns.out, "w") as f:
         json.dump(results, f, indent=1)

@@ -13,7 +13,8 @@ class Limits:
     idle and on a busy machine: `iterations` (per phase), `nodes` (rows in the e-graph's tables) and
     `work` (rows searched plus matches applied, over the run: `egraph/runner.py`) bound saturation;
     kernel growth and sharing trials have counted budgets of their own (`extract/kernels.py`
-    GROWTH_BUDGET, `extract/greedy.py` MAX_SHARING_TRIALS and SHARING_NODES). `memory` bounds
+    GROWTH_BUDGET, `extract/greedy.py` MAX_SHARING_TRIALS and SHARING_NODES), and so has the ILP extractor
+    (`extract/ilp.py` NODE_BUDGET). `memory` bounds
     saturation's child process.
 
     Time limits are backstops, several times what the defaults take on an idle 2-core machine: where one

@@ -5,7 +5,12 @@ needs a chosen node in each child class; a class has at most one chosen node; an
 per class makes the choice acyclic (a chosen node's class comes after its children's). The objective is
 the sum of the chosen nodes' costs, with nodes computable from constants alone at zero (they are
 hoisted). The ILP result is compared with greedy's by the cost of the built program, so extracting with
-the ILP is never worse than greedy; without a solution in the time limit it falls back to greedy.
+the ILP is never worse than greedy; without a solution it falls back to greedy.
+
+What decides the result is counted: HiGHS runs on one thread (its parallel search is not repeatable) and
+stops at `NODE_BUDGET` branch-and-bound nodes, so the same e-graph gives the same choice on an idle and a
+busy machine. Its time limit is a backstop, and the method string says when it fired ("stopped by the
+time backstop"): only then does the result depend on the machine's speed.
 """
 from __future__ import annotations
 
@@ -20,6 +25,12 @@ from superopt.extract.kernels import expand
 from superopt.extract.greedy import (OPTIONAL_SHARE, Extraction, build_graph, declined_fusions, extract as extract_greedy,
                                      node_costs, program_cost)
 from superopt.extract.target import Target
+
+# Branch-and-bound nodes HiGHS may explore before it returns the best solution found: a deterministic
+# budget, sized on an idle 2-core machine. A BERT layer's e-graph (1,642 binaries) takes 6 to 9 s for its
+# root node and 50 more; most workloads' e-graphs are solved at the root. The time backstop (20 s) fires on
+# larger ones: a training step's e-graph (7,050 binaries) had not finished its root node in 30 s.
+NODE_BUDGET = 20
 
 
 def _constant_classes(fz: FrozenEGraph, typed) -> set:
@@ -52,7 +63,54 @@ def _reachable(fz: FrozenEGraph, typed) -> set:
     return seen
 
 
-def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: float = 10.0,
+def _cycle_components(members: dict) -> dict:
+    """The classes that lie on a cycle of the class graph (a node's class -> its children's classes), each
+    mapped to its strongly connected component: only there can a choice be cyclic, so only there does the
+    ILP need order variables (their big-M constraints make the relaxation weak and the solve slow)."""
+    edges = {cls: sorted({c for n in ns for c in n.children if c in members and c != cls}, key=str)
+             for cls, ns in members.items()}
+    index: dict = {}
+    low: dict = {}
+    on_stack: set = set()
+    stack: list = []
+    component: dict = {}
+    counter = 0
+    for root in sorted(members, key=str):          # Tarjan's algorithm, iterative
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            cls, i = work.pop()
+            if i == 0:
+                index[cls] = low[cls] = counter
+                counter += 1
+                stack.append(cls)
+                on_stack.add(cls)
+            if i < len(edges[cls]):
+                work.append((cls, i + 1))
+                child = edges[cls][i]
+                if child not in index:
+                    work.append((child, 0))
+                elif child in on_stack:
+                    low[cls] = min(low[cls], index[child])
+                continue
+            if low[cls] == index[cls]:
+                scc = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    scc.append(top)
+                    if top == cls:
+                        break
+                if len(scc) > 1:
+                    component.update({c: index[cls] for c in scc})
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[cls])
+    return component
+
+
+def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: float = 20.0,
                 keep_cone: bool = False) -> Extraction:
     """`keep_cone`: as greedy's (extract/cone.py), in both."""
     deadline = current()   # the call's (superopt/core/deadline.py): growth, greedy and HiGHS share what is left
@@ -76,15 +134,18 @@ def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: flo
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_max_nodes", NODE_BUDGET)
+    h.setOptionValue("threads", 1)
     x = {n: h.addBinary() for n in nodes}
-    order = {cls: h.addVariable(lb=0, ub=len(classes)) for cls in classes}
     members: dict = {}
     for n in nodes:
         members.setdefault(n.eclass, []).append(n)
+    order = {cls: h.addVariable(lb=0, ub=len(classes)) for cls in _cycle_components(members)}
     for cls in fz.outputs.values():
         h.addConstr(sum(x[n] for n in members.get(cls, [])) >= 1)
     for cls, ns in members.items():
         h.addConstr(sum(x[n] for n in ns) <= 1)
+    cyclic = _cycle_components(members)
     big = len(classes) + 1
     for n in nodes:
         for child in set(n.children):
@@ -93,7 +154,8 @@ def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: flo
                 h.addConstr(x[n] <= 0)
                 continue
             h.addConstr(x[n] <= sum(x[m] for m in options))
-            h.addConstr(order[n.eclass] - order[child] >= 1 - big * (1 - x[n]))
+            if cyclic.get(child, -1) == cyclic.get(n.eclass, -2):   # only a cycle needs an order
+                h.addConstr(order[n.eclass] - order[child] >= 1 - big * (1 - x[n]))
 
     def cost(n):
         return 0.0 if hoistable(n.fn, [c in constant for c in n.children]) else own[n]
@@ -106,10 +168,22 @@ def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: flo
         return greedy
     graph = build_graph(fz, enc, chosen)
     total, per_node = program_cost(graph, target)
-    proof = "optimal" if status == "Optimal" else f"stopped: {status}"
+    proof = _proof(status, time_limit)
     if total <= greedy.cost:
         hoisted = {cls for cls, n in chosen.items() if hoistable(n.fn, [c in constant for c in n.children])}
         return Extraction(graph, total, per_node, method=f"ilp ({proof})" + cone.note(pinned),
                           declined=declined_fusions(fz, chosen, own, target, hoisted))
-    greedy.method = f"greedy (cheaper than the ILP's {proof} result)"
+    greedy.method = f"greedy (cheaper than the ILP's result, {proof})"
     return greedy
+
+
+def _proof(status: str, time_limit: float) -> str:
+    """What the solver's stop says about the result: proven optimal, the best within the node budget
+    (deterministic), or the best when the time backstop fired (depends on the machine's speed)."""
+    if status == "Optimal":
+        return "optimal"
+    if status == "Solution limit reached":   # what HiGHS reports at mip_max_nodes
+        return f"best within {NODE_BUDGET} nodes"
+    if "time limit" in status.lower():
+        return f"stopped by the time backstop, {time_limit:.3g} s"
+    return f"stopped: {status}"

@@ -77,3 +77,34 @@ def test_ilp_is_never_worse_than_greedy_and_proves_small_graphs(prog):
 def test_unknown_extractor_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown extractor 'magic'; valid: greedy, ilp"):
         superopt(lambda a: a, extractor="magic")
+
+
+def test_ilp_orders_only_the_classes_on_a_cycle():
+    """Order variables (and their weak big-M constraints) only where a choice could be cyclic: b <-> c here."""
+    from collections import namedtuple
+    from superopt.extract.ilp import _cycle_components
+    Node = namedtuple("Node", "eclass children")
+    members = {"a": [Node("a", ("b",))], "b": [Node("b", ("c",)), Node("b", ())], "c": [Node("c", ("b", "e"))],
+               "d": [Node("d", ("a", "a"))], "e": [Node("e", ("e",))]}
+    components = _cycle_components(members)
+    assert set(components) == {"b", "c"} and components["b"] == components["c"]
+
+
+def test_ilp_choice_does_not_depend_on_the_machines_speed():
+    """HiGHS runs on one thread to a node budget; on a machine 50 times slower (simulated) the same e-graph
+    gives the same program, proven the same way."""
+    from superopt.core.deadline import slowed
+    eg, enc = shared_product_egraph()
+    fz = freeze(eg)
+    idle = extract_ilp(fz, enc, SYNTHETIC)
+    with slowed(50):
+        busy = extract_ilp(fz, enc, SYNTHETIC)
+    assert busy.method == idle.method == "ilp (optimal)"
+    assert busy.graph.op_counts() == idle.graph.op_counts() and busy.cost == idle.cost
+
+
+def test_the_ilp_says_which_limit_stopped_it():
+    from superopt.extract.ilp import NODE_BUDGET, _proof
+    assert _proof("Optimal", 20.0) == "optimal"
+    assert _proof("Solution limit reached", 20.0) == f"best within {NODE_BUDGET} nodes"
+    assert _proof("Time limit reached", 20.0) == "stopped by the time backstop, 20 s"

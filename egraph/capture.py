@@ -43,6 +43,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
+from superopt.core.graphs import strongly_connected
 from superopt.core.ir import Graph, Node, Opaque
 
 from superopt.core.ops import OPS, Op
@@ -439,7 +440,7 @@ def _plan(eqns) -> list[tuple[str, list[int]]]:
         return out
 
     units = sorted({root(k) for k in range(n)})
-    for component in _strongly_connected(units, edges()):
+    for component in strongly_connected(units, edges()):
         for k in component[1:]:
             union(component[0], k)
     members: dict[int, list[int]] = {}
@@ -466,48 +467,6 @@ def _plan(eqns) -> list[tuple[str, list[int]]]:
                 heapq.heappush(ready, v)
     assert len(plan) == len(members), "capture: the equations' dependencies are cyclic"
     return plan
-
-
-def _strongly_connected(nodes: list, edges: dict) -> list[list]:
-    """The strongly connected components with more than one node (Tarjan's algorithm, explicit stack)."""
-    index: dict = {}
-    low: dict = {}
-    stack: list = []
-    on_stack: set = set()
-    found: list[list] = []
-    for start in nodes:
-        if start in index:
-            continue
-        work = [(start, iter(sorted(edges.get(start, ()))))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            v, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(edges.get(child, ())))))
-                elif child in on_stack:
-                    low[v] = min(low[v], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                component = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    component.append(w)
-                    if w == v:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
 
 
 def _group_program(members: list[int], eqns: list, key_consts: dict, readers: dict) -> tuple[list, list, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from superopt.core.deadline import current, current_search
+from superopt.core.graphs import strongly_connected
 from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import FrozenEGraph
 from superopt.core.ir import hoistable
@@ -65,49 +66,10 @@ def _reachable(fz: FrozenEGraph, typed) -> set:
 
 def _cycle_components(members: dict) -> dict:
     """The classes that lie on a cycle of the class graph (a node's class -> its children's classes), each
-    mapped to its strongly connected component: only there can a choice be cyclic, so only there does the
-    ILP need order variables (their big-M constraints make the relaxation weak and the solve slow)."""
-    edges = {cls: sorted({c for n in ns for c in n.children if c in members and c != cls}, key=str)
-             for cls, ns in members.items()}
-    index: dict = {}
-    low: dict = {}
-    on_stack: set = set()
-    stack: list = []
-    component: dict = {}
-    counter = 0
-    for root in sorted(members, key=str):          # Tarjan's algorithm, iterative
-        if root in index:
-            continue
-        work = [(root, 0)]
-        while work:
-            cls, i = work.pop()
-            if i == 0:
-                index[cls] = low[cls] = counter
-                counter += 1
-                stack.append(cls)
-                on_stack.add(cls)
-            if i < len(edges[cls]):
-                work.append((cls, i + 1))
-                child = edges[cls][i]
-                if child not in index:
-                    work.append((child, 0))
-                elif child in on_stack:
-                    low[cls] = min(low[cls], index[child])
-                continue
-            if low[cls] == index[cls]:
-                scc = []
-                while True:
-                    top = stack.pop()
-                    on_stack.discard(top)
-                    scc.append(top)
-                    if top == cls:
-                        break
-                if len(scc) > 1:
-                    component.update({c: index[cls] for c in scc})
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[cls])
-    return component
+    mapped to the index of its strongly connected component: only there can a choice be cyclic, so only
+    there does the ILP need order variables (their big-M constraints make the relaxation weak and slow)."""
+    edges = {cls: {c for n in ns for c in n.children if c in members and c != cls} for cls, ns in members.items()}
+    return {cls: k for k, scc in enumerate(strongly_connected(sorted(members), edges)) for cls in scc}
 
 
 def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: float = 20.0,

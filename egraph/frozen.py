@@ -30,6 +30,14 @@ class ENode:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __eq__(self, other):  # the cached hashes first: variants whose bodies differ differ there
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return hash(self) == hash(other) and (self.fn, self.args, self.children, self.eclass) == \
+            (other.fn, other.args, other.children, other.eclass)
+
 
 @dataclass
 class FrozenEGraph:

@@ -438,14 +438,14 @@ def expand(fz: FrozenEGraph, conv_params, target: Target, stop: Deadline | None 
     for cls, nodes in fz.classes.items():
         if cls in scalar:
             continue
-        kept = []
+        kept: dict = {}                  # in order, without repeats (a variant can repeat another's)
         for n in nodes:
             if n.fn == "kernel" and not n.args:
                 if cls in types:
-                    kept.extend(v for v in variants(fz, conv_params, cls, n.children[0], target, types, order,
-                                                    budget, view.recomputes) if v not in kept)
+                    kept.update(dict.fromkeys(variants(fz, conv_params, cls, n.children[0], target, types, order,
+                                                       budget, view.recomputes)))
             else:
-                kept.append(n)
-        view.classes[cls] = kept
+                kept[n] = None
+        view.classes[cls] = list(kept)
     view.growth_cut = budget.cut
     return view

@@ -585,14 +585,21 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
     if not reals or exponent is None:
         return strict
     args = guarding.checked_args(original, fast.graph)
-    check = program_cost(guarding.check_graph(exponent, args, original, fast.graph), tgt)[0]
+    graph = dataclasses.replace(fast.graph, guard=Guard(exponent, args, program))
+    check = program_cost(guard_check(graph), tgt)[0]
     if not fast.cost + check < strict.cost * (1 - MIN_PREDICTED_GAIN):
         return strict
-    graph = dataclasses.replace(fast.graph, guard=Guard(exponent, args, program))
     words = (f"{fast.method}; guarded: runs where every element of arguments {', '.join(map(str, args))} is "
              f"finite and at most 2**{exponent} in magnitude (else the original), with rules equal over "
              f"the reals: {', '.join(sorted(reals))}")
     return Extraction(graph, fast.cost + check, fast.node_costs, words, fast.declined, fast.memory)
+
+
+def guard_check(graph: Graph) -> Graph | None:
+    """The check a guarded `graph` runs before it (`guard.check_graph`), a program priced like any other: a
+    guarded program's cost is its own and its check's; None where `graph` has no guard."""
+    g = graph.guard
+    return None if g is None else guarding.check_graph(g.exponent, g.args, g.fallback, graph)
 
 
 def _specialization(captured: Captured, search: Search, timer: Stages, run: RunReport, outcome: Outcome,
@@ -924,6 +931,10 @@ def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reas
     else:
         report.cost_after = chosen.cost
         report.top_costs = describe(chosen.graph, chosen.node_costs, tgt)
+        check = guard_check(chosen.graph)
+        if check is not None:   # its launches are the chosen program's too
+            top = report.top_costs + describe(check, program_cost(check, tgt)[1], tgt, "guard check: ")
+            report.top_costs = sorted(top, key=lambda cost_what: -cost_what[0])[:5]
         report.guarded = chosen.graph.guard is not None
     return report
 
@@ -937,8 +948,8 @@ def gradient_traffic(original: Graph, chosen: Graph, groups_before=(), groups_af
     return before, (before if chosen is original else traffic(chosen, groups_after))
 
 
-def describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tuple[float, str]]:
-    """The k costliest kernels with the cost model's breakdown of each."""
+def describe(graph: Graph, costs: list[float], target, label: str = "", k: int = 5) -> list[tuple[float, str]]:
+    """The k costliest kernels with the cost model's breakdown of each, `label` before each."""
     live = graph.live()
     out = []
     for c, i in sorted(zip(costs, live), key=lambda cn: -cn[0])[:k]:
@@ -949,7 +960,7 @@ def describe(graph: Graph, costs: list[float], target, k: int = 5) -> list[tuple
         parts = op_breakdown(node.op, node.attrs, ins, (node.shape, node.dtype), target)
         what = f"kernel{{{_short(body_str(node.attrs[0]))}}}" if node.op == "kernel" else node.op
         tiled = f"\n         tiles: {node.attrs[1]}" if node.op == "kernel" and len(node.attrs) > 1 else ""
-        out.append((c, f"{what} -> {type_str(node)}  [{_factors(parts)}]{tiled}"))
+        out.append((c, f"{label}{what} -> {type_str(node)}  [{_factors(parts)}]{tiled}"))
     return out
 
 

@@ -148,6 +148,11 @@ class Report:
     def speedup_estimate(self) -> float:
         return self.cost_before / self.cost_after if self.cost_after > 0 else float("inf")
 
+    @property
+    def cost_line(self) -> str:
+        """The model's cost before and after, as every view of the result prints it."""
+        return f"{_fmt_time(self.cost_before)} -> {_fmt_time(self.cost_after)} per call ({self.speedup_estimate:.2f}x)"
+
     def __str__(self) -> str:
         r = self.run
         phases = sum(ph.seconds for ph in r.phases)
@@ -160,8 +165,7 @@ class Report:
             f"  outcome      : {self.outcome}",
             f"  saturation   : {stop_phrase(r.stop_reason)} after {plural(r.iterations, 'iteration')}, {timing}",
             f"  e-graph      : {r.enodes} e-nodes in {r.eclasses} e-classes",
-            f"  cost (model) : {_fmt_time(self.cost_before)} -> {_fmt_time(self.cost_after)} per call "
-            f"({self.speedup_estimate:.2f}x)" + (f", extracted by {self.extraction}" if self.extraction else ""),
+            f"  cost (model) : {self.cost_line}" + (f", extracted by {self.extraction}" if self.extraction else ""),
         ]
         for ph in r.phases:
             bans = ", ".join(f"{n} x{k}" for n, k in sorted(ph.bans.items()))

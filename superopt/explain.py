@@ -2,6 +2,11 @@
 model's price of every launch before and after, the fusions it declined, and the other programs the
 e-graph held with their prices.
 
+Every figure is the report's: a launch is a node the cost model prices (`program_cost`, from which the
+pipeline's costs come), a guarded program's launches include its check's (`pipeline.guard_check`), so the
+tables total the report's costs before and after, and the list of programs starts with the chosen one at
+that cost.
+
     spec = superopt(fn, target="npu-910b").compile(*args)
     print(explain(spec, alternatives(fn, args, "npu-910b")))
 """
@@ -15,15 +20,13 @@ from superopt.core.deadline import Deadline
 from superopt.core.ir import Graph, body_str, type_str
 from superopt.egraph.capture import capture
 from superopt.egraph.limits import Limits
-from superopt.extract.candidates import candidates
+from superopt.extract.candidates import candidates, program_key
 from superopt.extract.cost import op_breakdown
 from superopt.extract.extraction import program_cost
 from superopt.extract.target import load_target
-from superopt.pipeline import Stages, saturate, schedule_of
+from superopt.pipeline import Stages, guard_check, saturate, schedule_of
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 from superopt.rulesets import DEFAULT, RULESETS
-
-_FREE = frozenset({"arg", "const", "lit", "reshape", "broadcast", "iota"})
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Launch:
     bytes: float
     factors: list = field(default_factory=list)   # the target model's own factors and penalties
     tiles: str = ""            # a tiled kernel's loop order and tiles
+    check: bool = False        # a launch of the guard's check (named g%k, %k in the check's own listing)
 
 
 @dataclass
@@ -49,21 +53,38 @@ class Alternative:
 
 
 def launches(graph: Graph, target) -> list[Launch]:
-    """Every launch of `graph` (live, not a constant computed once, not a free view), costliest first."""
+    """Every launch of `graph` as the pipeline prices it, costliest first: each node `program_cost` gives a
+    price (not a constant computed once, not a view the target gets for free; on a CPU, the root of each of
+    XLA's fusions), and, where `graph` is guarded, each of its check's. Their seconds add up to the report's
+    cost of `graph`."""
+    check = guard_check(graph)
+    rows = _priced(graph, target) + (_priced(check, target, check=True) if check is not None else [])
+    return sorted(rows, key=lambda launch: -launch.seconds)
+
+
+def _priced(graph: Graph, target, check: bool = False) -> list[Launch]:
     _, costs = program_cost(graph, target)
-    constant = graph.constant_nodes()
     out = []
     for k, (i, cost) in enumerate(zip(graph.live(), costs)):
-        node = graph.nodes[i]
-        if i in constant or node.op in _FREE:
+        if cost <= 0:
             continue
+        node = graph.nodes[i]
         ins = [(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs]
         parts = op_breakdown(node.op, node.attrs, ins, (node.shape, node.dtype), target)
         kernel = node.op == "kernel"
-        out.append(Launch(f"%{k}", f"kernel{{{body_str(node.attrs[0])}}}" if kernel else node.op, type_str(node),
+        what = f"kernel{{{body_str(node.attrs[0])}}}" if kernel else node.op
+        out.append(Launch(f"g%{k}" if check else f"%{k}", f"guard check: {what}" if check else what, type_str(node),
                           cost, float(parts.flops), float(parts.bytes), parts.factors() + parts.notes(),
-                          str(node.attrs[1]) if kernel and len(node.attrs) > 1 else ""))
-    return sorted(out, key=lambda launch: -launch.seconds)
+                          str(node.attrs[1]) if kernel and len(node.attrs) > 1 else "", check))
+    return out
+
+
+def priced_title(name: str, rows: list[Launch]) -> str:
+    """`name (3 launches, 570.0 us)`, and how much of that is the guard's check where there is one."""
+    check = [r for r in rows if r.check]
+    guard = (f"; g%k: the guard's check, {plural(len(check), 'launch')}, {_fmt_time(sum(r.seconds for r in check))}"
+             if check else "")
+    return f"{name} ({plural(len(rows), 'launch')}, {_fmt_time(sum(r.seconds for r in rows))}{guard})"
 
 
 def rules_by_phase(run) -> list[tuple[str, str, list[tuple[str, int, float, str]]]]:
@@ -80,7 +101,7 @@ def rules_by_phase(run) -> list[tuple[str, str, list[tuple[str, int, float, str]
 def _ops(rows: list[Launch]) -> str:
     counts: dict[str, int] = {}
     for r in rows:
-        op = "kernel" if r.what.startswith("kernel{") else r.what
+        op = "guard check" if r.check else "kernel" if r.what.startswith("kernel{") else r.what
         counts[op] = counts.get(op, 0) + 1
     return ", ".join(f"{op} x{n}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -89,7 +110,8 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
                  numerics: str = "strict", budget: float | None = None) -> list[Alternative]:
     """Up to `limit` distinct programs of the saturated e-graph (the greedy choice first, then the ones
     obtained by forcing alternatives: `extract/candidates.py`; programs that print the same are one),
-    cheapest first. This saturates again, with the rules the numerics mode runs; with a `budget` in
+    cheapest first, each priced as the pipeline prices a program (`launches`). This saturates again, with
+    the rules the numerics mode runs (a guarded program's search is not repeated); with a `budget` in
     seconds, saturation and the search for alternatives together take about that long at most (the
     greedy choice is always found)."""
     start = time.perf_counter()
@@ -107,9 +129,9 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     found = candidates(saturated.frozen, saturated.encoding, tgt, limit=limit,
                        deadline=None if budget is None else start + budget)
     out = []
-    for c in found:
+    for c in found:   # priced as it runs (on a CPU, in XLA's fusions), not as the extractor priced it
         rows = launches(c.graph, tgt)
-        out.append(Alternative(c.cost, len(rows), c.graph, _ops(rows)))
+        out.append(Alternative(sum(r.seconds for r in rows), len(rows), c.graph, _ops(rows)))
     return sorted(out, key=lambda a: a.cost)
 
 
@@ -124,36 +146,49 @@ def _launch_lines(rows: list[Launch], width: int = 90) -> list[str]:
     return lines
 
 
+def programs(spec, alts: list[Alternative]) -> list[tuple[str, Alternative]]:
+    """The list `explain` prints: the program that runs first (the chosen one, or the original where it was
+    kept), priced as its table is, then the other programs of `alts` cheapest first, each with its label."""
+    target = load_target(spec.report.target)
+    rows = launches(spec.term, target)
+    runs = Alternative(sum(r.seconds for r in rows), len(rows), spec.term, _ops(rows))
+    label = "the original, kept" if not spec.report.optimized else \
+        "chosen, guarded" if spec.term.guard is not None else "chosen"
+    key = program_key(spec.term)
+    return [(label, runs)] + [("", a) for a in alts if program_key(a.graph) != key]
+
+
 def explain(spec, alts: list[Alternative] = ()) -> str:
     """The explanation of one specialization (`Optimized.compile(...)`'s result) as text."""
     report = spec.report
     target = load_target(report.target)
     before, after = launches(spec.original, target), launches(spec.term, target)
     lines = [f"superopt explain (target {report.target})",
-             f"  outcome : {report.outcome}",
-             f"  cost    : {_fmt_time(report.cost_before)} -> {_fmt_time(report.cost_after)} per call "
-             f"({report.speedup_estimate:.2f}x, model); {plural(len(before), 'launch')} -> {len(after)}",
+             f"  outcome     : {report.outcome}",
+             f"  cost (model): {report.cost_line}; {plural(len(before), 'launch')} -> {len(after)}",
+             *([f"  extracted by {report.extraction}"] if report.extraction else []),
              "", "Rules that fired, by phase (matches, time, where the rule is declared):"]
     for phase, how, fired in rules_by_phase(report.run):
         lines.append(f"  phase {phase}: {how}" + ("" if fired else "; no rule matched"))
         lines += [f"    {name:<38} {n:>6}  {_fmt_time(s):>9}  {src}" for name, n, s, src in fired]
     lines += ["", "Why this program: the cost model's price of each launch.",
-              f"  chosen program ({plural(len(after), 'launch')}, {_fmt_time(sum(r.seconds for r in after))}):"]
+              f"  {priced_title('chosen program', after)}:"]
     lines += _launch_lines(after)
     if spec.term is not spec.original:
-        lines += [f"  original program ({plural(len(before), 'launch')}, "
-                  f"{_fmt_time(sum(r.seconds for r in before))}):"]
+        lines += [f"  {priced_title('original program', before)}:"]
         lines += _launch_lines(before)
     if report.declined:
         lines += ["", "Larger fusions available (why they lost):"]
         lines += [f"  {text}" for text in fusion_lines(report.declined)]
     if alts:
-        lines += ["", "Programs in the e-graph (cheapest first; the chosen one is the first unless the original "
-                      "was kept):"]
-        best = alts[0].cost or 1.0
-        for k, a in enumerate(alts):
-            lines.append(f"  #{k + 1}  {_fmt_time(a.cost):>10}  {a.cost / best:5.2f}x the cheapest  "
-                         f"{plural(a.launches, 'launch')}" + (f": {a.ops}" if a.ops else ""))
-        if len(alts) == 1:
+        listed = programs(spec, alts)
+        lines += ["", "Programs in the e-graph (the one that runs first, then the others cheapest first; priced "
+                      "as the tables above):"]
+        runs = listed[0][1].cost or 1.0
+        for k, (label, a) in enumerate(listed):
+            lines.append(f"  #{k + 1}  {_fmt_time(a.cost):>10}  {a.cost / runs:5.2f}x the one that runs  "
+                         f"{plural(a.launches, 'launch')}" + (f": {a.ops}" if a.ops else "")
+                         + (f"  ({label})" if label else ""))
+        if len(listed) == 1:
             lines.append("  (the e-graph held no other distinct program within the search budget)")
     return "\n".join(lines)

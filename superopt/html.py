@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 
 from superopt.core.ir import Graph, body_str, pretty, type_str
 from superopt.core.ops import flagged
-from superopt.explain import launches, rules_by_phase
+from superopt.explain import launches, priced_title, rules_by_phase
 from superopt.extract.target import load_target
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 
@@ -192,8 +192,8 @@ def render(spec, title: str, timeline_png: str | None = None, note: str = "", us
                ("saturation", f"{stop_phrase(run.stop_reason)} after {plural(run.iterations, 'iteration')}, "
                               f"{_fmt_time(sum(ph.seconds for ph in run.phases))} in its phases"),
                ("e-graph", f"{run.enodes} e-nodes in {run.eclasses} e-classes"),
-               ("cost (model)", f"{_fmt_time(report.cost_before)} → {_fmt_time(report.cost_after)} per call "
-                                f"({report.speedup_estimate:.2f}x)"),
+               ("cost (model)", report.cost_line),
+               *([("extracted by", report.extraction)] if report.extraction else []),
                ("launches", f"{len(before)} → {len(after)}"), ("runs on", report.backend),
                ("stages", ", ".join(f"{k} {_fmt_time(v)}" for k, v in report.stage_seconds.items()))]
     rules = []
@@ -228,8 +228,10 @@ def render(spec, title: str, timeline_png: str | None = None, note: str = "", us
         f'<h3>before ({plural(len(before), "launch")})</h3><div class="graph">{svg_before}</div>'
         f'<h3>after ({plural(len(after), "launch")})</h3><div class="graph">{svg_after}</div>',
         '<h2 id="costs">Cost table</h2><p>The cost model\'s price of each launch on '
-        f"{html.escape(report.target)}, costliest first.</p><h3>chosen program</h3>{_launch_table(after)}",
-        *([f"<h3>original program</h3>{_launch_table(before)}"] if spec.term is not spec.original else []),
+        f"{html.escape(report.target)}, costliest first; they total the summary's costs.</p>"
+        f"<h3>{html.escape(priced_title('chosen program', after))}</h3>{_launch_table(after)}",
+        *([f"<h3>{html.escape(priced_title('original program', before))}</h3>{_launch_table(before)}"]
+          if spec.term is not spec.original else []),
         f"<h3>larger fusions not chosen</h3><ul>{declined}</ul>",
         f'<h2 id="timeline">Timeline</h2>{timeline}',
         f'<h2 id="text">Report text</h2><pre>{html.escape(str(report))}</pre>',

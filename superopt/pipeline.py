@@ -433,14 +433,17 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune,
                     guarded, on_xla=guard and runs_here(tgt))
     segments = key = None
-    if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
+    uncached = ""   # why a program is not stored, where it has no data form
+    if not (captured.kept_whole or captured.graph.hidden_outputs):
         try:
-            if memory_budget is None:   # a budget is for the whole program's peak, not a segment's
+            # a budget is for the whole program's peak, not a segment's; segments cut no opaque primitive
+            if memory_budget is None and not captured.graph.opaque:
                 segments = timer("segment", split, captured.graph)
             if store is not None and not segments:
                 key = program_key(captured.graph, search.fingerprint())
-        except NotSerializable:
+        except NotSerializable as exc:
             segments = key = None
+            uncached = str(exc)
     if segments:
         return _segmented(captured, segments, search, store, executor, timer, call)
     dropped = ""
@@ -458,6 +461,8 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
         why = store.put(key, "program", entry) if entry is not None else "a time limit is not stored"
         spec.report.cache = f"miss{dropped}; " + ("result stored" if why is None else
                                                   why if entry is None else f"not stored ({why})")
+    elif uncached:
+        spec.report.cache = f"not stored ({uncached})"
     return spec
 
 

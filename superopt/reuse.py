@@ -26,7 +26,7 @@ import jax
 
 from superopt.core import lazy
 from superopt.core.ir import Graph
-from superopt.core.serial import NotSerializable, digest, dumps, from_data, to_data
+from superopt.core.serial import NotSerializable, digest, dumps, from_data, opaque_fingerprint, to_data
 from superopt.egraph.limits import PhaseReport, RunReport, StopReason
 from superopt.rewrites.rule import Rule
 
@@ -74,10 +74,22 @@ def with_consts(graph: Graph, change) -> Graph:
     return dataclasses.replace(graph, consts=change(graph.consts), guard=guard)
 
 
+def opaque_by_fingerprint(graph: Graph) -> dict:
+    """The opaque primitives of `graph` (the program being answered) by fingerprint: what a cached program
+    with opaque primitives binds (core/serial.py). Those without one are left out (no entry can hold them)."""
+    out = {}
+    for o in graph.opaque:
+        try:
+            out[opaque_fingerprint(o)] = o
+        except NotSerializable:
+            pass
+    return out
+
+
 def term_from_entry(entry: dict, original: Graph, consts=None) -> Graph | None:
     """The chosen program an entry holds, if it is one for `original` (same argument and result types);
     None for an entry that keeps the original. NotSerializable for anything else."""
-    term = from_data(entry["term"]) if entry.get("term") is not None else None
+    term = from_data(entry["term"], opaque_by_fingerprint(original)) if entry.get("term") is not None else None
     if term is None:
         return None
     if consts is not None:

@@ -6,7 +6,12 @@ NaN included). Attributes are ints, floats, strings, booleans, None, tuples, nes
 body), numpy dtypes, a convolution's `lax.ConvDimensionNumbers`, and the frozen dataclasses that upper layers register
 with `register` (a kernel's `Tiling`, the NPU model's `CubeEstimate`); anything else, another tuple type
 included, raises `NotSerializable`, and the caller does not cache that
-program. An opaque primitive (a JAX primitive bound with its own params) has no data form at all.
+program. An opaque primitive (a JAX primitive bound with its own params: a `while` loop, a sort) is written
+as its fingerprint (`opaque_fingerprint`: the primitive's name and a digest of params that are data, jaxprs
+included, their constants by their bytes); reading the program back takes the primitive with that fingerprint
+from the program being answered (`from_data(..., opaque=)`), so a cached program binds the caller's own
+primitives, never one rebuilt from the cache. A primitive whose params hold anything else (a host callback,
+a Python function, an effect) has no fingerprint: that program is not cached.
 
 `from_data` never trusts what it reads: a malformed document raises `NotSerializable`, never builds a
 graph that `Graph.add` would refuse, and never evaluates code.
@@ -15,13 +20,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import enum
 import hashlib
 import json
 
 import numpy as np
 from jax import lax
 
-from superopt.core.ir import Graph, Guard, Node
+from superopt.core.ir import Graph, Guard, Node, Opaque
 
 _TYPES: dict[str, type] = {}
 
@@ -94,30 +100,102 @@ def _from_array(d: dict) -> np.ndarray:
     return np.frombuffer(data, dtype=np.dtype(d["dtype"])).reshape(tuple(d["shape"])).copy()
 
 
+def _param_text(value, owner: str) -> str:
+    """A canonical text of one param of an opaque primitive: equal texts, equal params. `NotSerializable` for
+    a value that is not data (a callable, an object that prints its address)."""
+    from jax.extend import core as jcore   # noqa: PLC0415 - only for programs with opaque primitives
+    if value is None or isinstance(value, (bool, str)):
+        return repr(value)
+    if isinstance(value, (int, np.integer)):
+        return f"i{int(value)}"
+    if isinstance(value, (float, np.floating)):
+        return f"f{float(value).hex()}"
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__module__}.{type(value).__qualname__}.{value.name}"
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        return f"dtype:{np.dtype(value).str}"
+    if isinstance(value, tuple) and hasattr(value, "_fields"):   # a NamedTuple (dimension numbers)
+        return f"{type(value).__qualname__}(" + ",".join(f"{f}={_param_text(getattr(value, f), owner)}"
+                                                         for f in value._fields) + ")"
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_param_text(v, owner) for v in value) + ")"
+    if isinstance(value, dict) or type(value).__name__ == "FrozenDict":
+        return "{" + ",".join(f"{k!r}:{_param_text(v, owner)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, (np.ndarray, np.generic)) or type(value).__module__.startswith("jaxlib"):
+        a = np.asarray(value)
+        return f"array:{a.dtype.str}{list(a.shape)}:{hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}"
+    if isinstance(value, jcore.ClosedJaxpr):
+        return "closed(" + _jaxpr_text(value.jaxpr, owner) + ";" + \
+            ",".join(_param_text(c, owner) for c in value.consts) + ")"
+    if isinstance(value, jcore.Jaxpr):
+        return "jaxpr(" + _jaxpr_text(value, owner) + ")"
+    raise NotSerializable(f"the opaque primitive {owner} holds a {type(value).__module__}.{type(value).__qualname__}, "
+                          "which has no data form")
+
+
+def _jaxpr_text(jaxpr, owner: str) -> str:
+    """The jaxpr's printed form, once every equation's params (nested jaxprs included) are known to be data:
+    the printing is then a function of the data (variables are named in order, no addresses)."""
+    for eqn in jaxpr.eqns:
+        if not isinstance(eqn.primitive, _primitive_type()):
+            raise NotSerializable(f"the opaque primitive {owner} runs a {type(eqn.primitive).__name__}")
+        for v in eqn.params.values():
+            _param_text(v, f"{owner}/{eqn.primitive.name}")
+    return str(jaxpr)
+
+
+def _primitive_type():
+    from jax.extend import core as jcore   # noqa: PLC0415
+    return jcore.Primitive
+
+
+def opaque_fingerprint(opaque: Opaque) -> str:
+    """What identifies an opaque primitive across processes (module doc); `NotSerializable` where its params
+    are not data. A capture stand-in for a group of equations (`Subprogram`) is its jaxpr; an effect has none."""
+    prim = opaque.primitive
+    if isinstance(prim, _primitive_type()):
+        head = f"primitive:{type(prim).__module__}.{type(prim).__qualname__}:{prim.name}"
+    elif type(prim).__name__ == "Subprogram" and not opaque.effectful:
+        head = f"subprogram:{prim.name}:{_param_text(prim.closed, prim.name)}"
+    else:
+        raise NotSerializable(f"the opaque primitive {opaque.name} is an effect or a stand-in with no data form")
+    text = f"{head};{opaque.n_outputs};{opaque.effectful};{_param_text(dict(opaque.params), opaque.name)}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def to_data(graph: Graph) -> dict:
-    """`graph` as a JSON-safe dict (`NotSerializable` if it has opaque primitives or unregistered attributes)."""
-    if graph.opaque:
-        raise NotSerializable(f"the program has {len(graph.opaque)} opaque primitive(s) "
-                              f"({', '.join(sorted({o.name for o in graph.opaque}))})")
+    """`graph` as a JSON-safe dict (`NotSerializable` if it has unregistered attributes, or an opaque primitive
+    with no fingerprint)."""
     data = {"nodes": [_encode(n)["node"] for n in graph.nodes], "outputs": list(graph.outputs),
             "consts": [_array(c) for c in graph.consts], "n_args": graph.n_args,
             "hidden_outputs": graph.hidden_outputs}
+    if graph.opaque:   # only where there are some: a program's data (and key) without them stays as it was
+        data["opaque"] = [opaque_fingerprint(o) for o in graph.opaque]
     if graph.guard is not None:   # only where there is one: an unguarded program's data (and key) stays as it was
         data["guard"] = {"exponent": graph.guard.exponent, "args": list(graph.guard.args),
                          "fallback": to_data(graph.guard.fallback)}
     return data
 
 
-def from_data(data: dict) -> Graph:
-    """The graph `to_data` wrote; `NotSerializable` for anything that is not one (checked, never trusted)."""
+def from_data(data: dict, opaque: dict | None = None) -> Graph:
+    """The graph `to_data` wrote; `NotSerializable` for anything that is not one (checked, never trusted).
+    `opaque`: fingerprint -> the `Opaque` of the program being answered, for a graph with opaque primitives."""
     try:
         graph = Graph(consts=[_from_array(c) for c in data["consts"]], n_args=int(data["n_args"]),
                       hidden_outputs=int(data["hidden_outputs"]))
+        for fingerprint in data.get("opaque", ()):
+            if fingerprint not in (opaque or {}):
+                raise NotSerializable("the program's opaque primitives are not the caller's")
+            graph.opaque.append(opaque[fingerprint])
         for entry in data["nodes"]:
             node = _decode({"node": entry})
             if any(i < 0 for i in node.inputs):
                 raise NotSerializable("a node reads a negative id")
             graph.add(node)
+        for node in graph.nodes:
+            if node.op == "opaque" and not (0 <= node.attrs[0] < len(graph.opaque)
+                                            and 0 <= node.attrs[1] < graph.opaque[node.attrs[0]].n_outputs):
+                raise NotSerializable("a node reads an opaque primitive the program does not have")
         graph.outputs = [int(o) for o in data["outputs"]]
         if not all(0 <= o < len(graph.nodes) for o in graph.outputs):
             raise NotSerializable("an output is not a node")
@@ -126,7 +204,7 @@ def from_data(data: dict) -> Graph:
             args = tuple(int(k) for k in guard["args"])
             if not all(0 <= k < graph.n_args for k in args):
                 raise NotSerializable("the guard checks an argument the program does not have")
-            graph.guard = Guard(int(guard["exponent"]), args, from_data(guard["fallback"]))
+            graph.guard = Guard(int(guard["exponent"]), args, from_data(guard["fallback"], opaque))
         return graph
     except NotSerializable:
         raise

@@ -62,7 +62,7 @@ from superopt.reuse import (
 )
 from superopt.rewrites.schedule import Schedule
 from superopt.segments import seam_windows, split, stitch
-from superopt.workers import Failed, executor_name, run_all
+from superopt.workers import Failed, placed, run_all
 
 # The stages that import egglog, imported where a program is saturated: a call the cache answers loads none.
 encoding = lazy.module("superopt.egraph.encode")
@@ -877,7 +877,7 @@ def _segmented(captured: Captured, segments: list, search: Search, store, execut
     timed_out = sum(results[seg.key][1] is Outcome.TIME_LIMIT for seg in misses)
     failed = [results[seg.key][2] for seg in misses if results[seg.key][1] is Outcome.WORKER_FAILED]
     spec.report.segments = (f"{len(segments)} ({len(distinct)} distinct: {len(misses)} optimized"
-                            f"{' on ' + executor_name(executor) + ' workers' if len(misses) > 1 else ''}, "
+                            f"{' ' + placed(optimize_segment, len(misses), executor) if misses else ''}, "
                             f"{hits} from the cache"
                             + (f"; {timed_out} ran out of time and run as captured" if timed_out else "")
                             + (f"; {len(failed)} whose worker failed run as captured (the first: {failed[0]})"

@@ -12,11 +12,16 @@ through multiprocessing, whose spawned children run the caller's `__main__` agai
 an `if __name__ == "__main__":` guard would run once more in every worker. A function of the caller's
 `__main__` cannot be imported by a worker, so its jobs run in this process, as one job does.
 
+One job runs in this process whatever the executor: a worker would only add its start (a Ray task: seconds to
+start Ray or connect to it, then a worker importing superopt) to the same work. `placement` says where
+`run_all` runs a list of jobs, and `placed` says it in words for a report.
+
 A job that raises, a worker that dies (killed, out of memory) and a job that outruns `timeout` are failures
 of that job alone: with `failures="raise"` (the default) `run_all` raises `JobError` naming it; with
 `failures="keep"` its result is a `Failed` holding the reason, and the other jobs' results stand (the
 pipeline runs such a segment as captured and says why in the report). Ray is an optional dependency (`pip
-install 'superopt[ray]'`) imported only when asked for; its own scheduler places the tasks.
+install 'superopt[ray]'`) imported only when asked for; its own scheduler places the tasks. Where Ray cannot
+be started or reached, `run_all` raises `ExecutorError`, one line saying what to do.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 
 EXECUTORS = ("local", "ray")
@@ -42,6 +48,10 @@ class JobError(RuntimeError):
         self.item = item
 
 
+class ExecutorError(RuntimeError):
+    """The executor could not run the jobs at all (Ray missing, its cluster unreachable): one line saying why."""
+
+
 @dataclass(frozen=True)
 class Failed:
     """The result of a job that did not finish, under `failures="keep"`: why, in words."""
@@ -55,6 +65,25 @@ def executor_name(executor: str | None) -> str:
         source = "executor=" if executor is not None else f"${ENV_EXECUTOR}"
         raise ValueError(f"superopt: unknown executor {name!r} ({source}); known: {', '.join(EXECUTORS)}")
     return name
+
+
+def placement(fn, jobs: int, executor: str | None = None, workers: int | None = None) -> str:
+    """Where `run_all(fn, items, executor, workers)` runs `jobs` items: "ray", "local" (worker processes on
+    this machine) or "here" (this process: one job, one worker, or on local workers a function of the
+    caller's `__main__`, which a worker cannot import)."""
+    name = executor_name(executor)
+    if jobs <= 1 or (name == "local" and (workers == 1 or getattr(fn, "__module__", None) == "__main__")):
+        return "here"
+    return name
+
+
+PLACED = {"ray": "on ray ({jobs} jobs)", "local": "on local workers", "here": "in this process"}
+
+
+def placed(fn, jobs: int, executor: str | None = None, workers: int | None = None) -> str:
+    """`placement` in words, as a report says where its jobs ran: "on ray (3 jobs)", "on local workers", "in
+    this process"."""
+    return PLACED[placement(fn, jobs, executor, workers)].format(jobs=jobs)
 
 
 def _failed(index: int, total: int, item, what: str) -> JobError:
@@ -73,15 +102,15 @@ def run_all(fn, items: list, executor: str | None = None, workers: int | None = 
     None: $SUPEROPT_EXECUTOR, else local) with at most `workers` processes (default: one per core).
     `failures="keep"` puts a `Failed` where a job failed instead of raising; `timeout` (seconds) bounds
     each job in a worker process (the worker is killed past it)."""
-    name = executor_name(executor)
     items = list(items)
     if workers is not None and workers < 1:
         raise ValueError(f"superopt: workers= must be at least 1, got {workers}")
     if failures not in ("raise", "keep"):
         raise ValueError(f"superopt: failures= is 'raise' or 'keep', got {failures!r}")
-    if name == "ray":
+    where = placement(fn, len(items), executor, workers)
+    if where == "ray":
         results = _run_ray(fn, items)
-    elif len(items) <= 1 or workers == 1 or getattr(fn, "__module__", None) == "__main__":
+    elif where == "here":
         results = _run_here(fn, items)
     else:
         results = _run_pool(fn, items, min(workers or os.cpu_count() or 1, len(items)), timeout)
@@ -212,10 +241,9 @@ def _run_ray(fn, items: list) -> list:
     try:
         import ray   # optional and heavy: only for executor="ray"
     except ImportError:
-        raise ImportError("superopt: executor='ray' needs Ray: pip install 'superopt[ray]'") from None
+        raise ExecutorError("superopt: executor='ray' needs Ray: pip install 'superopt[ray]'") from None
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, include_dashboard=False,
-                 configure_logging=False)
+        _start_ray(ray)
     task = ray.remote(num_cpus=1)(fn)
     refs = [task.remote(item) for item in items]
     results = []
@@ -225,3 +253,41 @@ def _run_ray(fn, items: list) -> list:
         except Exception as exc:   # a RayTaskError carries the job's own exception; a lost worker, its words
             results.append((None, getattr(exc, "cause", None) or exc))
     return results
+
+
+AUTH_MODE = "RAY_AUTH_MODE"
+
+
+def _start_ray(ray) -> None:
+    """Connect to the cluster at $RAY_ADDRESS, else start a Ray instance here."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        _token_if_available(ray)
+    with warnings.catch_warnings():
+        # Ray starts its own processes (GCS, raylet) through subprocess with a preexec_fn, so Python runs
+        # the at-fork hooks, and JAX's warns that forking a process with JAX's threads can deadlock. The
+        # child only sets its parent-death signal and execs Ray's binaries: no JAX runs in it.
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        try:
+            ray.init(address=address, log_to_driver=False, include_dashboard=False, configure_logging=False)
+        except ConnectionError as exc:
+            raise ExecutorError(
+                f"superopt: cannot connect to the Ray cluster at RAY_ADDRESS={address} ({exc}): is it running? "
+                f"One started by `ray start --head` may require a token: set {AUTH_MODE}=token, with the head's "
+                f"token in ~/.ray/auth_token or RAY_AUTH_TOKEN") from None
+
+
+def _token_if_available(ray) -> None:
+    """Send a token to the cluster where one is on this machine and $RAY_AUTH_MODE is unset. Ray's `ray start
+    --head` turns token authentication on in that case (Ray 2.60: a local `ray.init` writes the token,
+    ~/.ray/auth_token), but `ray.init(address=...)` does not, and fails after 20 s of InvalidAuthToken lines.
+    A client that sends a token connects to a cluster without authentication all the same."""
+    if AUTH_MODE in os.environ:
+        return
+    raylet = getattr(ray, "_raylet", None)
+    loader, config = getattr(raylet, "AuthenticationTokenLoader", None), getattr(raylet, "Config", None)
+    if loader is None or config is None:   # a Ray without token authentication
+        return
+    if loader.instance().has_token(ignore_auth_mode=True):
+        os.environ[AUTH_MODE] = "token"
+        config.initialize("")   # Ray reads its configuration from the environment once; read it again

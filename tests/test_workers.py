@@ -2,11 +2,14 @@
 failing job named by its position."""
 import os
 import sys
+import warnings
 
+import jax
 import pytest
 import ray
 
-from superopt.workers import EXECUTORS, JobError, executor_name, run_all
+from superopt import workers
+from superopt.workers import EXECUTORS, ExecutorError, JobError, executor_name, placed, run_all
 
 pytestmark = pytest.mark.slow   # whole models, worker processes or long searches: make test, not test-fast
 
@@ -66,6 +69,72 @@ def test_bad_workers():
         run_all(square, [1, 2], workers=0)
 
 
+def test_one_job_never_goes_to_ray(monkeypatch):
+    """A single job (a model of one distinct segment) runs here: on Ray it would add Ray's start and a
+    worker's imports to the same work (80 s against 39 s on the README's model)."""
+    def no_ray(fn, items):
+        raise AssertionError("one job went to Ray")
+    monkeypatch.setattr(workers, "_run_ray", no_ray)
+    assert run_all(pid_of, [0], executor="ray") == [os.getpid()]
+    assert run_all(pid_of, [], executor="ray") == []
+
+
+def test_where_jobs_run_in_words():
+    """What a report says (report.segments: "2 optimized on local workers")."""
+    assert placed(square, 3, "ray") == "on ray (3 jobs)"
+    assert placed(square, 1, "ray") == placed(square, 2, "local", workers=1) == "in this process"
+    assert placed(square, 2, "local") == "on local workers"
+
+
+@pytest.fixture
+def no_ray_running(monkeypatch):
+    """Ray as if nothing were started, with a cluster's address: what ray.init is called with is recorded."""
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append((kwargs, os.environ.get("RAY_AUTH_MODE"))))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setenv("RAY_AUTH_MODE", "")   # recorded, so that the value superopt may set is removed after
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    return calls
+
+
+def test_an_unreachable_cluster_is_one_line_naming_the_token_setting(no_ray_running, monkeypatch):
+    """Ray 2.60's cluster from `ray start --head` refuses a client without a token (20 lines of
+    InvalidAuthToken, then ConnectionError): one line saying what to set."""
+    def refused(**kwargs):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+    monkeypatch.setattr(ray, "init", refused)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    with pytest.raises(ExecutorError) as info:
+        run_all(square, [1, 2], executor="ray")
+    message = str(info.value)
+    assert "\n" not in message and "RAY_ADDRESS=10.0.0.1:6379" in message and "RAY_AUTH_MODE=token" in message
+
+
+class _Loader:
+    def __init__(self, has: bool):
+        self.has = has
+
+    def instance(self):
+        return self
+
+    def has_token(self, ignore_auth_mode: bool) -> bool:
+        return self.has
+
+
+@pytest.mark.parametrize("has_token", [True, False])
+def test_a_token_on_this_machine_is_sent_to_the_cluster(no_ray_running, monkeypatch, has_token):
+    """Where $RAY_AUTH_MODE is unset and this machine has a token, the client sends it, as `ray start --head`
+    requires it in that case; without a token nothing is set."""
+    monkeypatch.setattr(ray._raylet, "AuthenticationTokenLoader", _Loader(has_token))
+    reread = []
+    monkeypatch.setattr(ray._raylet, "Config", type("Config", (), {"initialize": staticmethod(reread.append)}))
+    workers._start_ray(ray)
+    assert no_ray_running == [(dict(address="10.0.0.1:6379", log_to_driver=False, include_dashboard=False,
+                                    configure_logging=False), "token" if has_token else None)]
+    assert reread == ([""] if has_token else [])
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray instance for the module (starting one takes seconds), started by run_all itself: no
@@ -75,9 +144,13 @@ def local_ray():
     address = os.environ.pop("RAY_ADDRESS", None)
     # Ray's workers do not have tests/ on their path: this module's functions travel by value
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    jax.devices()   # JAX is loaded: its at-fork hook would warn as Ray starts its processes
     try:
-        assert run_all(square, [2, 3], executor="ray") == [4, 9]
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert run_all(square, [2, 3], executor="ray") == [4, 9]
         assert ray.is_initialized()
+        assert not [w for w in seen if "os.fork()" in str(w.message)], [str(w.message) for w in seen]
         yield
     finally:
         ray.shutdown()

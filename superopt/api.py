@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import SingleDeviceSharding
 
 from superopt import numerics as numerics_mode
 from superopt.cache import open_store, refused
@@ -163,17 +164,18 @@ class Optimized:
                 spec.report.backend += note
             return fn(*args, **kwargs)
 
-        traced = functools.wraps(fn)(traced)   # jax.jit reads fn's signature for static_argnames
-        self._jit = jax.jit(traced, static_argnums=self.static_argnums, static_argnames=self.static_argnames,
-                            donate_argnums=self.donate_argnums, donate_argnames=self.donate_argnames)
         def filtered(dynamic, static):
             args, kwargs = static.rebuild(dynamic)
             return traced(*args, **kwargs)
 
-        self._filter_jit = jax.jit(filtered, static_argnums=1)
-        self._call = self._emulate if backend == "emulator" else self._filter_call if filter else self._jit
-        # A call costs what a jax.jit call costs: on the jax and pallas backends this object's class calls
-        # the jitted function itself (no Python frame of superopt's in between).
+        self._traced = functools.wraps(fn)(traced)   # jax.jit reads fn's signature for static_argnames
+        self._filtered = filtered
+        self._jit, self._filter_jit = self._jitted(filter=False), self._jitted(filter=True)
+        self._pins: dict[tuple, Callable] = {}   # per layout of arguments over several devices (`_pinned`)
+        self._call = self._emulate if backend == "emulator" else self._filter_call if filter else self._first_call
+        # A call costs what a jax.jit call costs: on the jax and pallas backends, from the second call on in a
+        # process with one device, this object's class calls the jitted function itself (no Python frame of
+        # superopt's in between).
         self.__class__ = type(type(self).__name__, (type(self),), {"__call__": staticmethod(self._call),
                                                                     "__module__": type(self).__module__})
 
@@ -189,6 +191,23 @@ class Optimized:
         spec, flat = self._concrete(args, kwargs)
         return spec.unflatten(spec.run(*flat))
 
+    def _first_call(self, *args, **kwargs):
+        """The first call on the jax and pallas backends. In a process with one device every later call is
+        the jitted function's, jax.jit's C++ fast path; with several, a later call goes through `_spread`."""
+        self._call = self._jit if jax.device_count() == 1 else self._spread
+        type(self).__call__ = staticmethod(self._call)
+        return self._call(*args, **kwargs)
+
+    def _spread(self, *args, **kwargs):
+        """A call in a process with several devices (`_jitted_for`)."""
+        return self._jitted_for(args, kwargs)(*args, **kwargs)
+
+    def _jitted_for(self, args, kwargs) -> Callable:
+        """What runs these arguments: where one (an array, a `jax.ShapeDtypeStruct`) is laid out over more
+        than one device and none is traced, the program pinned to jax.jit's output shardings (`_pinned`);
+        else the jitted function."""
+        return self._pinned(args, kwargs) if _spread_out(jax.tree_util.tree_leaves((args, kwargs))) else self._jit
+
     def _filter_call(self, *args, **kwargs):
         """A call with `filter=True`: non-array leaves (an equinox module's activation function, a string)
         and every leaf of a static argument are static; the arrays are traced (as `equinox.filter_jit`)."""
@@ -197,7 +216,45 @@ class Optimized:
         items = tuple((k, _static_leaf(x, f"leaf {k}")) for k, (x, s) in enumerate(zip(leaves, static))
                       if s or not _is_array(x))
         fixed = {k for k, _ in items}
-        return self._filter_jit([x for k, x in enumerate(leaves) if k not in fixed], _Static(tree, items))
+        dynamic = [x for k, x in enumerate(leaves) if k not in fixed]
+        jitted = self._pinned(args, kwargs) if _spread_out(dynamic) else self._filter_jit
+        return jitted(dynamic, _Static(tree, items))
+
+    def _jitted(self, filter: bool, out_shardings=None):
+        """jax.jit of what a call traces (with `filter`, the arrays apart from a static rest), its outputs
+        laid out as `out_shardings` says (None: as XLA chooses for the program traced)."""
+        pinned = {} if out_shardings is None else {"out_shardings": out_shardings}
+        if filter:
+            return jax.jit(self._filtered, static_argnums=1, **pinned)
+        return jax.jit(self._traced, static_argnums=self.static_argnums, static_argnames=self.static_argnames,
+                       donate_argnums=self.donate_argnums, donate_argnames=self.donate_argnames, **pinned)
+
+    def _pinned(self, args, kwargs) -> Callable:
+        """The jitted function for concrete arguments some of which span several devices. XLA chooses the
+        output shardings of the program it compiles, so a changed program's can differ from those jax.jit
+        gives fn (`P('data')` against `P()`). A changed program runs with the output shardings XLA chose for
+        the user's program (captured, never traced again) at these arguments' shardings: one more compile
+        of that program per distinct layout, abstract values and static values of the arguments. Where the
+        original runs, its shardings are jax.jit's already, and the jitted function runs as it is."""
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        if all(isinstance(x, jax.Array) for x in leaves):   # never static (not hashable): the quick key
+            key = (tree, tuple((x.aval, x.sharding) for x in leaves))
+        else:
+            key = (self._signature(leaves, tree, self._dynamic(leaves, args, kwargs)),
+                   tuple(getattr(x, "sharding", None) for x in leaves))
+        jitted = self._pins.get(key)
+        if jitted is None:
+            spec, flat = self._concrete(args, kwargs)
+            if spec.report.optimized and spec.npu is None:
+                users = jax.jit(spec.differentiated or spec.reference)
+                chosen = users.lower(*flat).compile().output_shardings
+                # a typed key result is its key data in the user's program: left to XLA
+                chosen = [None if j in spec.out_keys else s for j, s in enumerate(chosen)]
+                jitted = self._jitted(self.filter, jax.tree_util.tree_unflatten(spec.out_tree, chosen))
+            else:
+                jitted = self._filter_jit if self.filter else self._jit
+            self._pins[key] = jitted
+        return jitted
 
     def __reduce__(self):
         """Pickled (cloudpickle, Ray, multiprocessing) as fn and its options, as a jax.jit function pickles:
@@ -209,8 +266,9 @@ class Optimized:
         return self if obj is None else functools.partial(self, obj)
 
     def lower(self, *args, **kwargs):
-        """As `jax.jit(fn).lower`: the optimized program lowered for these arguments (`.compile()`, `.as_text()`)."""
-        return self._jit.lower(*args, **kwargs)
+        """As `jax.jit(fn).lower`: the optimized program lowered for these arguments (`.compile()`, `.as_text()`),
+        its outputs laid out as jax.jit's where the arguments span several devices."""
+        return (self._jit if self.filter else self._jitted_for(args, kwargs)).lower(*args, **kwargs)
 
     def compile(self, *args, **kwargs) -> Specialization:
         """Optimize for these arguments' types and static values (once; later calls hit the cache) and
@@ -229,12 +287,15 @@ class Optimized:
             mask += [name in self.static_argnames] * len(jax.tree_util.tree_leaves(kwargs[name]))
         return mask
 
+    def _dynamic(self, leaves: list, args, kwargs) -> list[bool]:
+        """Per leaf of (args, kwargs), whether a call traces it (an array, or a Python scalar without `filter`)."""
+        traced = _is_array if self.filter else _array_like
+        return [not s and traced(x) for x, s in zip(leaves, self._static_mask(args, kwargs))]
+
     def _concrete(self, args, kwargs) -> tuple[Specialization, list]:
         """The specialization for concrete arguments, and the flat dynamic arguments its `run` takes."""
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        static = self._static_mask(args, kwargs)
-        traced = _is_array if self.filter else _array_like
-        dynamic = [not s and traced(x) for x, s in zip(leaves, static)]
+        dynamic = self._dynamic(leaves, args, kwargs)
         spec = self._specialize(leaves, tree, dynamic)
         flat = [x for x, d in zip(leaves, dynamic) if d]
         return spec, [jax.random.key_data(x) if _is_key(jax.typeof(x).dtype) else x for x in flat]
@@ -242,14 +303,20 @@ class Optimized:
     def _specialize(self, leaves: list, tree, dynamic: list[bool]) -> Specialization:
         """The cached or new specialization for these leaves: avals of the dynamic ones, values of the rest."""
         avals = [jax.typeof(x) if d else None for x, d in zip(leaves, dynamic)]
-        key = (tree, tuple((a.shape, a.dtype, a.weak_type) if d else ("static", _static_leaf(x, f"leaf {k}"))
-                           for k, (x, a, d) in enumerate(zip(leaves, avals, dynamic))))
+        key = self._signature(leaves, tree, dynamic, avals)
         spec = self._cache.get(key)
         if spec is None:
             with jax.core.eval_context():   # superopt's own arrays stay concrete under the caller's trace
                 spec = self._cache[key] = self._build(leaves, tree, dynamic, avals)
         self._last = spec
         return spec
+
+    @staticmethod
+    def _signature(leaves: list, tree, dynamic: list[bool], avals: list | None = None) -> tuple:
+        """What a specialization is made for: shape, dtype and weak type of each dynamic leaf, each static value."""
+        avals = avals or [jax.typeof(x) if d else None for x, d in zip(leaves, dynamic)]
+        return (tree, tuple((a.shape, a.dtype, a.weak_type) if d else ("static", _static_leaf(x, f"leaf {k}"))
+                            for k, (x, a, d) in enumerate(zip(leaves, avals, dynamic))))
 
     def _build(self, leaves, tree, dynamic, avals) -> Specialization:
         template = [None if d else x for x, d in zip(leaves, dynamic)]   # static leaves only: no tracer kept
@@ -325,6 +392,16 @@ def _varying_axes(x) -> frozenset:
     if found is None:
         found = getattr(getattr(aval, "mat", None), "varying", None)
     return frozenset(found or ())
+
+
+def _spread_out(leaves: list) -> bool:
+    """Whether some leaf is laid out over more than one device (sharded, or replicated over a mesh: an array
+    or a `jax.ShapeDtypeStruct` with a sharding) and none is traced (a tracer has no `sharding`)."""
+    for x in leaves:   # a loop: this runs on every call in a process with several devices
+        sharding = getattr(x, "sharding", None)
+        if sharding is not None and type(sharding) is not SingleDeviceSharding and sharding.num_devices > 1:
+            return not any(isinstance(y, jax.core.Tracer) for y in leaves)
+    return False
 
 
 def _under_trace(tree) -> bool:

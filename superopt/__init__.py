@@ -3,10 +3,36 @@
     fast = superopt(fn, target="cpu")
     y = fast(x, w)
     print(fast.report)
+
+The names below load at their first use: importing a module of the package (the `superopt` command's
+`superopt.cli`) does not import JAX, so a command refuses a bad argument before paying for it.
 """
-from superopt.api import Optimized, superopt
-from superopt.core.verify import VerificationWarning
-from superopt.egraph.limits import Limits, StopReason
-from superopt.extract.target import available_targets
+from importlib import import_module
+
+_HOMES = {"superopt": "superopt.api", "Optimized": "superopt.api", "Limits": "superopt.egraph.limits",
+          "StopReason": "superopt.egraph.limits", "available_targets": "superopt.extract.target",
+          "VerificationWarning": "superopt.core.verify"}
 
 __all__ = ["superopt", "Optimized", "Limits", "StopReason", "available_targets", "VerificationWarning"]
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        value = getattr(import_module(_HOMES[name]), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        # what `import superopt` loaded when it imported the API: `superopt.core.progress` after it
+        import_module("superopt.api")
+        if name in globals():
+            return globals()[name]
+        try:
+            return import_module(f"superopt.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"superopt.{name}":
+                raise
+    raise AttributeError(f"module 'superopt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,7 +12,8 @@
 MODULE is a module name (importable from the current directory) or a path to a .py file; FN is a function
 in it. Without --shapes, FN may be a workload: a `superopt.workloads.Workload`, or a function of no arguments
 returning one (e.g. `superopt.workloads:bert_encoder_layer`), whose example arguments are used. Progress bars
-show on a terminal and nowhere else.
+show on a terminal and nowhere else. A mistyped argument is refused in one line before JAX is imported
+(`check_arguments`).
 """
 from __future__ import annotations
 
@@ -28,29 +29,36 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from importlib import resources
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers bfloat16, int4, float8_* with numpy, as JAX does: --shapes' dtypes)
+import numpy as np
 
-from superopt import cache as store_cache
-from superopt import Limits, html, superopt
-from superopt.core import progress
-from superopt.core.ir import pretty
-from superopt.core.verify import random_args
-from superopt.demo import main as demo_main
-from superopt.explain import alternatives, explain
-from superopt.extract import calibrate as cal
-from superopt.extract.calibrate import SHOWN
-from superopt.extract.target import load_target
-from superopt.lowering.npu.lower import NpuExecutable
-from superopt.rewrites import synthesis
-from superopt.rewrites.checker import check_rule
-from superopt.rewrites.schedule import resolve
-from superopt.rewrites.rule import Rule, RuleSet
-from superopt.rewrites.sexpr import format_rules, parse_rules
-from superopt.rewrites.tensat import import_rules, looks_multi, summary
-from superopt.rulesets import ALGEBRA, DEFAULT, RULESETS
+from superopt.core import lazy, progress
+from superopt.egraph.limits import Limits
+from superopt.workers import ExecutorError
+
+# What the commands run loads when one runs, after `check_arguments`: JAX and the modules built on it take
+# seconds to import (22 s on a loaded machine), too long to wait for a mistyped argument to be refused.
+jax = lazy.module("jax")
+api = lazy.module("superopt.api")
+html = lazy.module("superopt.html")
+store_cache = lazy.module("superopt.cache")
+ir = lazy.module("superopt.core.ir")
+verify = lazy.module("superopt.core.verify")
+demo = lazy.module("superopt.demo")
+explaining = lazy.module("superopt.explain")
+cal = lazy.module("superopt.extract.calibrate")
+targets = lazy.module("superopt.extract.target")
+npu_lower = lazy.module("superopt.lowering.npu.lower")
+synthesis = lazy.module("superopt.rewrites.synthesis")
+checker = lazy.module("superopt.rewrites.checker")
+schedule = lazy.module("superopt.rewrites.schedule")
+rule = lazy.module("superopt.rewrites.rule")
+sexpr = lazy.module("superopt.rewrites.sexpr")
+tensat = lazy.module("superopt.rewrites.tensat")
+rulesets = lazy.module("superopt.rulesets")
 
 # --shapes' dtype suffixes: superopt's short names count bits (f16, i8, u8); numpy's one-letter codes count
 # bytes (its f8 is float64, its i8 int64), so those are refused rather than guessed. Full names (float64,
@@ -66,7 +74,7 @@ def dtype_name(text: str) -> str:
     if text in DTYPES:
         return DTYPES[text]
     try:
-        name = jnp.dtype(text).name
+        name = np.dtype(text).name
     except (TypeError, ValueError):
         name = None
     if name != text:   # numpy's byte codes (f8, u4, i8, <f4) and unknown words
@@ -78,7 +86,7 @@ def dtype_name(text: str) -> str:
 # ---- rules, calibrate, demo ----
 
 def _rules_list(args) -> int:
-    sets = resolve([args.ruleset]) if args.ruleset else list(RULESETS.values())
+    sets = schedule.resolve([args.ruleset]) if args.ruleset else list(rulesets.RULESETS.values())
     for rs in sets:
         print(f"{rs.name} ({len(rs)} rules)")
         for r in rs:
@@ -94,11 +102,11 @@ RULES_CHECK_THOROUGH = 10      # --thorough multiplies the default by this
 def _check_one(ruleset: str, name: str, examples: int) -> tuple:
     """Check one registered rule; runs in a worker process, so the rule is looked up by name (rules hold
     functions that need not pickle) and the result comes back as the plain fields that are printed."""
-    found = [r for r in RULESETS[ruleset] if r.name == name] if ruleset in RULESETS else []
+    found = [r for r in rulesets.RULESETS[ruleset] if r.name == name] if ruleset in rulesets.RULESETS else []
     if not found:
         raise ValueError(f"superopt: rule {ruleset}/{name} is not registered in a fresh process "
                          f"(registered at run time?); check it with --jobs 1")
-    return _verdict(check_rule(found[0], examples=examples))
+    return _verdict(checker.check_rule(found[0], examples=examples))
 
 
 def _verdict(result) -> tuple:
@@ -117,7 +125,7 @@ def _check_results(rules, examples: int, jobs: int):
     jobs = min(jobs, len(rules))
     if jobs <= 1:   # no process to start for one rule; also checks rules registered at run time
         for r in rules:
-            yield _verdict(check_rule(r, examples=examples))
+            yield _verdict(checker.check_rule(r, examples=examples))
         return
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["superopt.rewrites.checker", "superopt.rulesets"])
@@ -133,7 +141,7 @@ def _check_results(rules, examples: int, jobs: int):
             raise
 
 
-def load_rule_file(path: str) -> RuleSet:
+def load_rule_file(path: str) -> rule.RuleSet:
     """A user's rules: a Python module (its module-level RuleSets, else its module-level Rules, as one set
     named after the file) or a file in superopt's text format (docs/rule-authoring.md, section 5)."""
     file = Path(path)
@@ -147,23 +155,23 @@ def load_rule_file(path: str) -> RuleSet:
         except Exception as exc:
             raise ValueError(f"superopt: cannot load rule file {path!r}: {type(exc).__name__}: {exc}") from None
         values = [v for k, v in vars(module).items() if not k.startswith("_")]
-        sets = [v for v in values if isinstance(v, RuleSet)]
+        sets = [v for v in values if isinstance(v, rule.RuleSet)]
         if len(sets) > 1:
             merged = {f"{rs.name}/{cat or 'rules'}": [r for r in rs if r.category == cat]
                       for rs in sets for cat in dict.fromkeys(r.category for r in rs)}
-            return RuleSet(file.stem, merged)
+            return rule.RuleSet(file.stem, merged)
         if sets:
             return sets[0]
-        rules = [v for v in values if isinstance(v, Rule)]
+        rules = [v for v in values if isinstance(v, rule.Rule)]
     else:
         try:
-            rules = parse_rules(file.read_text(encoding="utf-8"))
+            rules = sexpr.parse_rules(file.read_text(encoding="utf-8"))
         except Exception as exc:   # the text format's parse errors name the line
             raise ValueError(f"superopt: cannot read rule file {path!r}: {exc}") from None
     if not rules:
         raise ValueError(f"superopt: rule file {path!r} defines no rule (a RuleSet or Rules at module level, "
                          f"or rules in the text format)")
-    return RuleSet(file.stem, rules)
+    return rule.RuleSet(file.stem, rules)
 
 
 def _is_rule_file(name: str) -> bool:
@@ -176,17 +184,13 @@ def _rules_check(args) -> int:
         args.names, args.jobs = args.names[1:], 1   # a user's rules are checked here: workers know only ours
         rules = list(user)
     else:
-        rules = [r for rs in RULESETS.values() for r in rs]
+        rules = [r for rs in rulesets.RULESETS.values() for r in rs]
     if args.names:
         known = {r.name for r in rules}
         missing = [n for n in args.names if n not in known]
         if missing:
             raise ValueError(f"superopt: no rule named {', '.join(missing)}; see `superopt rules list`")
         rules = [r for r in rules if r.name in args.names]
-    if args.jobs is not None and args.jobs < 1:
-        raise ValueError(f"superopt: --jobs must be at least 1, got {args.jobs}")
-    if args.examples is not None and args.examples < 1:
-        raise ValueError(f"superopt: --examples must be at least 1, got {args.examples}")
     examples = args.examples or RULES_CHECK_EXAMPLES * (RULES_CHECK_THOROUGH if args.thorough else 1)
     unsound, cases = [], 0
     for r, (status, n, detail) in zip(rules, _check_results(rules, examples, args.jobs or os.cpu_count() or 1)):
@@ -208,30 +212,28 @@ def _rules_import(args) -> int:
     except OSError as exc:
         raise ValueError(f"superopt: cannot read rule file {args.file!r}: {exc.strerror}") from None
     multi = True if args.multi else None
-    if multi is None and looks_multi(text):
+    if multi is None and tensat.looks_multi(text):
         multi = True
         print(f"{args.file}: read as multi-pattern rules (every two lines one rule, as Tensat's "
               "converted_multi.txt; the two lines bind each other's variables)", flush=True)
-    verdicts = import_rules(text, multi=bool(multi))
+    verdicts = tensat.import_rules(text, multi=bool(multi))
     unbound = sum("which no left side binds" in v.detail for v in verdicts if v.status == "unsupported")
     if unbound:
         print(f"{unbound} lines name variables their own left side does not bind: if every two lines are "
               "one multi-pattern rule, pass --multi", flush=True)
     for v in verdicts:
         print(v, flush=True)
-    print(summary(verdicts))
+    print(tensat.summary(verdicts))
     if args.write:
         rules = [v.rule for v in verdicts if v.rule is not None]
         with open(args.write, "w", encoding="utf-8") as f:
-            f.write(format_rules(rules))
+            f.write(sexpr.format_rules(rules))
         print(f"wrote {len(rules)} sound rules in superopt's text format to {args.write}")
     return 0
 
 
 def _rules_synthesize(args) -> int:
     """Rules found by enumeration and proven by the checker; how many hand-written algebra rules they derive."""
-    if args.size < 2:
-        raise ValueError(f"superopt: --size must be at least 2, got {args.size}")
     layers = ((synthesis.ALL, args.size),) + tuple((ops, args.size + 1) for ops, _ in synthesis.LAYERS[1:])
     found = synthesis.synthesize(layers, jobs=args.jobs or os.cpu_count() or 1,
                                  progress=(lambda line: print(line, flush=True)) if args.verbose else None)
@@ -240,13 +242,13 @@ def _rules_synthesize(args) -> int:
     labels = {label: sum(r[2] == label for r in found.rules) for label in ("exact", "rounding", "reals")}
     print(f"kept {len(found.rules)} rules (" + ", ".join(f"{n} {k}" for k, n in labels.items()) +
           f") in {found.seconds:.1f} s")
-    derived = synthesis.rediscovered(found, synthesis.hand_written_in_language(ALGEBRA))
+    derived = synthesis.rediscovered(found, synthesis.hand_written_in_language(rulesets.ALGEBRA))
     missing = sorted(k for k, v in derived.items() if not v)
     print(f"rediscovered {sum(derived.values())} of the {len(derived)} rules of rulesets/algebra.py in the language"
           + (f"; not: {', '.join(missing)}" if missing else ""))
     if args.write:
         with open(args.write, "w", encoding="utf-8") as f:
-            f.write(format_rules([r for *_, r in found.rules]))
+            f.write(sexpr.format_rules([r for *_, r in found.rules]))
         print(f"wrote {len(found.rules)} rules in superopt's text format to {args.write}")
     return 0
 
@@ -262,7 +264,7 @@ target cpu uses them; --reset deletes that file and the shipped defaults apply a
 def _calibration_table(old: dict, old_source: str, new: dict | None = None) -> list[str]:
     head = f"  {'':<17} {old_source:>22}" + (f"   {'measured now':>16}" if new is not None else "")
     lines = [head]
-    for name, label, scale, unit in SHOWN:
+    for name, label, scale, unit in cal.SHOWN:
         row = f"  {label:<17} {old[name] / scale:>14.1f} {unit:<7}"
         if new is not None:
             row += f" -> {new[name] / scale:>8.1f} {unit:<7} ({new[name] / old[name]:.2f}x)"
@@ -355,7 +357,7 @@ def _cache_clear(args) -> int:
 
 
 def _demo(args) -> int:
-    demo_main()
+    demo.main()
     return 0
 
 
@@ -382,22 +384,36 @@ def _wide(shapes) -> bool:
                for s in shapes or ())
 
 
-def load_function(target_spec: str):
-    """`MODULE:FN` (or `path/file.py:FN`) -> the object named."""
+def function_source(target_spec: str) -> tuple[str, str, Path | None]:
+    """`MODULE:FN` (or `path/file.py:FN`) -> (module name, FN, the file or None), refused in one line where
+    it is malformed or names no file or module; nothing of it is run."""
     module_name, _, attr = target_spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"superopt: expected MODULE:FN (e.g. superopt.workloads:reassoc_chain or model.py:forward), "
                          f"got {target_spec!r}")
     if module_name.endswith(".py") or os.sep in module_name:
-        path = Path(module_name)
-        if not path.is_file():
+        if not Path(module_name).is_file():
             raise ValueError(f"superopt: no file {module_name}")
+        return module_name, attr, Path(module_name)
+    if os.getcwd() not in sys.path:      # as `python -m` does: modules beside the caller import
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(module_name)   # runs the parent packages only, as importing would
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"superopt: cannot import {module_name!r} ({exc})") from None
+    if found is None:
+        raise ValueError(f"superopt: cannot import {module_name!r} (No module named {module_name!r})")
+    return module_name, attr, None
+
+
+def load_function(target_spec: str):
+    """`MODULE:FN` (or `path/file.py:FN`) -> the object named."""
+    module_name, attr, path = function_source(target_spec)
+    if path is not None:
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     else:
-        if os.getcwd() not in sys.path:      # as `python -m` does: modules beside the caller import
-            sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -455,7 +471,7 @@ def function_and_args(target_spec: str, shapes: list[str] | None, dtype: str = "
     if shapes:
         if not callable(obj):
             raise ValueError(f"superopt: {target_spec} is not a function")
-        example = tuple(random_args([parse_shape(s, dtype) for s in shapes], seed))
+        example = tuple(verify.random_args([parse_shape(s, dtype) for s in shapes], seed))
         _check_shapes(obj, name, shapes, example)
         return obj, example, name
     if not _is_workload(obj) and callable(obj):
@@ -483,13 +499,11 @@ def check_writable(path: str, option: str, suffixes: tuple = ()) -> None:
 
 
 def _compile(args, backend: str | None = None, timed: bool = False):
-    if getattr(args, "html", None):
-        check_writable(args.html, "--html", (".html", ".htm"))
     fn, example, name = function_and_args(args.function, args.shapes, args.dtype)
-    fast = superopt(fn, target=args.target, extractor=args.extractor, verify=not args.no_verify, backend=backend,
-                    memory_budget=args.memory_budget, numerics=args.numerics,
-                    precision=getattr(args, "precision", None), limits=limits_of(args),
-                    rulesets=tuple(DEFAULT) + tuple(load_rule_file(f) for f in args.rules or ()))
+    fast = api.superopt(fn, target=args.target, extractor=args.extractor, verify=not args.no_verify,
+                        backend=backend, memory_budget=args.memory_budget, numerics=args.numerics,
+                        precision=getattr(args, "precision", None), limits=limits_of(args),
+                        rulesets=tuple(rulesets.DEFAULT) + tuple(load_rule_file(f) for f in args.rules or ()))
     start = time.perf_counter()
     spec = fast.compile(*example)
     if timed:
@@ -524,21 +538,19 @@ def _optimize(args) -> int:
     print(spec.report)
     if args.print_term:
         print()
-        print(pretty(spec.term))
+        print(ir.pretty(spec.term))
     if args.html:
         _html(args, spec, example, name)
     return 0
 
 
 def _explain(args) -> int:
-    if args.alternatives < 0:
-        raise ValueError(f"superopt: --alternatives must be 0 or more, got {args.alternatives}")
     fast, spec, example, name, seconds = _compile(args, timed=True)
     # the alternatives saturate again; they get as long as optimizing took, so explain costs about twice optimize
-    alts = alternatives(fast.fn, example, args.target, rulesets=fast.rulesets, limits=fast.limits,
-                        limit=args.alternatives, numerics=args.numerics, budget=max(seconds, 1.0)) \
+    alts = explaining.alternatives(fast.fn, example, args.target, rulesets=fast.rulesets, limits=fast.limits,
+                                   limit=args.alternatives, numerics=args.numerics, budget=max(seconds, 1.0)) \
         if args.alternatives else []
-    text = explain(spec, alts)
+    text = explaining.explain(spec, alts)
     print(text)
     if args.html:
         _html(args, spec, example, name, explanation=text)
@@ -546,7 +558,7 @@ def _explain(args) -> int:
 
 
 def _emulate(args) -> int:
-    if load_target(args.target).npu is None:
+    if targets.load_target(args.target).npu is None:
         raise ValueError(f"superopt: emulate runs NPU targets (npu-910, npu-910b), not {args.target!r}")
     timeline = args.timeline or f"{args.function.partition(':')[2].replace('.', '-')}-{args.target}.png"
     check_writable(timeline, "--timeline", (".png", ".json"))
@@ -557,7 +569,8 @@ def _emulate(args) -> int:
     timeline = args.timeline or f"{name.replace('.', '-')}-{args.target}.png"
     _timeline(spec, example, timeline)
     run = spec.npu.last
-    before = NpuExecutable(spec.original, load_target(args.target), precision=spec.npu.precision).estimate().cycles
+    before = npu_lower.NpuExecutable(spec.original, targets.load_target(args.target),
+                                     precision=spec.npu.precision).estimate().cycles
     print(f"superopt emulate ({args.target}): {name}, {spec.report.outcome}")
     print(f"  runs on: {spec.report.backend}")
     print("\n".join(spec.npu.describe(run, before)))
@@ -611,8 +624,16 @@ def limits_of(args) -> Limits:
         raise ValueError(f"superopt: {exc}") from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a usage error is one line saying where the usage is, as superopt's own errors
+    are (argparse prints the whole usage first). Its subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="superopt", description="equality-saturation superoptimizer for JAX")
+    ap = _Parser(prog="superopt", description="equality-saturation superoptimizer for JAX")
     sub = ap.add_subparsers(dest="command", required=True)
 
     opt = sub.add_parser("optimize", help="optimize a function and print the report")
@@ -669,14 +690,14 @@ def parser() -> argparse.ArgumentParser:
     syn.add_argument("--verbose", action="store_true", help="print each rule as it is kept")
     syn.set_defaults(run=_rules_synthesize)
 
-    cal = sub.add_parser("calibrate", help="measure this machine's FLOP/s and bandwidth for the cpu target",
-                         description=CALIBRATE_HELP)
-    cal.add_argument("--quick", action="store_true", help="small sizes: seconds instead of tens of seconds")
-    cal.add_argument("--force", action="store_true", help="store the figures even when they are far below the "
-                                                          "shipped defaults")
-    cal.add_argument("--reset", action="store_true", help="delete the stored figures: the cpu target goes back "
-                                                          "to the shipped defaults")
-    cal.set_defaults(run=_calibrate)
+    calibrate = sub.add_parser("calibrate", help="measure this machine's FLOP/s and bandwidth for the cpu target",
+                               description=CALIBRATE_HELP)
+    calibrate.add_argument("--quick", action="store_true", help="small sizes: seconds instead of tens of seconds")
+    calibrate.add_argument("--force", action="store_true",
+                           help="store the figures even when they are far below the shipped defaults")
+    calibrate.add_argument("--reset", action="store_true",
+                           help="delete the stored figures: the cpu target goes back to the shipped defaults")
+    calibrate.set_defaults(run=_calibrate)
     cache = sub.add_parser("cache", help="inspect or empty the cache of optimized programs",
                            description="superopt keeps optimized programs in terms.sqlite3 in $SUPEROPT_CACHE_DIR, "
                                        "else $XDG_CACHE_HOME/superopt, else ~/.cache/superopt (and JAX's compiled "
@@ -688,20 +709,71 @@ def parser() -> argparse.ArgumentParser:
         c = cache_sub.add_parser(name, help=text)
         c.add_argument("--dir", metavar="DIR", help="this cache directory instead of the default")
         c.set_defaults(run=run)
-    demo = sub.add_parser("demo", help="optimize the embedded transformer block and time it")
-    demo.set_defaults(run=_demo)
+    demo_command = sub.add_parser("demo", help="optimize the embedded transformer block and time it")
+    demo_command.set_defaults(run=_demo)
     return ap
+
+
+# ---- arguments, checked before JAX is imported ----
+
+def target_names() -> list[str]:
+    """The targets, a TOML file each, as `superopt.extract.target.available_targets` lists them, read
+    without importing that module (it imports JAX)."""
+    files = resources.files("superopt.extract").joinpath("targets").iterdir()
+    return sorted(f.name.removesuffix(".toml") for f in files if f.name.endswith(".toml"))
+
+
+# Counts that a command refuses below their least: (option's dest, the option, the least).
+LEAST = (("jobs", "--jobs", 1), ("examples", "--examples", 1), ("size", "--size", 2), ("alternatives",
+         "--alternatives", 0))
+
+
+def check_arguments(args) -> None:
+    """Refuse a bad argument in one line before the command imports JAX (seconds; more on a loaded machine):
+    the target, --shapes and --dtype, the function's module or file, rule files, where --html goes, the
+    search limits and the counts. What needs the program (its arity, whether it fits the shapes) is checked
+    once it is loaded, still before any work."""
+    if getattr(args, "target", None) is not None and args.target not in target_names():
+        raise ValueError(f"superopt: unknown target {args.target!r}; valid targets: {', '.join(target_names())}")
+    if getattr(args, "dtype", None) is not None:
+        try:
+            dtype_name(args.dtype)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (in --dtype)") from None
+    for shape in getattr(args, "shapes", None) or ():
+        parse_shape(shape, args.dtype)
+    if getattr(args, "function", None) is not None:   # optimize, explain, emulate
+        function_source(args.function)
+        limits_of(args)
+    rule_files = list(getattr(args, "rules", None) or ())
+    names = getattr(args, "names", None)
+    rule_files += [names[0]] if names and _is_rule_file(names[0]) else []
+    rule_files += [args.file] if getattr(args, "rules_command", None) == "import" else []
+    for path in rule_files:
+        if not Path(path).is_file():
+            raise ValueError(f"superopt: no rule file {path!r}")
+    if getattr(args, "html", None):
+        check_writable(args.html, "--html", (".html", ".htm"))
+    for dest, option, least in LEAST:
+        value = getattr(args, dest, None)
+        if value is not None and value < least:
+            more = "0 or more" if least == 0 else f"at least {least}"
+            raise ValueError(f"superopt: {option} must be {more}, got {value}")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
     try:
+        check_arguments(args)
         with progress.bars(), jax.enable_x64(_wide(getattr(args, "shapes", None))):
             return args.run(args)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
+    except ExecutorError as exc:   # Ray missing or its cluster unreachable ($SUPEROPT_EXECUTOR=ray)
+        print(exc, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:   # one line, the shell's status for SIGINT; the cache commits whole entries only
         print("superopt: interrupted", file=sys.stderr)
         return 130

@@ -435,3 +435,51 @@ def test_a_reader_that_leaves_early_is_no_error(program):
     done = subprocess.run(f"{sys.executable} -m superopt optimize {program}:chain --shapes 8x8 8x8 8x1 | true",
                           shell=True, capture_output=True, text=True, timeout=300)
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
+
+# ---- arguments are refused before JAX is imported ----
+
+REFUSED = [
+    (["optimize", "superopt.workloads:reassoc_chain", "--target", "nosuch"],
+     "superopt: unknown target 'nosuch'; valid targets: cpu, gpu-a100, gpu-h100, npu-910, npu-910b"),
+    (["explain", "superopt.workloads:reassoc_chain", "--shapes", "4x4:f8"], "unknown dtype 'f8'"),
+    (["emulate", "superopt.workloads:reassoc_chain", "--dtype", "float"], "unknown dtype 'float'"),
+    (["optimize", "no_such_file.py:f", "--shapes", "4"], "superopt: no file no_such_file.py"),
+    (["optimize", "no_such_module_xyz:f"], "cannot import 'no_such_module_xyz'"),
+    (["optimize", "superopt.workloads:reassoc_chain", "--rules", "no_such_rules.py"],
+     "superopt: no rule file 'no_such_rules.py'"),
+    (["optimize", "superopt.workloads:reassoc_chain", "--numerics", "loose"],
+     "invalid choice: 'loose' (choose from 'strict', 'fast')"),
+    (["rules", "check", "no_such_rules.py"], "superopt: no rule file 'no_such_rules.py'"),
+    (["rules", "synthesize", "--size", "1"], "superopt: --size must be at least 2, got 1"),
+]
+
+
+def test_bad_arguments_are_refused_in_one_line_before_jax_is_imported(tmp_path):
+    """A mistyped argument is refused at once: JAX takes seconds to import (a bad --target took 22 s to be
+    refused on a loaded machine). Each command runs in a fresh interpreter, through `superopt.cli.main`."""
+    probe = ("import json, sys\nfrom superopt.cli import main\ntry:\n    code = main(sys.argv[1:])\n"
+             "except SystemExit as exc:\n    code = exc.code\n"
+             "print(json.dumps([code, 'jax' in sys.modules]))\n")
+    for argv, message in REFUSED:
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)
+        assert json.loads(done.stdout) == [2, False], (argv, done.stdout, done.stderr)
+        assert message in done.stderr and done.stderr.count("\n") == 1, (argv, done.stderr)
+
+
+def test_the_targets_are_listed_without_importing_their_module():
+    from superopt import available_targets
+    from superopt.cli import target_names
+    assert target_names() == available_targets()
+
+
+def test_an_executor_that_cannot_start_is_one_line(monkeypatch, capsys):
+    """$SUPEROPT_EXECUTOR=ray without Ray, or its cluster unreachable: one line (workers.ExecutorError), status 1."""
+    from superopt import cli, workers
+
+    def unreachable(args, **kwargs):
+        raise workers.ExecutorError("superopt: cannot connect to the Ray cluster at RAY_ADDRESS=x (...)")
+    monkeypatch.setattr(cli, "_compile", unreachable)
+    assert main(["optimize", "superopt.workloads:reassoc_chain"]) == 1
+    assert capsys.readouterr().err == "superopt: cannot connect to the Ray cluster at RAY_ADDRESS=x (...)\n"

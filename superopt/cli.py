@@ -120,15 +120,16 @@ def _verdict(result) -> tuple:
 def _check_results(rules, examples: int, jobs: int):
     """(status, cases, detail) for each rule, in order, as soon as it and the rules before it are done.
     The rules are independent and the checker is single-threaded numpy, so they are spread over worker
-    processes; the workers come from a fork server that has the checker imported, since forking a process
-    that has started JAX's threads can deadlock."""
+    processes, each a fresh interpreter (`spawn`): forking a process that has started JAX's or egglog's
+    threads can deadlock."""
     jobs = min(jobs, len(rules))
     if jobs <= 1:   # no process to start for one rule; also checks rules registered at run time
         for r in rules:
             yield _verdict(checker.check_rule(r, examples=examples))
         return
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["superopt.rewrites.checker", "superopt.rulesets"])
+    # fresh interpreters: a fork server that has imported the rule sets has egglog's thread pool, which its
+    # forked workers lack, and a worker dropping an e-graph (the fact checks) waited on it forever
+    ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         futures = [pool.submit(_check_one, r.ruleset, r.name, examples) for r in rules]
         try:

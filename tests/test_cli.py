@@ -483,3 +483,14 @@ def test_an_executor_that_cannot_start_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_compile", unreachable)
     assert main(["optimize", "superopt.workloads:reassoc_chain"]) == 1
     assert capsys.readouterr().err == "superopt: cannot connect to the Ray cluster at RAY_ADDRESS=x (...)\n"
+
+
+@pytest.mark.slow
+def test_rules_check_on_worker_processes_checks_rules_guarded_by_facts():
+    """Found running `rules check --thorough`: with two workers it hung for good at the first rule guarded by
+    a fact. The workers were forked from a fork server that had imported the rule sets (and egglog's thread
+    pool with them); a worker dropping the e-graph of the fact checks waited on pool threads it did not have."""
+    done = subprocess.run([sys.executable, "-m", "superopt", "rules", "check", "--examples", "3", "--jobs", "2",
+                           "exp-of-log-of-nonneg", "abs-of-nonneg"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "checked 2 rules on 6 cases: all sound" in done.stdout, done.stdout[-2000:]

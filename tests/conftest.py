@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -11,6 +13,7 @@ settings.load_profile("superopt")
 
 # A developer's `superopt calibrate` must not change what the tests see: calibrations go to a fresh place.
 os.environ["SUPEROPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="superopt-test-cache-")
+atexit.register(shutil.rmtree, os.environ["SUPEROPT_CACHE_DIR"], ignore_errors=True)   # left behind: one per run
 
 
 @pytest.fixture(autouse=True)

@@ -287,11 +287,10 @@ def check_derivatives(program, target: str, backend: str, draw) -> None:
                              else "reverse")] += 1
 
 
-# Every target on the JAX backend. Not yet the other backends, for two open faults in superopt/backends.py
-# that tests/test_regressions.py holds (strict xfails, so that a fix shows): the NPU emulator's program does
-# not carry the rules (`test_the_npu_emulator_keeps_custom_rules_under_a_trace`), and a kept original that
-# runs on Pallas kernels is differentiated through them and raises (`test_a_kept_original_on_pallas_*`).
-DIFFERENTIABLE = [(t, b) for t, b in COMBOS if b == "jax"]
+# Every target on every backend: the NPU emulator's program carries the user's rules under a trace
+# (`test_the_npu_emulator_keeps_custom_rules_under_a_trace`) and a kept original on Pallas runs as the user's
+# program (`test_a_kept_original_on_pallas_*`), the two faults that had kept this property on the JAX backend.
+DIFFERENTIABLE = list(COMBOS)
 
 
 def test_derivatives_of_programs_with_custom_rules_are_the_originals():

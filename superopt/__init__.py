@@ -8,6 +8,7 @@ The names below load at their first use: importing a module of the package (the 
 `superopt.cli`) does not import JAX, so a command refuses a bad argument before paying for it.
 """
 from importlib import import_module
+from importlib.util import find_spec
 
 _HOMES = {"superopt": "superopt.api", "Optimized": "superopt.api", "Limits": "superopt.egraph.limits",
           "StopReason": "superopt.egraph.limits", "available_targets": "superopt.extract.target",
@@ -22,6 +23,11 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     if not name.startswith("__"):
+        spec = find_spec(f"superopt.{name}")
+        if spec is not None and spec.submodule_search_locations is None:
+            # a module of the package (`from superopt import numerics`): itself, never the API first, which
+            # imports it back (a worker that unpickles a job from superopt.pipeline imports that first)
+            return import_module(f"superopt.{name}")
         # what `import superopt` loaded when it imported the API: `superopt.core.progress` after it
         import_module("superopt.api")
         if name in globals():

@@ -72,3 +72,15 @@ def test_the_check_catches_an_upward_lazy_import():
     assert _upward("superopt.core.verify", 'api = lazy.module("superopt.api")', layers)
     assert _upward("superopt.report", 'x = lazy.module("superopt.pipeline")', layers)
     assert not _upward("superopt.api", 'x = lazy.module("superopt.extract.greedy")', layers)
+
+
+def test_each_top_module_imports_first_in_a_fresh_interpreter():
+    """A worker process unpickles its job from superopt.pipeline, so that module is the first it imports.
+    `from superopt import numerics` there went through the package's lazy names, which imported the API
+    first, which imports the pipeline back: every worker died of the circular import."""
+    import subprocess
+    import sys
+    for module in ("superopt.pipeline", "superopt.segments", "superopt.backends"):
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, f"import {module}: {done.stderr[-1500:]}"

@@ -123,6 +123,7 @@ class Optimized:
         if self.memory_budget is not None and extractor != "greedy":
             raise ValueError(f"superopt: memory_budget works with the greedy extractor, not {extractor!r}")
         self.fn, self.target, self.verify = fn, target, verify
+        self._target = tgt   # loaded once: every specialization and its report use this one
         self.cache, self.executor = _cache_option(cache), executor
         executor_name(executor)   # an unknown executor fails here, listing the valid ones
         self.rulesets, self.limits = _schedule(rulesets), _limits(limits)
@@ -347,7 +348,7 @@ class Optimized:
         if not any(isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)) for x in leaves):
             example = [jax.random.key_data(leaves[k]) if n in in_keys else leaves[k] for n, k in enumerate(positions)]
         store = open_store(self.cache)   # JAX's own compilation cache is the user's to turn on (superopt/cache.py)
-        spec = optimize(program, tuple(abstract), self.target, self.rulesets, self.limits, self.verify,
+        spec = optimize(program, tuple(abstract), self._target, self.rulesets, self.limits, self.verify,
                         self.extractor, self.backend, self.memory_budget, self.numerics, self.precision,
                         example=example, store=store, executor=self.executor, tune=self.tune)
         if store is None and refused(self.cache):

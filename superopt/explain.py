@@ -149,7 +149,7 @@ def _launch_lines(rows: list[Launch], width: int = 90) -> list[str]:
 def programs(spec, alts: list[Alternative]) -> list[tuple[str, Alternative]]:
     """The list `explain` prints: the program that runs first (the chosen one, or the original where it was
     kept), priced as its table is, then the other programs of `alts` cheapest first, each with its label."""
-    target = load_target(spec.report.target)
+    target = spec.report.target_spec or load_target(spec.report.target)
     rows = launches(spec.term, target)
     runs = Alternative(sum(r.seconds for r in rows), len(rows), spec.term, _ops(rows))
     label = "the original, kept" if not spec.report.optimized else \
@@ -161,7 +161,7 @@ def programs(spec, alts: list[Alternative]) -> list[tuple[str, Alternative]]:
 def explain(spec, alts: list[Alternative] = ()) -> str:
     """The explanation of one specialization (`Optimized.compile(...)`'s result) as text."""
     report = spec.report
-    target = load_target(report.target)
+    target = report.target_spec or load_target(report.target)
     before, after = launches(spec.original, target), launches(spec.term, target)
     lines = [f"superopt explain (target {report.target})",
              f"  outcome     : {report.outcome}",

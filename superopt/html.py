@@ -183,7 +183,7 @@ def render(spec, title: str, timeline_png: str | None = None, note: str = "", us
            explanation: str = "") -> str:
     """The page for one specialization (`Optimized.compile(...)`'s result) as an HTML string."""
     report = spec.report
-    target = load_target(report.target)
+    target = report.target_spec or load_target(report.target)
     before, after = launches(spec.original, target), launches(spec.term, target)
     svg_before, how = graph_svg(spec.original, use_dot, "before")
     svg_after, _ = graph_svg(spec.term, use_dot, "after")

@@ -40,7 +40,7 @@ from superopt.extract.errors import ExtractionError
 from superopt.extract.extraction import Extraction, as_run, program_cost
 from superopt.extract.memory import peak_memory
 from superopt.extract.models.breakdown import Breakdown
-from superopt.extract.target import load_target
+from superopt.extract.target import Target, load_target
 from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.hlo import executable
 from superopt.lowering.jax import inlined, lower
@@ -383,7 +383,7 @@ def user_program(captured: Captured) -> Callable:
 
 # ---- the pipeline ----
 
-def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, check_results: bool,
+def optimize(fn: Callable, args: tuple, target: "Target | str", rulesets, limits: Limits, check_results: bool,
              extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None,
              numerics: str = "strict", precision: str | None = None, example=None, store=None,
              executor: str | None = None, tune: bool = False) -> Specialization:
@@ -391,8 +391,9 @@ def optimize(fn: Callable, args: tuple, target: str, rulesets, limits: Limits, c
     be abstract (`jax.ShapeDtypeStruct` leaves); `example`, the call's concrete flat arguments where
     there are some, is one more input the NPU program is checked on. `store` is the persistent cache
     (superopt/cache.py; None: none), `executor` where distinct segments are optimized (superopt/workers.py).
-    `tune`: a verified program is also timed against the original on this machine (`measured`)."""
-    tgt = load_target(target)
+    `tune`: a verified program is also timed against the original on this machine (`measured`). `target`: as
+    `superopt()` loaded it, or a name."""
+    tgt = target if isinstance(target, Target) else load_target(target)
     spec = _jax_specialization(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics,
                                store, executor, tune, guard=backend == "jax")
     if backend != "jax" and (spec.original.hidden_outputs or spec.report.kind is Outcome.KEPT_WHOLE):
@@ -632,7 +633,7 @@ def _specialization(captured: Captured, search: Search, timer: Stages, run: RunR
 def _as_captured(captured: Captured, tgt, numerics: str, timer: Stages, reason: str) -> Specialization:
     """The user's program as captured, unpriced and unsearched, with `reason` in its report."""
     ops = captured.graph.op_counts()
-    report = Report(tgt.name, RunReport(StopReason.SATURATED), kind=Outcome.KEPT_WHOLE, reason=reason,
+    report = Report(tgt.name, RunReport(StopReason.SATURATED), kind=Outcome.KEPT_WHOLE, reason=reason, target_spec=tgt,
                     numerics=numerics, ops_before=ops, ops_after=ops, stage_seconds=timer.seconds)
     return Specialization(user_program(captured), report, captured.graph, captured.graph, captured.out_tree,
                           captured.in_avals, reference=reference_program(captured),
@@ -917,6 +918,7 @@ def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reas
     if outcome is Outcome.TIME_LIMIT:
         run.stop_reason = StopReason.TIME_LIMIT
     report = Report(tgt.name, run, cost_before=cost_before, cost_after=cost_before, kind=outcome, reason=reason,
+                    target_spec=tgt,
                     ops_before=original.op_counts(), numerics=numerics, left_out=left_out,
                     overflow_rewrites=numerics_mode.overflow_rewrites(schedule, run.fired),
                     stage_seconds=stage_seconds)

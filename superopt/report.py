@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from superopt.egraph.limits import RunReport, StopReason
 
@@ -84,7 +85,7 @@ def _fmt_time(seconds: float) -> str:
 
 @dataclass
 class Report:
-    target: str
+    target: str                    # the target's name
     run: RunReport
     cost_before: float = 0.0       # model seconds per call, original program
     cost_after: float = 0.0        # model seconds per call, chosen program
@@ -97,6 +98,8 @@ class Report:
     top_costs: list = field(default_factory=list)  # (cost, description) of the chosen program's costliest ops
     declined: list = field(default_factory=list)   # larger fusions that were available, and why they lost
     backend: str = "jax"           # what runs the program
+    target_spec: Any = None        # the Target the program was chosen for (extract/target.py), as the call loaded
+                                   # it: explain and html read its cost model without loading the target again
     npu_lines: list = field(default_factory=list)  # the NPU program's stages and emulated cycles
     npu_cycles: tuple = ()         # (cycles, the original program's cycles) of the NPU program's estimate
     gradient_traffic: tuple = ()   # (before, after) extract.traffic.Traffic, when the program has gradients

@@ -77,3 +77,24 @@ def test_the_elementwise_rate_is_bounded_by_what_the_machine_can_do(monkeypatch)
     n = 1024 * 1024 // 4
     assert m.figures["peak_flops"] == min(2.0 * calibrate.CHAIN * n / (times["chain"] / 2), m.figures["matrix_flops"])
     assert m.figures["peak_flops"] <= m.figures["matrix_flops"]
+
+
+def test_superopt_loads_its_target_once_and_the_report_keeps_it(monkeypatch):
+    """The target travels as the Target `superopt()` loaded: no specialization loads it again, and the
+    report holds it for explain and html."""
+    import numpy as np
+    from superopt import api, pipeline, superopt as so
+    from superopt.extract import target as target_module
+    loads = []
+
+    def counting(name):
+        loads.append(name)
+        return target_module.load_target(name)
+    monkeypatch.setattr(api, "load_target", counting)
+    monkeypatch.setattr(pipeline, "load_target", counting)
+    fast = so(lambda x: x * 2.0 + 1.0, target="cpu", cache=False)
+    fast(np.ones(4, np.float32))
+    first = fast.report.target_spec
+    fast(np.ones((2, 3), np.float32))
+    assert loads == ["cpu"]
+    assert first is fast.report.target_spec and first.name == fast.report.target == "cpu"

@@ -71,6 +71,8 @@ of ordinary size (l = 2**-126), which is what elements too small to matter can d
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 
 import ml_dtypes
@@ -208,16 +210,71 @@ def exponent(*graphs: Graph) -> int | None:
 
 
 def worth_trying(graph: Graph) -> bool:
-    """Whether a guarded program may pay for `graph`: it is bounded (`exponent`) and has a sum or a matrix
-    product, which "reals" rules re-associate or factor."""
+    """Whether a guarded program may pay for `graph`: some result of it is computed by ops the analysis bounds
+    (`exponent`) and has a sum or a matrix product, which "reals" rules re-associate or factor. The other
+    results (a sort, a loop, a cumsum beside it) do not stop it: a guarded program bounds only the results
+    its search changed (`changed_results`)."""
     flat = unfused(graph)
-    ops = flat.op_counts()
-    if "matmul" not in ops and "reduce_sum" not in ops:
-        return False
-    try:
-        return _states(flat, MIN_EXPONENT)
-    except _Unbounded:
-        return False
+    for k in range(len(flat.outputs)):
+        part = results_only(flat, [k])
+        ops = part.op_counts()
+        if "matmul" not in ops and "reduce_sum" not in ops:
+            continue
+        try:
+            if _states(part, MIN_EXPONENT):
+                return True
+        except _Unbounded:
+            continue
+    return False
+
+
+def results_only(graph: Graph, results: list[int]) -> Graph:
+    """`graph` computing only the results at positions `results` (its other nodes are not live)."""
+    return dataclasses.replace(graph, outputs=[graph.outputs[k] for k in results])
+
+
+def changed_results(before: Graph, after: Graph) -> list[int]:
+    """The positions of the results `after` computes otherwise than `before` does: all but those whose whole
+    computation is the same ops on the same operands in both (kernels unfused; constants by their values;
+    arguments and opaque primitives by identity). What both compute alike needs no bound: a guarded program
+    runs it as the original does."""
+    graphs = [unfused(before), unfused(after)]
+    if len(graphs[0].outputs) != len(graphs[1].outputs):
+        return list(range(len(graphs[1].outputs)))
+    keys: list[dict] = [{}, {}]
+
+    def key(g: int, i: int):
+        graph, memo = graphs[g], keys[g]
+        if i in memo:
+            return memo[i]
+        for j in sorted(_cone(graph, i)):   # operands first (a node's operands come before it), no recursion
+            if j in memo:
+                continue
+            node = graph.nodes[j]
+            if node.op == "const":
+                attrs = (_digest(graph.consts[node.attrs[0]]),)
+            elif node.op == "opaque":
+                attrs = (id(graph.opaque[node.attrs[0]]), node.attrs[1])
+            else:
+                attrs = node.attrs
+            memo[j] = (node.op, attrs, node.shape, node.dtype, tuple(memo[c] for c in node.inputs))
+        return memo[i]
+    return [k for k, (a, b) in enumerate(zip(graphs[0].outputs, graphs[1].outputs)) if key(0, a) != key(1, b)]
+
+
+def _cone(graph: Graph, i: int) -> set[int]:
+    seen, stack = set(), [i]
+    while stack:
+        j = stack.pop()
+        if j not in seen:
+            seen.add(j)
+            stack.extend(graph.nodes[j].inputs)
+    return seen
+
+
+def _digest(array) -> tuple:
+    a = np.ascontiguousarray(array)
+    return (a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest())
 
 
 def checked_args(*graphs: Graph) -> tuple[int, ...]:

@@ -586,11 +586,16 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
     # the program the search started from computes the original's intermediates (a loop batched or written out,
     # rows re-rolled: the same values, sums in another order), which the bound reads where the original's loops
     # are opaque to it
-    exponent = guarding.exponent(program, fast.graph) if captured.traced is not None else \
-        guarding.exponent(original, program, fast.graph)
-    if not reals or exponent is None:
+    # only the results the search changed need the bound: the others (a sort, a loop beside the sum) are the
+    # same ops in both programs
+    changed = guarding.changed_results(program, fast.graph)
+    if not reals or not changed:
         return strict
-    args = guarding.checked_args(original, fast.graph)
+    parts = [guarding.results_only(g, changed) for g in (original, program, fast.graph)]
+    exponent = guarding.exponent(*parts[1:]) if captured.traced is not None else guarding.exponent(*parts)
+    if exponent is None:
+        return strict
+    args = guarding.checked_args(parts[0], parts[2])
     graph = dataclasses.replace(fast.graph, guard=Guard(exponent, args, program))
     check = program_cost(guard_check(graph), tgt)[0]
     if not fast.cost + check < strict.cost * (1 - MIN_PREDICTED_GAIN):

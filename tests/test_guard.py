@@ -319,3 +319,39 @@ def test_no_guard_under_fast_numerics_or_on_another_backend(numerics, target, ba
     fast = superopt(sum_of_outer, target=target, backend=backend, numerics=numerics, cache=False)
     fast(u, u)
     assert "guarded" not in fast.report.extraction
+
+
+_BESIDE = {   # sum(a @ b), which only a guarded program re-associates, beside a result the guard cannot bound
+    "cumsum": lambda a, b, v: (jnp.sum(a @ b), jnp.cumsum(v)),
+    "sort": lambda a, b, v: (jnp.sum(a @ b), jnp.sort(v)),
+    "fori_loop": lambda a, b, v: (jnp.sum(a @ b), jax.lax.fori_loop(0, 20, lambda i, c: c * 0.5 + jnp.tanh(c), v)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beside", sorted(_BESIDE))
+def test_a_result_the_guard_cannot_bound_does_not_turn_the_guard_off(beside):
+    """Issue 54: one opaque result (a cumsum, a sort, a loop) beside `sum(a @ b)` made the whole program
+    "kept original". The guard now bounds only the results the search changed; the others are the same ops in
+    both programs, and the arguments only they read are not checked. Values: jax.jit's, within the sum's
+    re-ordered bound where the check passes, exactly where it fails (an infinite element of `a`)."""
+    program = _BESIDE[beside]
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal(64).astype(np.float32)
+    fast = superopt(program, target="cpu", cache=False)
+    fast(a, b, v)
+    assert "guarded" in fast.report.extraction and "arguments 0, 1 is" in fast.report.extraction, \
+        fast.report.extraction
+    ref = jax.jit(program)
+    (bound,) = verify.reordered_sum_bound(capture(lambda a, b: jnp.sum(a @ b), (a, b)).graph, [a, b])
+    v_inf = v.copy()
+    v_inf[3] = np.inf                                         # read only by the result the guard leaves alone
+    for args in ((a, b, v), (a, b, v_inf)):
+        got, want = fast(*args), ref(*args)
+        assert abs(float(got[0]) - float(want[0])) <= bound
+        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+    bad = a.copy()
+    bad[5, 7] = np.inf                                        # the check fails: the original runs
+    for g, w in zip(fast(bad, b, v), ref(bad, b, v)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

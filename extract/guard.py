@@ -72,7 +72,6 @@ of ordinary size (l = 2**-126), which is what elements too small to matter can d
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 
 import ml_dtypes
@@ -81,6 +80,7 @@ import numpy as np
 from superopt.core.dtypes import is_float
 from superopt.core.ir import Graph, Node, unfused
 from superopt.core.reference import constant_values
+from superopt.core.serial import array_digest
 
 # The least exponent worth a check: with a range below 2**8, data of ordinary scale (activations and counts in
 # the hundreds) would fail it and the original would run after it.
@@ -241,40 +241,22 @@ def changed_results(before: Graph, after: Graph) -> list[int]:
     graphs = [unfused(before), unfused(after)]
     if len(graphs[0].outputs) != len(graphs[1].outputs):
         return list(range(len(graphs[1].outputs)))
-    keys: list[dict] = [{}, {}]
-
-    def key(g: int, i: int):
-        graph, memo = graphs[g], keys[g]
-        if i in memo:
-            return memo[i]
-        for j in sorted(_cone(graph, i)):   # operands first (a node's operands come before it), no recursion
-            if j in memo:
-                continue
+    ids: dict[tuple, int] = {}   # one number per distinct computation, shared by both graphs (hash-consing)
+    numbered = []
+    for graph in graphs:
+        number: dict[int, int] = {}
+        for j in graph.live():   # operands before their users
             node = graph.nodes[j]
             if node.op == "const":
-                attrs = (_digest(graph.consts[node.attrs[0]]),)
+                attrs = (array_digest(graph.consts[node.attrs[0]]),)
             elif node.op == "opaque":
                 attrs = (id(graph.opaque[node.attrs[0]]), node.attrs[1])
             else:
                 attrs = node.attrs
-            memo[j] = (node.op, attrs, node.shape, node.dtype, tuple(memo[c] for c in node.inputs))
-        return memo[i]
-    return [k for k, (a, b) in enumerate(zip(graphs[0].outputs, graphs[1].outputs)) if key(0, a) != key(1, b)]
-
-
-def _cone(graph: Graph, i: int) -> set[int]:
-    seen, stack = set(), [i]
-    while stack:
-        j = stack.pop()
-        if j not in seen:
-            seen.add(j)
-            stack.extend(graph.nodes[j].inputs)
-    return seen
-
-
-def _digest(array) -> tuple:
-    a = np.ascontiguousarray(array)
-    return (a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest())
+            number[j] = ids.setdefault((node.op, attrs, node.shape, node.dtype,
+                                        tuple(number[c] for c in node.inputs)), len(ids))
+        numbered.append([number[o] for o in graph.outputs])
+    return [k for k, (a, b) in enumerate(zip(*numbered)) if a != b]
 
 
 def checked_args(*graphs: Graph) -> tuple[int, ...]:

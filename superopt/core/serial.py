@@ -100,6 +100,12 @@ def _from_array(d: dict) -> np.ndarray:
     return np.frombuffer(data, dtype=np.dtype(d["dtype"])).reshape(tuple(d["shape"])).copy()
 
 
+def array_digest(value) -> str:
+    """An array's dtype, shape and the sha256 of its bytes: equal digests, equal arrays."""
+    a = np.ascontiguousarray(np.asarray(value))
+    return f"{a.dtype.str}{list(a.shape)}:{hashlib.sha256(a.tobytes()).hexdigest()}"
+
+
 def _param_text(value, owner: str) -> str:
     """A canonical text of one param of an opaque primitive: equal texts, equal params. `NotSerializable` for
     a value that is not data (a callable, an object that prints its address)."""
@@ -122,8 +128,7 @@ def _param_text(value, owner: str) -> str:
     if isinstance(value, dict) or type(value).__name__ == "FrozenDict":
         return "{" + ",".join(f"{k!r}:{_param_text(v, owner)}" for k, v in sorted(value.items())) + "}"
     if isinstance(value, (np.ndarray, np.generic)) or type(value).__module__.startswith("jaxlib"):
-        a = np.asarray(value)
-        return f"array:{a.dtype.str}{list(a.shape)}:{hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}"
+        return f"array:{array_digest(value)}"
     if isinstance(value, jcore.ClosedJaxpr):
         return "closed(" + _jaxpr_text(value.jaxpr, owner) + ";" + \
             ",".join(_param_text(c, owner) for c in value.consts) + ")"

@@ -67,10 +67,11 @@ class Captured:
     jaxpr: Any = None        # the ClosedJaxpr of the flat function traced (the reference program is built
                              # from it: fn is not traced again)
     kept_whole: str = ""     # why the program is one opaque node the optimizer must not change, or ""
-    traced: Graph | None = None   # the program as traced, where `graph` is it re-rolled (superopt/reroll.py) or its
-                                  # loops vectorized (superopt/loops.py): what the optimized program is priced
-                                  # and reported against
+    traced: Graph | None = None   # the program as traced, where `graph` is it re-rolled (superopt/reroll.py), its
+                                  # loops vectorized (superopt/loops.py) or their bodies optimized
+                                  # (superopt/regions.py): what the optimized program is priced and reported against
     vectorized: str = ""          # what superopt/loops.py did to the loops of `graph`, in words
+    rerolled: str = ""            # what superopt/reroll.py did to its loops over rows, in words
 
 
 class KeepWhole(Exception):

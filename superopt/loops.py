@@ -17,7 +17,8 @@ body's jaxpr:
   updates (in row order), `init[lo + L:]`.
 
 Anything else (a carry read whole, a value carried from one iteration to the next, effects) leaves the
-loop as it is, unless it has at most `UNROLL` iterations: then it is written out, iteration after
+loop as it is (its body is searched on its own: superopt/regions.py), unless it has at most `UNROLL` iterations
+of a short body (`UNROLL_EQUATIONS`): then it is written out, iteration after
 iteration (the same ops in the same order), so that algebra across iterations can fire (a Horner
 recurrence becomes one fused polynomial). Where every carry is one of these, the body runs once, under `jax.vmap` over the iteration
 index: the counters as the vector of their values, xs as they are, each row read of a loop-invariant array
@@ -42,7 +43,9 @@ from jax.extend import core as jcore
 from superopt.core.ir import Graph, Node
 
 MAX_PASSES = 3          # nested loops: the batched body of an outer loop may hold an inner loop to vectorize
-UNROLL = 8              # a loop of at most this many iterations that does not vectorize is written out
+UNROLL = 8              # a loop of at most this many iterations that does not vectorize is written out,
+UNROLL_EQUATIONS = 128  # where its iterations written out come to at most this many equations: a long body (a
+#                         layer of a scanned stack) is searched once as a body instead (superopt/regions.py)
 
 
 class _Unsupported(Exception):
@@ -96,7 +99,7 @@ def _plan(params: dict, known: list) -> _Plan:
     nc, nk, length = params["num_consts"], params["num_carry"], params["length"]
     if params["jaxpr"].jaxpr.effects or length < 1:
         raise _Unsupported("effects")
-    closed = _inlined(params["jaxpr"])
+    closed = inlined_calls(params["jaxpr"])
     jaxpr = closed.jaxpr
     kvars, kouts = jaxpr.invars[nc:nc + nk], jaxpr.outvars[:nk]
     producer = {v: e for e in jaxpr.eqns for v in e.outvars}
@@ -180,7 +183,7 @@ def _plan(params: dict, known: list) -> _Plan:
 _CALLS = ("pjit", "jit", "closed_call", "core_call")
 
 
-def _inlined(closed):
+def inlined_calls(closed):
     """`closed` traced again with its `jit` calls (jnp.where is one) inlined, so the patterns above see the
     equations inside them."""
     if not any(e.primitive.name in _CALLS for e in closed.jaxpr.eqns):
@@ -201,7 +204,7 @@ def _inlined(closed):
             env.update(zip(e.outvars, out))
         return [read(v) for v in jaxpr.outvars]
 
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type) for v in closed.jaxpr.invars]
     return jax.make_jaxpr(lambda *a: run(closed.jaxpr, closed.consts, *a))(*avals)
 
 
@@ -499,7 +502,9 @@ def _one_pass(graph: Graph) -> tuple[Graph, list[str]]:
         try:
             lifted, kind = _lifted(_plan(op.params, known)), "batched"
         except _Unsupported:
-            if op.params["length"] > UNROLL or op.params["jaxpr"].jaxpr.effects:
+            body = op.params["jaxpr"].jaxpr
+            if (op.params["length"] > UNROLL or body.effects
+                    or op.params["length"] * len(body.eqns) > UNROLL_EQUATIONS):
                 continue
             lifted, kind = _unrolled(op.params, known), "unrolled"
         avals = tuple(jax.ShapeDtypeStruct(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs)

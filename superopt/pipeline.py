@@ -47,6 +47,7 @@ from superopt.lowering.jax import inlined, lower
 from superopt.report import Outcome, Report
 from superopt.extract.loops import loop_notes
 from superopt.loops import vectorize, vectorized_note
+from superopt import regions
 from superopt.reroll import reroll, rerolled_note
 from superopt.reuse import (
     combined_run,
@@ -424,10 +425,18 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
         if done:
             captured = dataclasses.replace(captured, graph=lifted, traced=captured.graph,
                                            vectorized=vectorized_note(done))
+    if not (captured.kept_whole or captured.graph.hidden_outputs) and any(op.name in regions.BODIES
+                                                                          for op in captured.graph.opaque):
+        body = _body_optimizer(tgt, rulesets, limits, check_results, extractor, numerics, store, executor, guard)
+        searched, names, fired = timer("bodies", regions.optimized_bodies, captured.graph, body)
+        if names:
+            note = "; ".join(filter(None, [captured.vectorized, regions.bodies_note(names, fired)]))
+            captured = dataclasses.replace(captured, graph=searched, traced=traced(captured), vectorized=note)
     if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
         rolled, loops = timer("reroll", reroll, captured.graph)
         if loops:
-            captured = dataclasses.replace(captured, graph=rolled, traced=traced(captured))
+            captured = dataclasses.replace(captured, graph=rolled, traced=traced(captured),
+                                           rerolled=rerolled_note(captured.graph, rolled))
     schedule, left_out = schedule_of(rulesets, numerics, tgt.kind)
     # the rules strict leaves out are the "reals" ones a guarded program's search adds
     guarded = schedule_of(rulesets, "fast", tgt.kind)[0] if guard and numerics == "strict" and left_out else None
@@ -465,6 +474,21 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     elif uncached:
         spec.report.cache = f"not stored ({uncached})"
     return spec
+
+
+def _body_optimizer(tgt, rulesets, limits: Limits, check_results: bool, extractor: str, numerics: str, store,
+                    executor: str | None, guard: bool) -> Callable:
+    """What optimizes a loop's or branch's body (superopt/regions.py): the pipeline of the program around it,
+    on the body as a program of its own (its own cache entry, its own verification), with no memory budget
+    (a budget is the whole program's): the body's program traced back to a jaxpr (None where it is kept), and
+    the rules that fired."""
+    def optimize(closed):
+        spec = _jax_specialization(regions.as_function(closed), regions.avals_of(closed), tgt, rulesets, limits,
+                                   check_results, extractor, None, numerics, store, executor, guard=guard)
+        if spec.report.kind is not Outcome.OPTIMIZED:
+            return None, ()
+        return regions.retraced(spec.program, closed), tuple(spec.report.run.fired)
+    return optimize
 
 
 @dataclass(frozen=True)
@@ -928,8 +952,7 @@ def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reas
                     overflow_rewrites=numerics_mode.overflow_rewrites(schedule, run.fired),
                     stage_seconds=stage_seconds)
     report.loops = "; ".join(filter(None, [captured.vectorized, *loop_notes(original)]))
-    if captured.traced is not None:
-        report.rerolled = rerolled_note(captured.traced, captured.graph)
+    report.rerolled = captured.rerolled
     if chosen is not None:
         report.extraction, report.declined, report.memory_note = chosen.method, chosen.declined, chosen.memory
     runs = chosen.graph if chosen is not None and outcome is Outcome.OPTIMIZED else original

@@ -20,6 +20,10 @@ is priced as
   `dynamic_update_slice`, `scatter`), it moves that row, not the array: XLA updates a loop's carried
   buffers in place. Priced as opaque ops, a row loop's slice and update would move the whole array every
   iteration.
+- What a body computes from its loop invariants alone (its consts, the carries it passes on unchanged) is
+  priced once, not per iteration: XLA moves it out of the loop (its while-loop invariant code motion; a
+  `fori_loop` computing `h @ (w @ w.T)` ran at the price of one `w @ w.T` and 16 `h @ g`), as superopt's
+  loop pass does before the search (superopt/loops.py).
 - `scan`: trips = `length` (a `reverse` scan is the same); `unroll` = k runs k iterations per loop step, so
   the overhead is paid ceil(length / k) times (`unroll=True`: none). Per iteration it pays
   `Target.loop_iteration_overhead`.
@@ -91,20 +95,32 @@ def loop_price(loop: Opaque, target: Target) -> LoopPrice:
     p = loop.params
     inside = _inside(target)
     if loop.name == "cond":
-        body = max(_body_cost(branch, inside) for branch in p["branches"])
+        body = max(sum(_body_cost(branch, inside)) for branch in p["branches"])
         overhead = _figure(target.while_iteration_overhead, target)
         return LoopPrice("cond", 1, False, body, overhead, body + overhead)
     if loop.name == "scan":
         trips = int(p["length"])
         unroll = p.get("unroll", 1)
         steps = 0 if unroll is True else math.ceil(trips / max(1, int(unroll)))
-        body = _body_cost(p["jaxpr"], inside)
+        body, once = _body_cost(p["jaxpr"], inside, _invariant_args(p["jaxpr"], p["num_consts"], p["num_carry"]))
         overhead = steps * _figure(target.loop_iteration_overhead, target)
-        return LoopPrice("scan", trips, False, body, overhead, trips * body + overhead)
+        return LoopPrice("scan", trips, False, body, overhead, once + trips * body + overhead)
     trips = WHILE_TRIPS
-    body = _body_cost(p["body_jaxpr"], inside) + _body_cost(p["cond_jaxpr"], inside)
+    nc = p["body_nconsts"]
+    body, once = _body_cost(p["body_jaxpr"], inside, _invariant_args(p["body_jaxpr"], nc,
+                                                                     len(p["body_jaxpr"].jaxpr.invars) - nc))
+    condition, cond_once = _body_cost(p["cond_jaxpr"], inside, frozenset(range(p["cond_nconsts"])))
     overhead = trips * _figure(target.while_iteration_overhead, target)
-    return LoopPrice("while", trips, True, body, overhead, trips * body + overhead)
+    body += condition
+    return LoopPrice("while", trips, True, body, overhead, once + cond_once + trips * body + overhead)
+
+
+def _invariant_args(closed, nconsts: int, ncarry: int) -> frozenset:
+    """The body's arguments that are the same in every iteration: its consts, and the carries it passes on
+    unchanged."""
+    jaxpr = closed.jaxpr
+    return frozenset(range(nconsts)) | frozenset(nconsts + j for j in range(ncarry)
+                                                 if jaxpr.outvars[j] is jaxpr.invars[nconsts + j])
 
 
 def loop_notes(graph: Graph) -> list[str]:
@@ -191,34 +207,59 @@ def _body_graph(closed) -> Graph | None:
     return graph
 
 
-def _body_cost(closed, inside: Target) -> float:
-    """Seconds of one run of the body `closed` on the loop body's target `inside` (memoized)."""
-    key = (id(closed), id(inside))
+def _body_cost(closed, inside: Target, invariant: frozenset = frozenset()) -> tuple[float, float]:
+    """Seconds of one run of the body `closed` on the loop body's target `inside`: (what each iteration
+    computes, what only reads the `invariant` arguments, which XLA computes once, before the loop: its
+    while-loop invariant code motion). Memoized."""
+    key = (id(closed), id(inside), invariant)
     found = _costs.get(key)
     if found is not None and found[0] is closed and found[1] is inside:
         return found[2]
     graph = _body_graph(closed)
     if graph is None:
         ins, outs = _types(closed.jaxpr.invars), _types(closed.jaxpr.outvars)
-        seconds = op_cost("opaque", (0, 0), ins, outs[0] if outs else ((), "float32"), inside)
+        seconds = (op_cost("opaque", (0, 0), ins, outs[0] if outs else ((), "float32"), inside), 0.0)
     else:
-        seconds = _in_place_cost(graph, inside)
+        seconds = _in_place_cost(graph, inside, invariant)
     if len(_costs) >= MEMO_ENTRIES:
         _costs.clear()
     _costs[key] = (closed, inside, seconds)
     return seconds
 
 
-def _in_place_cost(graph: Graph, inside: Target) -> float:
-    """`program_cost` of a body, with each row read or write priced as moving the row (module doc): such
-    an opaque op is a kernel of its own in either path of program_cost, so its price is replaced whole.
-    Off a CPU (where program_cost prices each op as a kernel) a scalar op is free: XLA computes a body's
-    scalar index arithmetic (a fori_loop's `i < 0 ? i + n : i`) in the kernels that read it."""
+def _invariant_nodes(graph: Graph, invariant: frozenset) -> set[int]:
+    """The live nodes of a body computed from its `invariant` arguments, constants and literals alone."""
+    out: set[int] = set()
+    for i in graph.live():
+        node = graph.nodes[i]
+        if node.op == "arg":
+            fixed = node.attrs[0] in invariant
+        elif node.op == "opaque":
+            fixed = bool(node.inputs) and all(j in out for j in node.inputs) and not graph.opaque[node.attrs[0]].effectful
+        else:
+            fixed = all(j in out for j in node.inputs)
+        if fixed:
+            out.add(i)
+    return out
+
+
+def _in_place_cost(graph: Graph, inside: Target, invariant: frozenset = frozenset()) -> tuple[float, float]:
+    """`program_cost` of a body as (per iteration, once: `_body_cost`), with each row read or write priced as
+    moving the row (module doc): such an opaque op is a kernel of its own in either path of program_cost,
+    so its price is replaced whole. Off a CPU (where program_cost prices each op as a kernel) a scalar op is
+    free: XLA computes a body's scalar index arithmetic (a fori_loop's `i < 0 ? i + n : i`) in the kernels
+    that read it."""
     from superopt.extract.extraction import program_cost
     total, costs = program_cost(graph, inside)
+    fixed = _invariant_nodes(graph, invariant) if invariant else set()
+    once = 0.0
     for i, cost in zip(graph.live(), costs):
         node = graph.nodes[i]
         if cost == 0.0:
+            continue
+        if i in fixed:
+            total -= cost
+            once += cost
             continue
         if inside.kind != "cpu" and not node.shape and node.op not in ("opaque", "kernel"):
             total -= cost
@@ -236,4 +277,4 @@ def _in_place_cost(graph: Graph, inside: Target) -> float:
         else:
             continue
         total += op_cost("opaque", node.attrs, moved, row, inside) - cost
-    return total
+    return total, once

@@ -457,6 +457,56 @@ def _unrolled(params: dict, known: list):
     return run
 
 
+# Equations not worth moving out of a loop: XLA fuses them into their readers, so done once outside they only
+# cost the memory of their result.
+_CHEAP = ("broadcast_in_dim", "reshape", "convert_element_type", "squeeze", "expand_dims", "copy", "copy_p")
+
+
+def _hoisted(params: dict):
+    """The scan's outputs as a function of its operands with its loop-invariant work (equations of the consts
+    and of carries the body passes on unchanged) done once, before a scan of the rest: the same ops on the
+    same values, so the same results. XLA moves such work out of its loops too (its while-loop invariant
+    code motion); done here, the search sees it outside, priced once, and the body it searches is only what
+    each iteration computes (a rewrite of the body that pays off only if the invariant work ran every
+    iteration, such as re-associating h @ (w @ w.T), is not taken). _Unsupported where nothing but
+    `_CHEAP` equations is invariant."""
+    closed = inlined_calls(params["jaxpr"])
+    jaxpr, nc, nk = closed.jaxpr, params["num_consts"], params["num_carry"]
+    invars, outvars = jaxpr.invars, jaxpr.outvars
+    kept = {j for j in range(nk) if outvars[j] is invars[nc + j]}
+    hoisted, _ = _invariant_equations(jaxpr, set(invars[:nc]) | {invars[nc + j] for j in kept})
+    if not any(e.primitive.name not in _CHEAP for e in hoisted):
+        raise _Unsupported("no loop-invariant work")
+    moved = {id(e) for e in hoisted}
+    rest = [e for e in jaxpr.eqns if id(e) not in moved]
+
+    def evaluate(eqns, env):
+        read = lambda a: a.val if _literal(a) else env[a]   # noqa: E731
+        for e in eqns:
+            out = _bind(e, [read(a) for a in e.invars])
+            env.update(zip(e.outvars, out if e.primitive.multiple_results else [out]))
+        return read
+
+    def run(*operands):
+        consts, inits, xs = operands[:nc], operands[nc:nc + nk], operands[nc + nk:]
+        shared = dict(zip(jaxpr.constvars, closed.consts))
+        shared.update(zip(invars[:nc], consts))
+        shared.update({invars[nc + j]: inits[j] for j in kept})
+        evaluate(hoisted, shared)        # once
+
+        def step(carry, x):
+            env = dict(shared)
+            env.update(zip(invars[nc:nc + nk], carry))
+            env.update(zip(invars[nc + nk:], x))
+            read = evaluate(rest, env)
+            return [read(v) for v in outvars[:nk]], [read(v) for v in outvars[nk:]]
+
+        carry, ys = jax.lax.scan(step, list(inits), list(xs), length=params["length"], reverse=params["reverse"])
+        return list(carry) + list(ys)
+
+    return run
+
+
 def _bind(e, args: list):
     """Equation `e` bound on `args`, as `jax.core.eval_jaxpr` binds it (JAX releases differ in whether
     `get_bind_params` returns the sub-functions too)."""
@@ -503,10 +553,15 @@ def _one_pass(graph: Graph) -> tuple[Graph, list[str]]:
             lifted, kind = _lifted(_plan(op.params, known)), "batched"
         except _Unsupported:
             body = op.params["jaxpr"].jaxpr
-            if (op.params["length"] > UNROLL or body.effects
-                    or op.params["length"] * len(body.eqns) > UNROLL_EQUATIONS):
+            if body.effects:
                 continue
-            lifted, kind = _unrolled(op.params, known), "unrolled"
+            if op.params["length"] <= UNROLL and op.params["length"] * len(body.eqns) <= UNROLL_EQUATIONS:
+                lifted, kind = _unrolled(op.params, known), "unrolled"
+            else:
+                try:
+                    lifted, kind = _hoisted(op.params), "hoisted"
+                except _Unsupported:
+                    continue
         avals = tuple(jax.ShapeDtypeStruct(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs)
         try:
             sub = capture(lifted, avals, keep_whole=False).graph
@@ -572,7 +627,8 @@ def _inline(out: Graph, sub: Graph, ins: list, opaque_index: dict, graph: Graph)
 
 def vectorized_note(kinds: list[str]) -> str:
     """The report's words for what was done to the program's loops before the search."""
-    batched, unrolled = kinds.count("batched"), kinds.count("unrolled")
+    batched, unrolled, hoisted = kinds.count("batched"), kinds.count("unrolled"), kinds.count("hoisted")
     parts = ([f"{batched} with independent iterations batched"] if batched else []) + \
-        ([f"{unrolled} short one{'s' if unrolled != 1 else ''} written out"] if unrolled else [])
+        ([f"{unrolled} short one{'s' if unrolled != 1 else ''} written out"] if unrolled else []) + \
+        ([f"{hoisted} with loop-invariant work moved out"] if hoisted else [])
     return f"loops before the search: {'; '.join(parts)}"

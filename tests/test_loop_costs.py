@@ -118,3 +118,13 @@ def test_cond_is_its_costliest_branch(target):
     per_iteration = (1.5 * heavy + tgt.while_iteration_overhead + tgt.loop_iteration_overhead
                      + 4 * tgt.loop_launch_overhead)
     assert 0.9 * 10 * heavy <= looped < 10 * per_iteration
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_loop_invariant_work_is_priced_once(target):
+    """XLA moves work that reads only loop invariants out of the loop: w @ w.T costs once, not per trip."""
+    once = cost(lambda c, w: lax.fori_loop(0, 50, lambda _, c: jnp.tanh(c @ (w @ w.T)), c), X[:8], W,
+                target=target)
+    hoisted = cost(lambda c, w: lax.fori_loop(0, 50, lambda _, c, g=None: jnp.tanh(c @ w), c), X[:8], W,
+                   target=target) + cost(lambda w: w @ w.T, W, target=target)
+    assert 0.8 < once / hoisted < 1.25, once / hoisted

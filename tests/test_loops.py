@@ -195,3 +195,22 @@ def test_a_short_matrix_power_loop_is_re_associated_behind_the_guard_under_stric
     assert "written out" in fast.report.loops
     big = a.at[0, 0].set(1e30)   # past the guard's bound: the original runs, bit for bit
     np.testing.assert_array_equal(np.asarray(fast(big)), np.asarray(jax.jit(power)(big)))
+
+
+def test_loop_invariant_work_is_moved_out_with_the_loops_values():
+    def gram(h, w, b):   # w @ w.T and exp(b) read only loop invariants; h is carried
+        return lax.fori_loop(0, 12, lambda _, h: jnp.tanh(h @ (w @ w.T) + jnp.exp(b)), h)
+    args = (X[:4], M / 4, W)
+    graph, done = vectorize(capture(gram, args).graph)
+    assert done == ["hoisted"]
+    (loop,) = [op for op in graph.opaque if op.name == "scan"]
+    assert not any(e.primitive.name == "exp" for e in loop.params["jaxpr"].jaxpr.eqns)
+    assert sum(graph.nodes[i].op in ("matmul", "exp") for i in graph.live()) == 2   # outside the loop now
+    for g, w in zip(lower(graph)(*args), jax.tree_util.tree_leaves(jax.jit(gram)(*args)), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_a_loop_with_only_cheap_invariant_work_stays_as_it_is():
+    fn = lambda h, b: lax.fori_loop(0, 12, lambda _, h: jnp.tanh(h + b.reshape(1, -1)), h)   # noqa: E731
+    graph, done = vectorize(capture(fn, (X[:4], W)).graph)
+    assert done == []

@@ -164,7 +164,8 @@ class _Builder:
         scope = dict(_NAMESPACE)
         structs = [jax.ShapeDtypeStruct(v.shape, jnp.dtype(v.dtype)) for v in operands]
         names = [v.name for v in operands]
-        out = jax.eval_shape(lambda *xs: eval(expression, scope, dict(zip(names, xs))), *structs)
+        # the values as globals of the expression: a loop's lambda reads them as a closure does
+        out = jax.eval_shape(lambda *xs: eval(expression, {**scope, **dict(zip(names, xs))}), *structs)
         v = Value(name, tuple(out.shape), str(jnp.dtype(out.dtype)))
         if v.size > MAX_ELEMENTS:
             return None
@@ -402,6 +403,66 @@ class _Builder:
         return self.emit(self.draw(st.sampled_from(_OPAQUE)).format(x=x.name), [x])
 
     # ---- the ops of the kinds ----
+    def loop(self):
+        """A loop or a branch (`_LOOP_FORMS`) whose body is elementwise ops of its carry and what it reads:
+        a scan with a carry and ys (reversed or not), a fori_loop carrying a value from one iteration to the
+        next, a row loop writing `.at[i].set`, a while loop with a counter, a fori_loop carrying a float and
+        an integer, a cond, a switch of three branches, and a loop nested in a loop. Trip counts of 1, 3, 9
+        and 12 (short loops are written out, long ones stay loops whose bodies are searched)."""
+        form = self.draw(st.sampled_from(_LOOP_FORMS))
+        x = self.operand(min_rank=1 if form in ("scan", "rows") else 0)
+        floats = is_float(x.dtype)
+
+        def un(var: str) -> str:
+            template = self.draw(st.sampled_from(_FLOAT_UNARY if floats else _INT_UNARY))
+            return ("jnp.abs({x})" if "axis" in template else template).format(x=var)
+
+        def bi(a: str, b: str) -> str:
+            return self.draw(st.sampled_from(_FLOAT_BINARY if floats else _INT_BINARY)).format(x=a, y=b)
+
+        trips = self.draw(st.sampled_from((1, 3, 9, 12)))
+        y = self.partner(x)
+        if np.broadcast_shapes(y.shape, x.shape) != x.shape:
+            y = x                                   # what the body reads must not change the carry's shape
+        operands = [x] if y is x else [x, y]
+        if form == "scan":
+            init = self.new_arg(x.shape[1:], x.dtype)
+            reverse = ", reverse=True" if self.draw(st.booleans()) else ""
+            text = (f"lax.scan(lambda c, r: ({bi('c', un('r'))}, {un('c')}), {init.name}, {x.name}{reverse})"
+                    f"[{self.draw(st.integers(0, 1))}]")
+            operands = [x, init]
+        elif form == "fori":
+            text = f"lax.fori_loop(0, {trips}, lambda i, c: {bi(un('c'), y.name)}, {x.name})"
+        elif form == "rows":
+            text = (f"lax.fori_loop(0, {x.name}.shape[0], lambda i, c: c.at[i].set({un(x.name + '[i]')}), "
+                    f"jnp.zeros_like({x.name}))")
+        elif form == "while":
+            text = (f"lax.while_loop(lambda s: s[0] < {trips}, lambda s: (s[0] + 1, {bi(un('s[1]'), y.name)}), "
+                    f"(0, {x.name}))[1]")
+        elif form == "carries":
+            k = self.operand(dtypes=self.ints or INTS)
+            f, g = (x, k) if floats else (self.operand(dtypes=self.floats or FLOATS), x)
+            step = f"jnp.sum(s[1]).astype(s[0].dtype)"
+            floats = True
+            new_f = un("s[0]")
+            floats = False
+            text = (f"lax.fori_loop(0, {trips}, lambda i, s: ({new_f} + {step}, {un('s[1]')} + i.astype(s[1].dtype)), "
+                    f"({f.name}, {g.name}))[{self.draw(st.integers(0, 1))}]")
+            operands = [f, g]
+        elif form in ("cond", "switch"):
+            index = f"jnp.sum({x.name}) > 0" if form == "cond" else f"jnp.sum({x.name}).astype(jnp.int32) % 3"
+            branches = [f"lambda a: {un('a')}" for _ in range(2 if form == "cond" else 3)]
+            text = (f"lax.cond({index}, {branches[0]}, {branches[1]}, {x.name})" if form == "cond" else
+                    f"lax.switch({index}, [{', '.join(branches)}], {x.name})")
+        else:   # nested
+            inner = self.draw(st.sampled_from((1, 3, 9, 12)))
+            text = (f"lax.fori_loop(0, {trips}, lambda i, c: lax.fori_loop(0, {inner}, lambda j, d: "
+                    f"{bi(un('d'), 'c')}, c), {x.name})")
+        try:
+            return self.emit(text, operands)
+        except TypeError:   # a body whose result type is not its carry's (a promotion): drawn again
+            return None
+
     def wrap(self):
         """A product of integers near the square root of the dtype's largest value (int32: 46341 ** 2 is
         negative), half the time fed straight to an op whose range fact wraparound breaks."""
@@ -503,6 +564,9 @@ _INTEGER_OPS = (("wrap", 5), ("fact", 3), ("unary", 3), ("binary", 4), ("literal
                 ("slice", 1), ("concat", 1), ("convert", 1), ("iota", 1))
 _HISTOGRAM_OPS = (("histogram", 6), ("unary", 2), ("binary", 3), ("literal", 2), ("select", 1), ("matmul", 1),
                   ("reduce", 2), ("reshape", 1), ("slice", 1), ("concat", 1), ("convert", 1), ("opaque", 1))
+_LOOP_OPS = (("loop", 6), ("unary", 2), ("binary", 3), ("literal", 2), ("select", 1), ("matmul", 1),
+             ("reduce", 2), ("reshape", 1), ("convert", 1))
+_LOOP_FORMS = ("scan", "fori", "rows", "while", "carries", "cond", "switch", "nested")
 _CUSTOM_OPS = (("custom", 6), ("unary", 3), ("binary", 3), ("literal", 2), ("select", 1), ("matmul", 2),
                ("reduce", 2), ("transpose", 1), ("reshape", 1), ("broadcast", 1), ("slice", 1), ("concat", 1),
                ("convert", 1), ("opaque", 1))
@@ -537,6 +601,7 @@ KINDS = {
                       ("grid", "grid", "random", "zeros", "specials", "scaled")),
     "float64": Kind(("float64", "float64", "float64", "float32", "int64", "int32"), _OPS, "random", INPUT_KINDS,
                     x64=True),
+    "loops": Kind(("float32", "float32", "float16", "bfloat16", "int32", "int8"), _LOOP_OPS, "random", INPUT_KINDS),
     "custom": Kind(("float32", "float32", "float32", "int32"), _CUSTOM_OPS, "grid",
                    ("grid", "grid", "random", "zeros", "specials"), last="custom"),
 }

@@ -10,14 +10,16 @@ adds a new argument of a fitting type. Result types come from `jax.eval_shape` o
 the generator never has to agree with JAX's type rules. Shapes use size-1 and odd dimensions, operands
 broadcast against each other, and the dtypes are f32, f16, bf16, i32 and i8.
 
-Besides these mixed programs, `programs(kind)` draws four kinds aimed at what random small values miss
+Besides these mixed programs, `programs(kind)` draws five kinds aimed at what random small values miss
 (`KINDS`): "integer" programs (i32, i8, u8) that multiply by and square values near the square root of the
 dtype's largest value, so products wrap, and feed them to the ops whose range facts wraparound breaks
 (max with 0, min with 1, abs, x - max(x)); "histogram" programs that compare values against bin edges
 computed in the program (`linspace`, `lo + i * w`, a lerp of the ends, the data's own min and max, a
 sorted argument), count them with `(x[:, None] >= edges)` masks, bin indices and bincount-like
 `idx[:, None] == arange`, weigh and normalize them; "float64" programs (run under `jax.enable_x64`,
-`Program.context`); and "custom" programs that call functions with their own derivative rules
+`Program.context`); "loops" programs (`_Builder.loop`: scans, fori_loops, while loops, conds and switches,
+loops nested in loops, carries of several dtypes, trip counts from 1 to 12, so that each loop pass and the
+search of bodies run); and "custom" programs that call functions with their own derivative rules
 (`CUSTOM_FUNCTIONS`: jax.nn's relu and relu6, and tests/custom_rules.py's gradient clipping,
 straight-through round and floor, a safe norm, a relu whose derivative at 0 is 1 and a clip whose gradient
 passes inside its bounds). Each kind draws its

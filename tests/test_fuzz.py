@@ -25,14 +25,14 @@ Three properties:
    superopt's program is called first, differentiated first, or differentiated under `jax.jit`.
 
 Properties 1 and 2 run on the generator's mixed programs and on each of its kinds (`fuzzing.KINDS`): integer
-programs whose products wrap, histogram-like programs with values on their bin edges, and float64 programs
-(under `jax.enable_x64`), each on its own inputs (`fuzzing.first_args`, `draw_inputs`), with a target and
-backend drawn per program. For every kind, no warning of superopt's own (a numpy RuntimeWarning) reaches
+programs whose products wrap, histogram-like programs with values on their bin edges, float64 programs
+(under `jax.enable_x64`) and programs with loops and branches (scan, fori_loop, while_loop, cond, nested), each on its own inputs (`fuzzing.first_args`, `draw_inputs`), with a target and
+backend drawn per program; property 3 on the loops kind too, on finite inputs. For every kind, no warning of superopt's own (a numpy RuntimeWarning) reaches
 the caller.
 
 CI runs a bounded budget with fixed seeds (the same programs every run): 6 mixed programs per target and
 backend through superopt and 45 extracted for every target; 3 of each kind through superopt and 5
-extracted; 5 differentiated. `make fuzz` sets SUPEROPT_FUZZ=long for a longer randomized run. Programs are
+extracted; 5 differentiated, and 3 loop programs differentiated. `make fuzz` sets SUPEROPT_FUZZ=long for a longer randomized run. Programs are
 small and limits are tight (`FUZZ_LIMITS`) so the budget fits in CI: what is fuzzed is meaning, not search
 depth. A failing example prints as source; its regression test goes to tests/test_regressions.py.
 """

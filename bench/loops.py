@@ -5,7 +5,7 @@ loop-invariant work, two loops over one range, a short loop worth unrolling, a s
 layers, a cond inside a loop, nested loops), each run by superopt on cpu and by jax.jit, interleaved in one
 process (issue 54).
 
-    python -m bench.loops [--samples S] [--only NAME[,NAME]] [--small] [--output BENCHMARKS.md]
+    python -m bench.loops [--samples S] [--only NAME[,NAME]] [--small] [--stack LAYERS] [--output BENCHMARKS.md]
 
 Arguments are float32 (the sparse kernel's row and column indices int32), normal-distributed, weights scaled
 by 1/sqrt(fan-in); sizes are chosen so that one jax.jit call takes about 0.1 to 20 ms on the 2-core
@@ -231,32 +231,11 @@ def kernels(small: bool = False):
         return lax.fori_loop(0, 8, lambda _, p: p @ a, jnp.eye(a.shape[0], dtype=a.dtype))
 
     # ---- a scanned stack of transformer layers ----
-    seq, dim, heads, ffn, layers = z(64, 8), z(128, 32), 4, z(512, 64), z(6, 2)
-
-    def layer_norm(h, g, b):
-        mu = jnp.mean(h, -1, keepdims=True)
-        return (h - mu) / jnp.sqrt(jnp.var(h, -1, keepdims=True) + 1e-5) * g + b
+    seq, dim, ffn, layers = z(64, 8), z(128, 32), z(512, 64), z(6, 2)
+    stack = layer_stack(rng, layers, dim, ffn)
 
     def transformer_stack(params, x):
-        causal = jnp.tril(jnp.ones((seq, seq), bool))
-
-        def layer(h, p):
-            a = layer_norm(h, p["ln1_g"], p["ln1_b"])
-            q, k, v = (jnp.transpose((a @ p[n]).reshape(seq, heads, dim // heads), (1, 0, 2))
-                       for n in ("wq", "wk", "wv"))
-            s = jnp.einsum("hqd,hkd->hqk", q, k) / math.sqrt(dim // heads)
-            att = jax.nn.softmax(jnp.where(causal, s, -1e9), axis=-1)
-            o = jnp.transpose(jnp.einsum("hqk,hkd->hqd", att, v), (1, 0, 2)).reshape(seq, dim)
-            h = h + o @ p["wo"]
-            f = layer_norm(h, p["ln2_g"], p["ln2_b"])
-            return h + jax.nn.gelu(f @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"], None
-        return lax.scan(layer, x, params)[0]
-
-    stack = {"wq": w(layers, dim, dim), "wk": w(layers, dim, dim), "wv": w(layers, dim, dim),
-             "wo": w(layers, dim, dim), "w1": w(layers, dim, ffn), "w2": w(layers, ffn, dim),
-             "b1": m(layers, ffn, scale=0.02), "b2": m(layers, dim, scale=0.02),
-             "ln1_g": 1 + m(layers, dim, scale=0.02), "ln1_b": m(layers, dim, scale=0.02),
-             "ln2_g": 1 + m(layers, dim, scale=0.02), "ln2_b": m(layers, dim, scale=0.02)}
+        return lax.scan(lambda h, p: (transformer_layer(h, p), None), x, params)[0]
 
     # ---- cond inside a loop; nested loops ----
     def clipped_descent(a, b):
@@ -318,6 +297,104 @@ def kernels(small: bool = False):
         ("clipped-descent-cond", clipped_descent, (w(z(512, 16), z(128, 8)), m(z(512, 16)))),
         ("pairwise-nested", pairwise_distances, (m(z(128, 6), z(32, 4)),)),
     ]
+
+
+HEADS = 4
+
+
+def transformer_layer(h, p):
+    """A pre-norm decoder layer (causal attention of `HEADS` heads, a GELU MLP) on one sequence h: [seq, dim]."""
+    import jax
+    import jax.numpy as jnp
+    seq, dim = h.shape
+
+    def layer_norm(h, g, b):
+        mu = jnp.mean(h, -1, keepdims=True)
+        return (h - mu) / jnp.sqrt(jnp.var(h, -1, keepdims=True) + 1e-5) * g + b
+
+    causal = jnp.tril(jnp.ones((seq, seq), bool))
+    a = layer_norm(h, p["ln1_g"], p["ln1_b"])
+    q, k, v = (jnp.transpose((a @ p[n]).reshape(seq, HEADS, dim // HEADS), (1, 0, 2)) for n in ("wq", "wk", "wv"))
+    s = jnp.einsum("hqd,hkd->hqk", q, k) / math.sqrt(dim // HEADS)
+    att = jax.nn.softmax(jnp.where(causal, s, -1e9), axis=-1)
+    o = jnp.transpose(jnp.einsum("hqk,hkd->hqd", att, v), (1, 0, 2)).reshape(seq, dim)
+    h = h + o @ p["wo"]
+    f = layer_norm(h, p["ln2_g"], p["ln2_b"])
+    return h + jax.nn.gelu(f @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+def layer_stack(rng, layers: int, dim: int, ffn: int) -> dict:
+    """The weights of `layers` transformer layers, stacked on a leading axis (normal, scaled by 1/sqrt(fan-in))."""
+    import jax.numpy as jnp
+
+    def m(*shape, scale=1.0):
+        return jnp.asarray(rng.standard_normal(shape) * scale, jnp.float32)
+
+    def w(*shape):
+        return m(*shape, scale=1 / math.sqrt(shape[-2]))
+    return {"wq": w(layers, dim, dim), "wk": w(layers, dim, dim), "wv": w(layers, dim, dim),
+            "wo": w(layers, dim, dim), "w1": w(layers, dim, ffn), "w2": w(layers, ffn, dim),
+            "b1": m(layers, ffn, scale=0.02), "b2": m(layers, dim, scale=0.02),
+            "ln1_g": 1 + m(layers, dim, scale=0.02), "ln1_b": m(layers, dim, scale=0.02),
+            "ln2_g": 1 + m(layers, dim, scale=0.02), "ln2_b": m(layers, dim, scale=0.02)}
+
+
+def stack_comparison(layers: int = 12, small: bool = False) -> list[dict]:
+    """One transformer layer, `layers` of them in a `lax.scan`, and the same layers unrolled by a Python loop,
+    each optimized cold (a fresh cache) under both numerics modes: the first call's seconds, the modelled
+    cost of the program as traced and of the one that runs, and the rules that fired (in the scan: in its
+    body)."""
+    import jax
+    import numpy as np
+    from jax import lax
+    from superopt import superopt
+    rng = np.random.default_rng(1)
+    seq, dim, ffn = (8, 32, 64) if small else (64, 128, 512)
+    stack = layer_stack(rng, layers, dim, ffn)
+    x = jax.numpy.asarray(rng.standard_normal((seq, dim)), jax.numpy.float32)
+    one = jax.tree_util.tree_map(lambda a: a[0], stack)
+
+    def scanned(params, h):
+        return lax.scan(lambda h, p: (transformer_layer(h, p), None), h, params)[0]
+
+    def unrolled(params, h):
+        for i in range(layers):
+            h = transformer_layer(h, jax.tree_util.tree_map(lambda a: a[i], params))
+        return h
+
+    superopt(lambda h: h * 2.0, cache=False)(x)   # the first optimization in a process loads what all share
+    rows = []
+    for mode in ("strict", "fast"):
+        for name, fn, args in (("one layer", transformer_layer, (x, one)), (f"{layers} layers, lax.scan", scanned, (stack, x)),
+                               (f"{layers} layers, unrolled", unrolled, (stack, x))):
+            f = superopt(fn, cache=False, numerics=mode)
+            start = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            seconds = time.perf_counter() - start
+            r = f.report
+            fired = sorted(r.run.fired)
+            if "rules fired in them: " in r.loops:
+                fired = sorted(set(fired) | set(r.loops.split("rules fired in them: ")[1].rstrip(")").split(", ")))
+            rows.append(dict(mode=mode, name=name, seconds=seconds, before=r.cost_before, after=r.cost_after,
+                             outcome=r.outcome, fired=fired, segments=r.segments, loops=r.loops))
+            print(f"{mode:6s} {name:24s} {seconds:6.1f} s  {r.cost_before * 1e6:9.1f} -> {r.cost_after * 1e6:9.1f} us  "
+                  f"{len(fired)} rules fired  {r.outcome[:60]}", flush=True)
+    return rows
+
+
+def render_stacks(rows: list[dict], layers: int) -> list[str]:
+    from bench.kernelbench import short
+    lines = [f"A scanned stack of {layers} transformer layers (`python -m bench.loops --stack`: the layer of "
+             "`transformer-scan` at seq 64, dim 128, 4 heads, ffn 512), optimized cold in one process against one "
+             "layer and the same layers unrolled by a Python loop. Modelled costs are the cpu model's "
+             "(program as traced -> program that runs); the rules are those that fired (for the scan, in "
+             "its body's search).", "",
+             "| numerics | program | first call | modelled cost | outcome | rules fired |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['name']} | {r['seconds']:.1f} s | {r['before'] * 1e6:.0f} us -> "
+                     f"{r['after'] * 1e6:.0f} us | {short(r['outcome'], 60)} | {len(r['fired'])} |")
+    lines.append("")
+    return lines
 
 
 def loop_shape(fn, args) -> str:
@@ -438,7 +515,8 @@ def render(rows: list[dict], samples: int, load: tuple[str, str], small: bool = 
              "`fori_loop` with static bounds traces to a scan); \"opaque to superopt\" is what its capture "
              "keeps as opaque nodes; \"loop pass\" is what superopt/loops.py did to them before the search "
              "(the strict report's loops line: batched where the iterations are independent, written out where "
-             "a loop is short; a while loop's assumed trip count).", ""]
+             "a loop is short, loop-invariant work moved out; the bodies the search of bodies changed, "
+             "superopt/regions.py; a while loop's assumed trip count).", ""]
     for mode in ("strict", "fast"):
         changed = [r for r in rows if r[mode]["changed"]]
         slower = [r["name"] for r in changed if r[mode]["speedup"] < 1 / 1.03]
@@ -460,8 +538,12 @@ def render(rows: list[dict], samples: int, load: tuple[str, str], small: bool = 
                 "above are the noise of timing one program against itself.")
     else:
         lifted = [r["name"] for r in rows if "batched" in r["lifted"] or "written out" in r["lifted"]]
+        hoisted = [r["name"] for r in rows if "moved out" in r["lifted"]]
+        bodies = [r["name"] for r in rows if "bodies optimized" in r["lifted"]]
         what = (f"{len(opaque)} of the {len(rows)} reach superopt with their loops as opaque nodes; the loop pass "
-                f"batched or wrote out the loops of {len(lifted)} ({', '.join(lifted) or 'none'}); "
+                f"batched or wrote out the loops of {len(lifted)} ({', '.join(lifted) or 'none'}) and moved "
+                f"loop-invariant work out of {len(hoisted)} ({', '.join(hoisted) or 'none'}); the search of bodies "
+                f"changed the bodies of {len(bodies)} ({', '.join(bodies) or 'none'}) under strict; "
                 f"{len(changed)} compile to a different executable in at least one mode"
                 + (f" ({', '.join(r['name'] for r in changed)})" if changed else "") + ".")
     lines += [f"- {what}", "",
@@ -492,10 +574,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated kernel names (default: all)")
     ap.add_argument("--small", action="store_true", help="reduced sizes and trip counts")
     ap.add_argument("--output", default="BENCHMARKS.md")
+    ap.add_argument("--stack", type=int, default=12, help="layers of the scanned stack compared (0: none)")
     ns = ap.parse_args(argv)
     start = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = measure(ns.samples, tuple(n for n in ns.only.split(",") if n), ns.small)
+    stacks = stack_comparison(ns.stack, ns.small) if ns.stack else []
     lines = render(rows, ns.samples, (start, ", ".join(f"{x:.2f}" for x in os.getloadavg())), ns.small)
+    lines += render_stacks(stacks, ns.stack) if stacks else []
     print("\n".join(lines))
     replace_section(ns.output, lines, SECTION)
     return 0

@@ -43,7 +43,7 @@ bench: $(TESTED)
 	$(PY) -m bench.synthesis
 
 # Longer fuzzing than `make test` runs (tests/test_fuzz.py): fresh random programs every run, about 200 per
-# target and backend plus 1500 extracted for every target, 100 of each kind (integer, histogram, float64)
+# target and backend plus 1500 extracted for every target, 100 of each kind (integer, histogram, float64, loops)
 # through superopt and 100 extracted, and 150 differentiated; a failure prints as source. A kind's program
 # took 0.7 to 3.1 s with one worker on a 2-core machine (RELIABILITY.md, "The kinds' longer runs").
 # SUPEROPT_FUZZ_PER_COMBO, SUPEROPT_FUZZ_EXTRACTED, SUPEROPT_FUZZ_PER_KIND, SUPEROPT_FUZZ_EXTRACTED_PER_KIND

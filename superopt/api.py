@@ -5,6 +5,9 @@ import dataclasses
 import functools
 import inspect
 import os
+import threading
+import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -89,13 +92,14 @@ class Optimized:
                  backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
                  precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
                  donate_argnames=(), npu_under_trace: str = "jax", filter: bool = False, cache=None,
-                 executor: str | None = None, tune: bool = False):
+                 executor: str | None = None, tune: bool = False, background: bool = False):
         # What rebuilds this object elsewhere (`__reduce__`): fn and the options, never a specialization.
         self._options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
                              memory_budget=memory_budget, numerics=numerics, precision=precision,
                              static_argnums=static_argnums, static_argnames=static_argnames,
                              donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                             npu_under_trace=npu_under_trace, filter=filter, cache=cache, executor=executor, tune=tune)
+                             npu_under_trace=npu_under_trace, filter=filter, cache=cache, executor=executor, tune=tune,
+                             background=background)
         # Every misuse is one line naming the bad value and the valid ones, raised here, before any work.
         if not callable(fn):
             raise TypeError(f"superopt: fn must be callable, got {type(fn).__name__}")
@@ -105,6 +109,8 @@ class Optimized:
         if not isinstance(tune, bool):
             raise TypeError(f"superopt: tune must be True or False, got {tune!r}")
         self.tune = tune
+        if not isinstance(background, bool):
+            raise TypeError(f"superopt: background must be True or False, got {background!r}")
         self.numerics = numerics_mode.check_mode(numerics)
         self.precision = None if precision is None else npu.check_precision(precision, tgt)
         if extractor not in EXTRACTORS:
@@ -136,6 +142,10 @@ class Optimized:
         self.static_argnums, self.static_argnames = _named_args(fn, static_argnums, static_argnames, "static")
         self.donate_argnums, self.donate_argnames = _named_args(fn, donate_argnums, donate_argnames, "donate")
         self.filter = filter
+        if background and (backend == "emulator" or filter):
+            raise ValueError(f"superopt: background=True runs jax.jit's program while the {backend} backend's is "
+                             "made; it works with the jax and pallas backends, without filter")
+        self._tiers = Tiers() if background else None
 
         def traced(*args, **kwargs):   # runs once per specialization, when jax.jit traces it
             leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
@@ -173,7 +183,8 @@ class Optimized:
         self._filtered = filtered
         self._jit, self._filter_jit = self._jitted(filter=False), self._jitted(filter=True)
         self._pins: dict[tuple, Callable] = {}   # per layout of arguments over several devices (`_pinned`)
-        self._call = self._emulate if backend == "emulator" else self._filter_call if filter else self._first_call
+        self._call = self._emulate if backend == "emulator" else self._filter_call if filter else \
+            self._background_call if background else self._first_call
         # A call costs what a jax.jit call costs: on the jax and pallas backends, from the second call on in a
         # process with one device, this object's class calls the jitted function itself (no Python frame of
         # superopt's in between).
@@ -198,6 +209,40 @@ class Optimized:
         self._call = self._jit if jax.device_count() == 1 else self._spread
         type(self).__call__ = staticmethod(self._call)
         return self._call(*args, **kwargs)
+
+    def _background_call(self, *args, **kwargs):
+        """A call with `background=True`. Eager, for argument types whose program is not ready: jax.jit's program
+        of fn runs now, and the first such call starts optimizing in a thread (`Tiers`); once that program is
+        verified and compiled, calls run it. Under a trace: as without it (optimized where it is traced,
+        waiting for a background optimization of the same types rather than starting another)."""
+        if _under_trace((args, kwargs)) or _spread_out(jax.tree_util.tree_leaves((args, kwargs))):
+            with self._tiers.lock:
+                return self._jit(*args, **kwargs)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        dynamic = self._dynamic(leaves, args, kwargs)
+        key = self._signature(leaves, tree, dynamic)
+        if self._tiers.ready(key):
+            return self._jit(*args, **kwargs)
+        abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=jax.typeof(x).weak_type) if d else x
+                    for x, d in zip(leaves, dynamic)]
+        self._tiers.start(key, lambda: self._optimize_aside(abstract, tree, dynamic))
+        self._tiers.failure(key)
+        return self._tiers.original(self)(*args, **kwargs)
+
+    def _optimize_aside(self, abstract: list, tree, dynamic: list[bool]) -> None:
+        """What the background thread does for one set of argument types: the specialization (from abstract
+        arguments: the caller's arrays are not kept), and the jitted program compiled for them."""
+        with self._tiers.lock:
+            spec = self._specialize(abstract, tree, dynamic)
+        args, kwargs = jax.tree_util.tree_unflatten(tree, abstract)
+        self._jit.lower(*args, **kwargs).compile()
+        return spec
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """With `background=True`: wait until every optimization started so far has ended (or `timeout`
+        seconds); whether they all have. Calls never wait; this is for tests and for a program that wants
+        the optimized tier before it measures. True at once without background."""
+        return True if self._tiers is None else self._tiers.wait(timeout)
 
     def _spread(self, *args, **kwargs):
         """A call in a process with several devices (`_jitted_for`)."""
@@ -359,6 +404,8 @@ class Optimized:
 
     def _specialization(self) -> Specialization:
         if self._last is None:
+            if self._tiers is not None and self._tiers.wait(0) is False:
+                raise RuntimeError("superopt: still optimizing in the background (.wait() waits for it)")
             raise RuntimeError("superopt: nothing compiled yet; call the function (or .compile(*args)) first")
         return self._last
 
@@ -379,6 +426,64 @@ class Optimized:
 
 
 UNDER_TRACE = ("jax", "callback")
+
+
+class Tiers:
+    """The background optimizations of one `Optimized` (`background=True`): per set of argument types, the
+    thread optimizing it, and how many calls ran jax.jit's program of fn meanwhile. A specialization is
+    ready once it is built and its program compiled; its report's `tier` says what ran before."""
+
+    def __init__(self):
+        self.lock = threading.RLock()      # one specialization built at a time: the thread's, or a trace's
+        self._jobs: dict[tuple, threading.Thread] = {}
+        self._done: dict[tuple, Any] = {}  # key -> the Specialization, or the exception that ended the job
+        self._early: dict[tuple, int] = {}
+        self._jit_of_fn = None
+
+    def ready(self, key) -> bool:
+        return isinstance(self._done.get(key), Specialization)
+
+    def start(self, key, job: Callable) -> None:
+        self._early[key] = self._early.get(key, 0) + 1
+        if key in self._jobs:
+            return
+
+        def run():
+            try:
+                spec = job()
+            except BaseException as exc:   # noqa: BLE001 - reported by the next call; the original keeps running
+                self._done[key] = exc
+                return
+            spec.report.tier = (f"background: {self._early[key]} call{'s' if self._early[key] != 1 else ''} ran "
+                                "jax.jit's program of fn while this one was made; later calls run this one")
+            self._done[key] = spec
+
+        thread = threading.Thread(target=run, name="superopt-background", daemon=True)
+        self._jobs[key] = thread
+        thread.start()
+
+    def failure(self, key) -> None:
+        """Warn, once, on the caller's thread, where the optimization for `key` raised."""
+        exc = self._done.get(key)
+        if isinstance(exc, BaseException):
+            self._done[key] = None
+            warnings.warn(f"superopt: the background optimization failed ({type(exc).__name__}: {exc}); "
+                          "jax.jit's program of fn keeps running for these argument types", stacklevel=3)
+
+    def original(self, optimized: "Optimized") -> Callable:
+        """jax.jit of fn, with the object's static and donated arguments: the first tier."""
+        if self._jit_of_fn is None:
+            self._jit_of_fn = jax.jit(optimized.fn, static_argnums=optimized.static_argnums,
+                                      static_argnames=optimized.static_argnames,
+                                      donate_argnums=optimized.donate_argnums,
+                                      donate_argnames=optimized.donate_argnames)
+        return self._jit_of_fn
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        for thread in list(self._jobs.values()):
+            thread.join(None if end is None else max(0.0, end - time.monotonic()))
+        return not any(t.is_alive() for t in self._jobs.values())
 
 
 def _rebuild(fn, target, options) -> Optimized:
@@ -474,7 +579,7 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
              backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
              precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
              donate_argnames=(), npu_under_trace: str = "jax", filter: bool = False, cache=None,
-             executor: str | None = None, tune: bool = False):
+             executor: str | None = None, tune: bool = False, background: bool = False):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
 
     The result is a JAX transformation of `fn` (`Optimized`): call it eagerly, or inside `jax.jit`,
@@ -512,12 +617,18 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
     against the original on this machine (interleaved, medians of 7 samples on superopt's random inputs)
     and returned only if it is faster by the same 3% the model's prediction must clear; the report says
     what was measured, and the result is cached with the program (a tuned and an untuned result are
-    different entries)."""
+    different entries).
+
+    `background=True` makes a first call cost what jax.jit's does: an eager call for new argument types runs
+    jax.jit's program of fn at once and optimizes in a thread; later calls run the optimized program once it
+    is verified and compiled (the switch happens between calls; `.wait()` waits for it). Under an outer trace
+    it optimizes where it is traced, as without it. The report's `tier` line says how many calls ran the
+    first tier."""
     options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
                    memory_budget=memory_budget, numerics=numerics, precision=precision, static_argnums=static_argnums,
                    static_argnames=static_argnames, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                    npu_under_trace=npu_under_trace,
-                   filter=filter, cache=cache, executor=executor, tune=tune)
+                   filter=filter, cache=cache, executor=executor, tune=tune, background=background)
     if fn is None:   # the decorator form: check the options now, not at the first call
         Optimized(lambda *args: None, target, **{**options, "limits": Limits() if limits is None else limits})
         return lambda f: superopt(f, target, **options)

@@ -112,7 +112,8 @@ class Report:
     segments: str = ""             # how the program was split, and where each distinct segment's result came from
     cache: str = ""                # "hit" where the whole result came from the persistent cache
     rerolled: str = ""             # the loops over rows re-rolled before the search (superopt/reroll.py)
-    loops: str = ""                # the loops vectorized before the search (superopt/loops.py)
+    loops: str = ""                # what the loop passes did (superopt/loops.py, superopt/regions.py)
+    tier: str = ""                 # background=True: what ran while this specialization was made
     derivatives: str = ""          # whose derivative a changed program takes, and whether it was verified
 
     @property
@@ -214,6 +215,8 @@ class Report:
             lines.append(f"  segments     : {self.segments}")
         if self.cache:
             lines.append(f"  cache        : {self.cache}")
+        if self.tier:
+            lines.append(f"  tier         : {self.tier}")
         lines += self.npu_lines
         lines.append("  stages       : " + ", ".join(f"{k} {_fmt_time(v)}" for k, v in self.stage_seconds.items()))
         return "\n".join(lines)

@@ -57,14 +57,20 @@ def retraced(program: Callable, closed):
 
 
 def worth_searching(closed) -> bool:
+    """At least `MIN_EQUATIONS` equations that read or write an array (a while loop's condition on its counter
+    and a scalar error, a counter's increment, have nothing a rule could make cheaper), and no effect."""
     return _equations(closed.jaxpr) >= MIN_EQUATIONS and not closed.jaxpr.effects
 
 
+def _on_arrays(e) -> bool:
+    return any(getattr(getattr(v, "aval", None), "shape", ()) not in ((), (1,)) for v in (*e.invars, *e.outvars))
+
+
 def _equations(jaxpr) -> int:
-    """The equations of `jaxpr`, those of the bodies of its loops and branches too."""
+    """The equations of `jaxpr` on arrays (`worth_searching`), those of the bodies of its loops and branches too."""
     n = 0
     for e in jaxpr.eqns:
-        n += 1
+        n += _on_arrays(e)
         for key in BODIES.get(e.primitive.name, ()):
             value = e.params[key]
             n += sum(_equations(b.jaxpr) for b in (value if isinstance(value, (tuple, list)) else [value]))

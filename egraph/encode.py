@@ -18,18 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from egglog import EGraph, bindings, i64, set_
-from egglog.bindings import Call, Lit, Var
+from egglog import EGraph, i64, set_
 
 from superopt.core.deadline import Deadline
+from superopt.egraph import egglog_api as api
 from superopt.egraph import terms as T
+from superopt.egraph.egglog_api import Call, Lit, Var, bindings
 from superopt.egraph.analysis import axes_facts, facts
 from superopt.core.ir import Graph, Node
 from superopt.core.ops import lookup
 
 _CHUNK = 256                 # nodes per rule: a rule compiles in time linear in its actions; few cross rules
 _REF = "superopt_encode_ref"  # the helper table: node id -> e-class, for nodes read across rules
-_SPAN = bindings.RustSpan("", 0, 0)
+_SPAN = api.SPAN
 _ANALYSES_DECLARED_AT = 128  # the expression layer declared `shape` and `dtype` with the 128th node's rows
 
 
@@ -81,7 +82,7 @@ class _Writer:
         """`fn`'s egglog name, declaring it first where the expression layer would have declared it."""
         name = self.names.get(fn)
         if name is None:
-            name = self.names[fn] = self.eg._callable_to_egg(fn)[1]
+            name = self.names[fn] = api.egg_name(self.eg, fn)
         return name
 
     def string(self, value: str):
@@ -156,17 +157,13 @@ class _Writer:
         """Run `actions` once, as a rule with the (constant) `query`, in a rule set of its own."""
         self.rules += 1
         name = f"superopt_encode_{tag}{self.rules}"
-        self.eg._egraph.run_program(
-            bindings.AddRuleset(_SPAN, name),
-            bindings.RuleCommand(bindings.Rule(_SPAN, actions, query, name, name)),
-            bindings.RunSchedule(bindings.Run(_SPAN, bindings.RunConfig(name, None))))
+        api.run_commands(self.eg, api.add_ruleset(name), api.rule_command(actions, query, name, name),
+                         api.run_schedule(name))
 
     def declare_ref(self) -> None:
         if not self.ref_declared:
-            tensor = next(sort for sort in self.eg._state.type_ref_to_egg_sort.values()
-                          if sort.rsplit(".", 1)[-1] == "Tensor")
-            self.eg._egraph.run_program(
-                bindings.FunctionCommand(_SPAN, _REF, bindings.Schema(["i64"], tensor), None))
+            tensor = next(sort for sort in api.sort_names(self.eg) if sort.rsplit(".", 1)[-1] == "Tensor")
+            api.run_commands(self.eg, api.function_command(_REF, ["i64"], tensor))
             self.ref_declared = True
 
 

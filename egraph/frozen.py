@@ -1,14 +1,16 @@
 """A read-only view of a saturated e-graph, built from egglog's private `freeze()` tables.
 
-This is the one module that touches egglog internals (pinned to 13.2): every extractor and cost
-model reads e-classes, e-nodes and analyses from here.
+Every extractor and cost model reads e-classes, e-nodes and analyses from here; the tables come through
+`egraph/egglog_api.py`, the one module that touches egglog internals (egglog 13.2 to 14.x).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
-from egglog import EGraph, bindings
+from egglog import EGraph
+
+from superopt.egraph import egglog_api as api
 
 TENSOR_SORTS = ("Tensor", "TList", "Scalar")  # sorts whose rows are e-nodes
 _ANALYSES = ("shape", "dtype")
@@ -65,34 +67,27 @@ def _is_tensor_sort(sort: str) -> bool:
     return sort.rsplit(".", 1)[-1] in TENSOR_SORTS
 
 
-_SPAN = bindings.RustSpan("", 0, 0)
-
-
 def table_sizes(egraph: EGraph) -> dict[str, int]:
     """Rows per table of the expression layer's functions and relations, by egglog name (a constructor's own
     name: `slice`, not `slice_`): what `EGraph.all_function_sizes` says, without building a Python callable
     for every table at every call (the runner asks after each rule it applies)."""
-    (output,) = egraph._egraph.run_program(bindings.PrintSize(_SPAN, None))
-    declared = egraph._state.egg_fn_to_callable_refs
-    return {name: n for name, n in output.sizes if declared.get(name)}
+    return api.table_sizes(egraph)
 
 
 def saturate_registered(egraph: EGraph, rules) -> None:
     """Run the rule set `rules` to its fixpoint. Once it is registered in `egraph` (by its first run), through
     the bindings: the expression layer hashes each of its rules again at every run to see whether it is
     registered, which took a third of a small program's saturation for the analysis rule set."""
-    ident = rules.__egg_ident__
-    if ident not in egraph._state.rulesets:
+    if not api.is_registered(egraph, rules):
         egraph.run(rules.saturate())
         return
-    egraph._egraph.run_program(bindings.RunSchedule(bindings.Saturate(_SPAN, bindings.Run(
-        _SPAN, bindings.RunConfig(str(ident), None)))))
+    api.run_commands(egraph, api.run_schedule(api.ruleset_name(rules), saturate=True))
 
 
 def count(egraph: EGraph) -> tuple[int, int]:
     """(e-nodes, e-classes) of the tensor sorts, without decoding any values."""
     nodes, classes = 0, set()
-    for fn in egraph._egraph.freeze().functions.values():
+    for fn in api.frozen_tables(egraph).values():
         if fn.is_let_binding or not _is_tensor_sort(fn.output_sort):
             continue
         for row in fn.rows:
@@ -104,28 +99,24 @@ def count(egraph: EGraph) -> tuple[int, int]:
 
 def freeze(egraph: EGraph, facts: bool = False) -> FrozenEGraph:
     """The e-graph's e-classes, shapes, dtypes and outputs; with `facts`, the analysis's facts of each class."""
-    raw = egraph._egraph  # private: the bindings object
-    frozen = raw.freeze()
-    decoders = {
-        "i64": raw.value_to_i64,
-        "String": raw.value_to_string,
-        "f64": raw.value_to_f64,
-    }
+    tables = api.frozen_tables(egraph)
+    decoders = api.decoders(egraph)
+    to_i64, to_vec = decoders["i64"], decoders.pop("Vec")
 
     def decode(sort: str, value: Any):
         if sort in decoders:
             return decoders[sort](value)
         if "Vec" in sort:
-            return tuple(raw.value_to_i64(v) for v in raw.value_to_vec(value))
+            return tuple(to_i64(v) for v in to_vec(value))
         raise NotImplementedError(f"superopt: cannot decode egglog sort {sort!r}")
 
     view = FrozenEGraph()
-    for name, fn in frozen.functions.items():
+    for name, fn in tables.items():
         if fn.is_let_binding:
             continue
         if name == "output":
             for row in fn.rows:
-                view.outputs[raw.value_to_i64(row.inputs[0])] = row.inputs[1]
+                view.outputs[to_i64(row.inputs[0])] = row.inputs[1]
             continue
         if name in FACTS:
             for row in fn.rows if facts else ():

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from egglog import EGraph, back_off, bindings, ruleset
+from egglog import EGraph, back_off, ruleset
 from egglog import run as egg_run
 
 from superopt.core import progress
 from superopt.core.deadline import process_seconds, wall_seconds
+from superopt.egraph import egglog_api as api
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import count, saturate_registered, table_sizes
 from superopt.egraph.limits import SATURATION_SHARE, BackOff, Limits, Phase, PhaseReport, RunReport, StopReason
@@ -192,7 +193,7 @@ class _PhaseRunner:
         the matches it had before plus the new ones that fit below `NODE_SLACK` times the node limit
         (the analyses of this step's new nodes, which come after the step, counted as there already).
         Returns (updated, matches per egglog rule, held back): an egglog rule with more matches than
-        its limit applies none, which egglog reports as updated with no matches."""
+        its limit applies none, which egglog reports with no matches (`egglog_api.held_back`)."""
         updated, per_decl = False, {}
         for egg in rule.egg:
             rows = _rows(self.egraph)
@@ -203,7 +204,7 @@ class _PhaseRunner:
                 self._single[egg.decl] = ruleset(egg, name=f"{self.phase.name}-d{len(self._single)}")
             result = self.egraph.run(scheduler.scope(egg_run(self._single[egg.decl], scheduler=scheduler)))
             n = sum(v for key, v in result.num_matches_per_rule.items() if key == egg.decl)
-            if result.updated and n == 0:
+            if api.held_back(result, n):
                 return updated, per_decl, True
             per_decl[egg.decl] = n
             updated |= result.updated
@@ -255,7 +256,7 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
     phases = list(getattr(schedule, "phases", schedule))
     limits = replace(limits, seconds=min(limits.seconds, limits.saturation_seconds))
     start = _now()
-    egraph.set_report_level(bindings.TimeOnly())
+    api.time_only_reports(egraph)
     report = RunReport(StopReason.SATURATED)
     bar = progress.task("saturate", transient=True)   # a no-op unless the caller shows progress bars
     try:

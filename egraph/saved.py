@@ -12,19 +12,19 @@ declarations of this process.
 the same references and types thousands of times), JSON-safe, floats bit for bit. `rules_from_data` reads
 them back and never evaluates code: it builds only dataclasses of `egglog.declarations`, by name, and
 checks that every function and sort the rules name is declared in this process. Anything else is
-`ValueError`, and the caller builds the rules as usual.
+`ValueError`, and the caller builds the rules as usual. The decls' fields differ between egglog releases
+(`egraph/egglog_api.py`), so the data names the release that wrote it and only that release reads it.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 
-import egglog.declarations as D
 from egglog import Bool, String, Vec, f64, i64
-from egglog.declarations import Declarations, HasDeclarations
-from egglog.egraph import RewriteOrRule
 
 from superopt.egraph import terms
+from superopt.egraph.egglog_api import DATA_FORM, Declarations, HasDeclarations, RewriteOrRule, declared_names
+from superopt.egraph.egglog_api import declarations as D
 
 FORMAT = 1     # bump when the data form changes
 
@@ -37,8 +37,7 @@ def declarations() -> Declarations:
 
 
 def _names(decls: Declarations) -> list[str]:
-    return sorted(f"f:{i}" for i in decls._functions) + sorted(f"c:{i}" for i in decls._classes) + \
-        sorted(f"k:{i}" for i in decls._constants)
+    return declared_names(decls)
 
 
 def rules_to_data(groups: list[tuple]) -> dict:
@@ -65,7 +64,7 @@ def rules_to_data(groups: list[tuple]) -> dict:
 
     rules = [r for group in groups for r in group]
     needed = Declarations.create(*rules) if rules else Declarations()
-    return {"format": FORMAT, "groups": [[enc(r.decl) for r in group] for group in groups], "table": table,
+    return {"format": FORMAT, "egglog": DATA_FORM, "groups": [[enc(r.decl) for r in group] for group in groups], "table": table,
             "needs": _names(needed)}
 
 
@@ -75,6 +74,8 @@ def rules_from_data(data: dict) -> list[tuple]:
     try:
         if data["format"] != FORMAT:
             raise ValueError(f"data form {data['format']!r}, not {FORMAT}")
+        if data.get("egglog") != DATA_FORM:
+            raise ValueError(f"rules written by {data.get('egglog')!r}, not {DATA_FORM}")
         shared = declarations()
         missing = set(data["needs"]) - set(_names(shared))
         if missing:

@@ -15,6 +15,7 @@ from egglog import EGraph, String, set_
 from bench.limits import chain
 from superopt import Limits, StopReason, superopt
 from superopt.core.deadline import Deadline, TimeLimit, current
+from superopt.egraph import egglog_api
 from superopt.egraph import encode as encode_module
 from superopt.egraph import terms as T
 from superopt.egraph.analysis import axes_facts, facts
@@ -68,7 +69,7 @@ def _encoded_work(n_ops: int, monkeypatch) -> tuple[int, int, int]:
 
     monkeypatch.setattr(encode_module._Writer, "run_rule", counting)
     enc = encode(capture(chain(n_ops), (X, W)).graph)
-    return actions, atoms, len(enc.egraph._egraph.freeze().functions)
+    return actions, atoms, len(egglog_api.frozen_tables(enc.egraph))
 
 
 @pytest.mark.slow
@@ -130,7 +131,7 @@ def _reference_encode(graph) -> EGraph:
 
 def _view(eg: EGraph):
     fz = portable(freeze(eg))
-    tables = [name for name, fn in eg._egraph.freeze().functions.items()
+    tables = [name for name, fn in egglog_api.frozen_tables(eg).items()
               if not fn.is_let_binding and fn.rows]
     return repr((list(fz.classes.items()), list(fz.shapes.items()), list(fz.dtypes.items()),
                  list(fz.outputs.items()), tables))     # repr: NaN literals compare equal

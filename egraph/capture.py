@@ -43,6 +43,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
+from superopt.core import jax_compat
 from superopt.core.graphs import strongly_connected
 from superopt.core.ir import Graph, Node, Opaque
 
@@ -300,12 +301,27 @@ def _touches_key(eqn) -> bool:
     return any(_extended(v.aval) for v in (*eqn.invars, *eqn.outvars))
 
 
+def _expanded(eqn):
+    """A primitive newer JAX releases emit where older ones emitted primitives superopt models (a tanh
+    derivative's `one_minus_square`, say), as a ClosedJaxpr of those: what JAX's lowering of it computes
+    (core/jax_compat.py); None for any other equation."""
+    avals = [v.aval for v in eqn.invars]
+    fn = jax_compat.expansion(eqn.primitive.name, eqn.params, avals)
+    if fn is None or len(eqn.outvars) != 1:
+        return None
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    closed = jax.make_jaxpr(fn)(*args)
+    (got,), want = closed.out_avals, eqn.outvars[0].aval
+    return closed if (got.shape, got.dtype) == (want.shape, want.dtype) else None
+
+
 def _inlined_body(eqn):
     """The body (a ClosedJaxpr) of a call to inline, or None: a call of JAX's own code that takes or
-    returns a key (jax.random's samplers) stays one equation, so its random bits are computed as JAX does."""
+    returns a key (jax.random's samplers) stays one equation, so its random bits are computed as JAX does.
+    A primitive with an expansion (`_expanded`) is inlined as that."""
     name = eqn.primitive.name
     if name not in _CALL_BODIES:
-        return None
+        return _expanded(eqn)
     body = eqn.params.get(_CALL_BODIES[name])
     if body is None:
         return None

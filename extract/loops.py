@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from superopt.core import jax_compat
 from superopt.core.ir import Graph, Node, Opaque
 from superopt.extract.cost import op_cost
 from superopt.extract.target import Target
@@ -102,7 +103,7 @@ def loop_price(loop: Opaque, target: Target) -> LoopPrice:
         trips = int(p["length"])
         unroll = p.get("unroll", 1)
         steps = 0 if unroll is True else math.ceil(trips / max(1, int(unroll)))
-        body, once = _body_cost(p["jaxpr"], inside, _invariant_args(p["jaxpr"], p["num_consts"], p["num_carry"]))
+        body, once = _body_cost(p["jaxpr"], inside, _invariant_args(p["jaxpr"], *jax_compat.scan_counts(p)))
         overhead = steps * _figure(target.loop_iteration_overhead, target)
         return LoopPrice("scan", trips, False, body, overhead, once + trips * body + overhead)
     trips = WHILE_TRIPS

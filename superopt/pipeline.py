@@ -549,15 +549,23 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
         if captured.kept_whole:
             raise Kept(Outcome.KEPT_WHOLE, captured.kept_whole)
         deadline.check("capture")
-        if rules is not None:
-            timer("rules", prepare_rules, search.schedule, rules)
         looking = Deadline.cpu(limits.segment_seconds, also=deadline) if segment is not None else deadline
-        saturated = saturate(captured, search.schedule, limits, looking, timer)
-        run = saturated.run
-        chosen = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer,
-                               looking, numerics), tgt)
-        if search.guarded is not None and segment is None:
-            chosen = _guarded(captured, search, chosen, deadline, looking, timer, rules)
+        if nothing_to_search(captured.graph):   # no saturation: the program as the loop passes left it
+            if captured.traced is None:
+                raise Kept(Outcome.NO_GAIN, "nothing for the search: the program is primitives superopt keeps as "
+                                            "they are (loops, whose bodies were searched on their own, sorts) and "
+                                            "constants")
+            chosen = Extraction(captured.graph, *program_cost(captured.graph, tgt),
+                                "none: nothing for the search besides the loops' passes")
+        else:
+            if rules is not None:
+                timer("rules", prepare_rules, search.schedule, rules)
+            saturated = saturate(captured, search.schedule, limits, looking, timer)
+            run = saturated.run
+            chosen = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer,
+                                   looking, numerics), tgt)
+            if search.guarded is not None and segment is None:
+                chosen = _guarded(captured, search, chosen, deadline, looking, timer, rules)
         worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), search.memory_budget)
         chosen.graph.scopes = carry_scopes(original, chosen.graph)   # the user's named scopes, kept
         # A changed program is returned only if it was verified before the deadline; else the original runs.
@@ -583,6 +591,15 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
     except TimeLimit as exc:   # the original is always correct; no unverified program is returned
         outcome, reason = Outcome.TIME_LIMIT, ran_out(exc, limits)
     return run, outcome, reason, None if outcome is Outcome.KEPT_WHOLE else chosen, None
+
+
+def nothing_to_search(graph: Graph) -> bool:
+    """Whether every live node of `graph` is an argument, an opaque primitive or computed from constants alone:
+    no rule matches an opaque node, and constants are folded as they are, so saturation (a tenth of a second
+    and more of a first call) could change nothing. A program that is one loop is such a program once its
+    body has been searched (superopt/regions.py)."""
+    constant = graph.constant_nodes()
+    return all(graph.nodes[i].op in ("arg", "opaque") or i in constant for i in graph.live())
 
 
 def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: Deadline, looking: Deadline,

@@ -149,3 +149,13 @@ def test_a_program_whose_loop_body_changed_is_answered_from_the_cache_in_another
 
     assert run() == "True True miss; result stored"
     assert run() == "True True hit (the result of an earlier optimization of this program)"
+
+
+def test_a_program_that_is_one_loop_with_nothing_to_search_skips_saturation():
+    running = lambda xs: lax.scan(lambda c, x: (c + x, c), jnp.zeros(32), xs)[1]   # noqa: E731
+    fast = superopt(running, target="cpu", cache=False)
+    np.testing.assert_array_equal(np.asarray(fast(H)), np.asarray(jax.jit(running)(H)))
+    assert "nothing for the search" in fast.report.outcome and "saturate" not in fast.report.stage_seconds
+    changed = superopt(scanned, target="cpu", cache=False)   # one loop too, whose body changed: still chosen
+    changed(WS, H)
+    assert changed.report.optimized and "saturate" not in changed.report.stage_seconds

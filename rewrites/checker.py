@@ -70,7 +70,7 @@ FACT_DTYPES = ("int8", "int16", "int32", "uint8", "uint16", "uint32")
 # moves only where a value wraps, which `integer_edges` draws in each.
 FACT_CHECK_DTYPES = ("int8", "uint8", "int32")
 INTEGER_OPS = frozenset({"neg", "abs", "sign", "add", "sub", "mul", "max", "min", "gt", "eq"})
-DRAWN_ELEMENTS = 128   # larger arrays are filled from a drawn seed (`_large_arrays`)
+DRAWN_ELEMENTS = 128   # larger arrays are mostly ordinary values, with 16 extremes (`_large_arrays`)
 # Targets of a cast in a rule's left-hand side are drawn from these, independently of the operands'
 # dtype, so a cast rule is checked on real conversions (narrowing, widening, float <-> int).
 CAST_DTYPES = DTYPES + ("int8", "int32")
@@ -762,7 +762,8 @@ def _list_items(p) -> list:
     return items
 
 
-def _extremes(dtype: str, numerics: str = "rounding") -> list[float]:
+@functools.lru_cache(maxsize=None)
+def _extremes(dtype: str, numerics: str = "rounding") -> tuple[float, ...]:
     """The values of a float dtype that break rules: NaN, +-inf, -0, subnormals, the smallest normal,
     the largest finite value, values near half of it and near its square root (where a square or a
     product of two overflows), each with both signs. For an "order" rule, no magnitude above the square
@@ -775,7 +776,7 @@ def _extremes(dtype: str, numerics: str = "rounding") -> list[float]:
     for m in magnitudes:
         exact = float(np.asarray(m).astype(dt).astype(np.float64))   # as the dtype holds it
         out += [exact, -exact]
-    return out
+    return tuple(out)
 
 
 def _literals(dtype: str, numerics: str):
@@ -790,25 +791,65 @@ def _literals(dtype: str, numerics: str):
 
 
 def _arrays(shape, dtype: str, numerics: str):
+    """Arrays of `shape` whose elements are drawn independently as `_elements` draws them, from one byte
+    per element and a seed that Hypothesis draws: drawing each element through Hypothesis's strategies
+    cost most of a check. Hypothesis shrinks the bytes towards zeros (simple elements: 0, False) and
+    deletes some (the elements after them move forward), and a shape that shrinks keeps the first elements,
+    so a counterexample still shrinks to the few values that break a rule."""
+    n = math.prod(shape)
+    return st.tuples(st.binary(min_size=n, max_size=max(n, DRAWN_ELEMENTS)), st.integers(0, 2**32 - 1)).map(
+        lambda drawn: _elements(*drawn, n, dtype, numerics).reshape(shape))
+
+
+# Values Hypothesis's bounded float strategies favour (among its constants), besides the zeros and the bounds
+# (`_ranged`).
+_FAVOURED = (0.5, 1.1, 1.5, 1.9, 1 / 3, 1e-5, 1 - 1e-5, 2 + 1e-5, 2.0**-24, 2.0**-14, 2.0**-149, 2.0**-126,
+             float(np.finfo(np.float32).eps))
+
+
+def _elements(kinds: bytes, seed: int, n: int, dtype: str, numerics: str) -> np.ndarray:
+    """n elements of `dtype`, each independently (element i by byte i of `kinds` and the seed): for bools,
+    either; for integers, half of them the dtype's extremes (`integer_edges`), the others uniform over its
+    range; for floats of an "exact", "rounding" or "order" rule, a third of them its extremes (`_extremes`:
+    NaN, +-inf, -0, subnormals, values near overflow), a third 1, -1, 2 or 0.5, a third in [-100, 100]
+    (ordinary values twice as often as extremes, so that a matmul also sees finite sums); for a "reals"
+    rule, moderate values: half of them 0, 1 or -1, the others in [-4, 4]. A zero byte is the simplest
+    element: False, 0 or +0."""
+    r = np.random.default_rng(seed).random((n, 3)).T   # element i: the row's i-th, whatever n is
+    u = (np.frombuffer(kinds[:n], np.uint8) + r[0]) / 256    # uniform in [0, 1), by the byte first
     if dtype == "bool":
-        return st.lists(st.booleans(), min_size=math.prod(shape), max_size=math.prod(shape)).map(
-            lambda xs: np.array(xs, dtype=bool).reshape(shape))
-    if np.dtype(dtype).kind in "iu":
-        return st.lists(integer_elements(dtype), min_size=math.prod(shape), max_size=math.prod(shape)).map(
-            lambda xs: np.array(xs, dtype=np.int64).astype(np.dtype(dtype)).reshape(shape))
+        return u >= 0.5
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        wide = np.minimum(int(info.min) + np.floor(r[1] * (float(info.max) - float(info.min) + 1)), int(info.max))
+        edges = sorted(integer_edges(dtype), key=abs)
+        return np.where(u < 0.5, _pick(edges, 2 * u), wide.astype(np.int64)).astype(dt)
     if numerics == "reals":
-        elements = st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-4, 4, width=32))
-    else:  # ordinary values twice as often as extremes, so a matmul also sees finite sums
-        ordinary = st.one_of(st.sampled_from([1.0, -1.0, 2.0, 0.5]), st.floats(-100, 100, width=32))
-        elements = st.one_of(st.sampled_from(_extremes(dtype, numerics)), ordinary, ordinary)
-    return st.lists(elements, min_size=math.prod(shape), max_size=math.prod(shape)).map(
-        lambda xs: np.array(xs, dtype=np.float64).astype(np.dtype(dtype)).reshape(shape))
+        return np.where(u < 0.5, _pick((0.0, 1.0, -1.0), 2 * u), _ranged(r[1], r[2], 4.0)).astype(dt)
+    return np.select([u < 1 / 3, u < 2 / 3],
+                     [_pick(_extremes(dtype, numerics), 3 * u), _pick((1.0, -1.0, 2.0, 0.5), 3 * u - 1)],
+                     _ranged(r[1], r[2], 100.0)).astype(dt)
+
+
+def _ranged(u: np.ndarray, edge: np.ndarray, bound: float) -> np.ndarray:
+    """float32 values in [-bound, bound]: uniform (by `u`), or, where `edge` < 1/8, as Hypothesis's bounded
+    floats favour them, a zero of either sign, a bound or one of `_FAVOURED`, with either sign."""
+    favoured = [v for m in (0.0, bound, *_FAVOURED) if m <= bound for v in (m, -m)]
+    uniform = (u * 2 * bound - bound).astype(np.float32).astype(np.float64)
+    return np.where(edge < 1 / 8, _pick(favoured, edge * 8), uniform)
+
+
+def _pick(values, u: np.ndarray) -> np.ndarray:
+    """values[floor(u * len(values))] for each u in [0, 1) (clipped: those outside are not used)."""
+    values = np.asarray(values)
+    return values[np.clip((u * values.size).astype(np.int64), 0, values.size - 1)]
 
 
 def _large_arrays(shape, dtype: str, numerics: str):
-    """Arrays too large to draw element by element (Hypothesis caps the data one case draws; a packed
-    fractal alone is 256 elements): a seeded pseudo-random fill, with 16 values drawn as `_arrays` draws
-    them (zeros, NaN, Inf, large magnitudes) at seeded positions."""
+    """Arrays of more than DRAWN_ELEMENTS (a packed fractal alone is 256 elements): a seeded pseudo-random
+    fill of ordinary values, so that long sums are not all NaN or Inf, with 16 values drawn as `_arrays`
+    draws them (zeros, NaN, Inf, large magnitudes) at seeded positions."""
     n, dt = math.prod(shape), np.dtype(dtype)
 
     def build(drawn):
@@ -828,23 +869,38 @@ def _large_arrays(shape, dtype: str, numerics: str):
 
 # ---- the check ----
 
+# The predicates (rewrites/functions.py) that read no element of a tensor, only shapes, dtypes, attributes
+# and literals: `_one_case` checks them on zeros of the bindings' types (`_Generator.stubs`) before it draws
+# the values, which they cannot change. The others read elements (`LEAF_FACTS`).
+SHAPE_PREDICATES = frozenset({
+    "same_shape", "shape_is", "has_dtype", "float_dtype", "rank", "scalar", "same_rank", "fits", "matmul_ok",
+    "identity_perm", "swaps_last_two", "same_numel", "differs_shape", "last_axis", "equal", "less",
+    "conv_channels_last", "has_int32_conv", "int32_accumulates_conv", "nonzero", "int8_scale", "fold_in_range",
+    "row_vector", "int32_accumulates", "all_axes", "unit_axes", "long_last_axis", "column_vector", "square",
+    "main_diagonal", "fills_blocks"})
+
+
+def _admitted(rule, env: dict, predicates, sides: bool = True) -> list:
+    """Whether the rule's predicates named in `predicates` hold under `env`, and the values of its left-hand
+    sides (none unless `sides`): Reject where a predicate does not hold, or it or a side is ill typed."""
+    try:
+        for name, args in rule.when:
+            if name in predicates and not PREDICATES[name].py(*(evaluate(a, env) for a in args)):
+                raise Reject(f"predicate {name} does not hold")
+        return [evaluate(lhs, env) for lhs, _ in rule.pairs] if sides else []
+    except IllTyped as exc:
+        raise Reject(str(exc)) from exc
+
+
 def _one_case(rule, draw) -> tuple[dict, str | None]:
     """Draw one binding; returns (bindings, problem) with problem None when both sides agree."""
     gen = _Generator(rule, draw)
     for lhs, _ in rule.pairs:
         gen.gen(lhs)
+    _admitted(rule, gen.stubs(), SHAPE_PREDICATES, sides=False)   # most rejections, before any value is drawn
     gen.values(rule.numerics)
     env = gen.env
-    try:
-        lhs_values = [evaluate(lhs, env) for lhs, _ in rule.pairs]
-    except IllTyped as exc:
-        raise Reject(str(exc)) from exc
-    for name, args in rule.when:
-        try:
-            if not PREDICATES[name].py(*(evaluate(a, env) for a in args)):
-                raise Reject(f"predicate {name} does not hold")
-        except IllTyped as exc:
-            raise Reject(str(exc)) from exc
+    lhs_values = _admitted(rule, env, PREDICATES)
     shown = {"dtype": gen.dtype} | {str(k): v for k, v in env.items()}
     for (lhs, rhs), left in zip(rule.pairs, lhs_values):
         try:

@@ -156,3 +156,32 @@ def test_a_conv_weight_scale_on_a_spatial_axis_is_caught():
                when("conv_channels_last", k), numerics="reals", doc="wrong: any kernel axis")
     cex = _caught(bad)
     assert cex.bindings["?q"] != (len(np.shape(cex.bindings["?y"])) - 1,), cex
+
+
+def test_every_predicate_is_known_to_read_shapes_or_elements():
+    """The checker tests the predicates that read no element on zeros of the bindings' types before it draws
+    any value (checker.SHAPE_PREDICATES); a new predicate belongs there or among those that read elements."""
+    from superopt.rewrites import checker
+    from superopt.rewrites.functions import PREDICATES
+    assert set(PREDICATES) == checker.SHAPE_PREDICATES | set(checker.LEAF_FACTS)
+    assert not checker.SHAPE_PREDICATES & set(checker.LEAF_FACTS)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_arrays_drawn_hold_every_extreme_of_their_dtype(dtype):
+    """Arrays are filled from a drawn seed and bytes, not element by element; their elements are still the
+    dtype's extremes a third of the time (NaN, +-inf, -0, subnormals, values near overflow) and ordinary
+    values the rest, and the same draw gives the same array."""
+    from superopt.rewrites import checker
+    rng = np.random.default_rng(0)
+    drawn = [(rng.bytes(64), seed) for seed in range(40)]
+    values = np.concatenate([checker._elements(b, seed, 64, dtype, "rounding") for b, seed in drawn])
+    assert values.dtype == np.dtype(dtype)
+    wide = values.astype(np.float64)
+    for extreme in checker._extremes(dtype):
+        hits = np.isnan(wide) if np.isnan(extreme) else (wide == extreme) & (np.signbit(wide) == np.signbit(extreme))
+        assert hits.any(), f"{extreme!r} never drawn in {dtype}"
+    extreme = np.isin(wide, [e for e in checker._extremes(dtype) if e == e]) | np.isnan(wide)
+    assert 0.25 < extreme.mean() < 0.45, extreme.mean()
+    b, seed = drawn[0]
+    assert np.array_equal(checker._elements(b, seed, 64, dtype, "rounding"), values[:64], equal_nan=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from superopt.core.ir import Graph, Node
+from superopt.core.ir import Graph, Node, hoistable
 from superopt.core.ops import CONST_LEAVES, flagged
 from superopt.core.serial import NotSerializable, digest, dumps, to_data
 
@@ -119,13 +119,13 @@ def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
     windows, told apart by their signatures) wins: a chain whose ops repeat every 9 nodes but whose matmul
     comes every 300 is cut every 300, not into many short distinct pieces."""
     pos = {i: k for k, i in enumerate(computed)}
+    copied = _copied_values(graph)
 
     def signature(k: int, i: int) -> int:
         node = graph.nodes[i]
-        ins = tuple(("c", k - pos[j]) if j in pos else (graph.nodes[j].op, graph.nodes[j].shape, graph.nodes[j].dtype,
-                                                         graph.nodes[j].attrs if graph.nodes[j].op in _COPIED else ())
-                    for j in node.inputs)
-        return hash((node.op, node.attrs, node.shape, node.dtype, ins))
+        ins = tuple(("c", k - pos[j]) if j in pos else ("k", copied[j]) if j in copied else
+                    (graph.nodes[j].op, graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs)
+        return hash((node.op, _attrs(node), node.shape, node.dtype, ins))
     sig = np.array([signature(k, i) for k, i in enumerate(computed)], dtype=np.int64)
     n = len(sig)
     match = {p: int(np.count_nonzero(sig[:-p] == sig[p:])) / (n - p)
@@ -142,9 +142,30 @@ def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
 
 
 def _computed(graph: Graph) -> list[int]:
-    """The live nodes the segments are made of, in program order: neither leaves nor the prologue."""
-    prologue = _prologue(graph)
-    return [i for i in graph.live() if graph.nodes[i].op not in _LEAVES and i not in prologue]
+    """The live nodes the segments are made of, in program order: neither leaves, nor the prologue, nor values
+    computed from literals and iotas alone (`_copied_values`)."""
+    prologue, copied = _prologue(graph), _copied_values(graph)
+    return [i for i in graph.live() if graph.nodes[i].op not in _LEAVES and i not in prologue and i not in copied]
+
+
+def _copied_values(graph: Graph) -> dict[int, int]:
+    """The live nodes whose value is in the program's text: literals and iotas, and what is computed from
+    them alone (a causal mask built with `jnp.tril(jnp.ones(...))`), each with a hash of what it computes. A
+    segment that reads one computes it itself, as it copies a literal: its value is part of what the segment
+    computes, and a mask computed once and read by every layer would otherwise be an input each layer reads
+    from further back (12 identical decoder blocks were cut into 5 distinct half layers, where 2 were 1)."""
+    out: dict[int, int] = {}
+    for i in graph.live():
+        node = graph.nodes[i]
+        if node.op in _COPIED or (node.op not in _LEAVES and hoistable(node.op, [j in out for j in node.inputs])):
+            out[i] = hash((node.op, _attrs(node), node.shape, node.dtype, tuple(out[j] for j in node.inputs)))
+    return out
+
+
+def _attrs(node: Node) -> str:
+    """A node's attributes as text, for hashing: a NaN literal's float hashes by its identity (Python 3.10 on),
+    so two layers' `jnp.var` (which compares its count with a NaN fallback) hashed apart."""
+    return repr(node.attrs)
 
 
 def _prologue(graph: Graph) -> set[int]:
@@ -199,20 +220,25 @@ def _pieces(computed: list[int], cuts: list[int], smallest: int) -> list[list[in
     return [p for p in pieces if p]
 
 
-def _segment(graph: Graph, nodes: list[int], last: dict[int, int]) -> Segment:
+def _segment(graph: Graph, nodes: list[int], last: dict[int, int], copied: dict | None = None) -> Segment:
+    copied = _copied_values(graph) if copied is None else copied
     inside = set(nodes)
     inputs = list(dict.fromkeys(j for i in nodes for j in graph.nodes[i].inputs
-                                if j not in inside and graph.nodes[j].op not in _COPIED))
+                                if j not in inside and j not in copied))
     outputs = [i for i in nodes if last.get(i, -1) > nodes[-1]]
     canonical = Graph(n_args=len(inputs))
     ids = {j: canonical.add(Node("arg", (), (k,), graph.nodes[j].shape, graph.nodes[j].dtype))
            for k, j in enumerate(inputs)}
+
+    def copy(j: int) -> int:   # a literal, an iota or a value of them alone, with what it reads
+        if j not in ids:
+            node = graph.nodes[j]
+            ids[j] = canonical.add(Node(node.op, tuple(copy(k) for k in node.inputs), node.attrs, node.shape,
+                                        node.dtype))
+        return ids[j]
     for i in nodes:
         node = graph.nodes[i]
-        for j in node.inputs:
-            if j not in ids:   # a literal or an iota: copied
-                ids[j] = canonical.add(graph.nodes[j])
-        ids[i] = canonical.add(Node(node.op, tuple(ids[j] for j in node.inputs), node.attrs, node.shape, node.dtype))
+        ids[i] = canonical.add(Node(node.op, tuple(copy(j) for j in node.inputs), node.attrs, node.shape, node.dtype))
     canonical.outputs = [ids[o] for o in outputs]
     return Segment(nodes, inputs, outputs, canonical, digest(dumps(to_data(canonical))))
 
@@ -223,10 +249,10 @@ def stitch(graph: Graph, segments: list[Segment], chosen: dict[str, Graph], star
     a list, the id in the stitched program of each segment's first node is appended to it."""
     out = Graph(consts=list(graph.consts), n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
     ids: dict[int, int] = {}
-    prologue = _prologue(graph)
-    for i in graph.live():   # leaves and the parts of arguments the segments read, as the program has them
-        node = graph.nodes[i]
-        if node.op in _LEAVES or i in prologue:
+    prologue, copied = _prologue(graph), _copied_values(graph)
+    for i in graph.live():   # leaves, the parts of arguments the segments read, and values of literals alone (a
+        node = graph.nodes[i]   # program may return one), as the program has them
+        if node.op in _LEAVES or i in prologue or i in copied:
             ids[i] = out.add(Node(node.op, tuple(ids[j] for j in node.inputs), node.attrs, node.shape, node.dtype))
     for seg in segments:
         if starts is not None:

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from superopt.core import jax_compat
 from superopt.core.ir import Graph, Node
 
 MAX_PASSES = 3          # nested loops: the batched body of an outer loop may hold an inner loop to vectorize
@@ -96,7 +97,7 @@ def _is_one(atom) -> bool:
 def _plan(params: dict, known: list) -> _Plan:
     """How the scan with these params vectorizes, given the values of its operands that are known (None
     where not), or _Unsupported."""
-    nc, nk, length = params["num_consts"], params["num_carry"], params["length"]
+    (nc, nk), length = jax_compat.scan_counts(params), params["length"]
     if params["jaxpr"].jaxpr.effects or length < 1:
         raise _Unsupported("effects")
     closed = inlined_calls(params["jaxpr"])
@@ -440,7 +441,7 @@ def _unrolled(params: dict, known: list):
     the same ops in the same order, so the values are the loop's; the e-graph then sees across iterations.
     A carry whose initial value is known (a counter's literal start) starts as that value, so the indices
     computed from it are known in each copy (a row read becomes a slice)."""
-    closed, nc, nk, length = params["jaxpr"], params["num_consts"], params["num_carry"], params["length"]
+    closed, (nc, nk), length = params["jaxpr"], jax_compat.scan_counts(params), params["length"]
     starts = [None if v is None or np.ndim(v) else v for v in known[nc:nc + nk]]
 
     def run(*operands):
@@ -471,7 +472,7 @@ def _hoisted(params: dict):
     iteration, such as re-associating h @ (w @ w.T), is not taken). _Unsupported where nothing but
     `_CHEAP` equations is invariant."""
     closed = inlined_calls(params["jaxpr"])
-    jaxpr, nc, nk = closed.jaxpr, params["num_consts"], params["num_carry"]
+    jaxpr, (nc, nk) = closed.jaxpr, jax_compat.scan_counts(params)
     invars, outvars = jaxpr.invars, jaxpr.outvars
     kept = {j for j in range(nk) if outvars[j] is invars[nc + j]}
     hoisted, _ = _invariant_equations(jaxpr, set(invars[:nc]) | {invars[nc + j] for j in kept})

@@ -129,6 +129,11 @@ def _param_text(value, owner: str) -> str:
         return "{" + ",".join(f"{k!r}:{_param_text(v, owner)}" for k, v in sorted(value.items())) + "}"
     if isinstance(value, (np.ndarray, np.generic)) or type(value).__module__.startswith("jaxlib"):
         return f"array:{array_digest(value)}"
+    if type(value).__module__ == "jax._src.flattree":   # JAX 0.12's scan describes its operands as a flat tree
+        if hasattr(value, "elts"):
+            return "ft(" + ",".join(_param_text(e, owner) for e in value.elts) + ")"
+        if hasattr(value, "val"):
+            return "fs(" + _param_text(value.val, owner) + ")"
     if isinstance(value, jcore.ClosedJaxpr):
         return "closed(" + _jaxpr_text(value.jaxpr, owner) + ";" + \
             ",".join(_param_text(c, owner) for c in value.consts) + ")"

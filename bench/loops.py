@@ -339,6 +339,21 @@ def layer_stack(rng, layers: int, dim: int, ffn: int) -> dict:
             "ln2_g": 1 + m(layers, dim, scale=0.02), "ln2_b": m(layers, dim, scale=0.02)}
 
 
+def per_layer(stack: dict, layers: int) -> list[dict]:
+    """`layer_stack`'s weights as a list of per-layer dicts, as a model written with a Python loop takes them."""
+    import jax
+    return [jax.tree_util.tree_map(lambda a, i=i: a[i], stack) for i in range(layers)]
+
+
+def in_turn(block):
+    """A model applying `block(h, p)` for each per-layer dict p of its weights: layers unrolled by Python."""
+    def model(params, h):
+        for p in params:
+            h = block(h, p)
+        return h
+    return model
+
+
 def stack_comparison(layers: int = 12, small: bool = False) -> list[dict]:
     """One transformer layer, `layers` of them in a `lax.scan`, and the same layers unrolled by a Python loop,
     each optimized cold (a fresh cache) under both numerics modes: the first call's seconds, the modelled
@@ -356,17 +371,13 @@ def stack_comparison(layers: int = 12, small: bool = False) -> list[dict]:
 
     def scanned(params, h):
         return lax.scan(lambda h, p: (transformer_layer(h, p), None), h, params)[0]
-
-    def unrolled(params, h):
-        for i in range(layers):
-            h = transformer_layer(h, jax.tree_util.tree_map(lambda a: a[i], params))
-        return h
+    unrolled = in_turn(transformer_layer)
 
     superopt(lambda h: h * 2.0, cache=False)(x)   # the first optimization in a process loads what all share
     rows = []
     for mode in ("strict", "fast"):
         for name, fn, args in (("one layer", transformer_layer, (x, one)), (f"{layers} layers, lax.scan", scanned, (stack, x)),
-                               (f"{layers} layers, unrolled", unrolled, (stack, x))):
+                               (f"{layers} layers, unrolled", unrolled, (per_layer(stack, layers), x))):
             f = superopt(fn, cache=False, numerics=mode)
             start = time.perf_counter()
             jax.block_until_ready(f(*args))

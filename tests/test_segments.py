@@ -376,7 +376,7 @@ def test_a_cached_npu_segment_is_built_at_its_first_use_and_a_wrong_entry_falls_
 def test_identical_decoder_blocks_are_one_distinct_segment_however_many(mask):
     """12 pre-norm decoder blocks (weights as a list of per-block dicts, a causal mask, jnp.var, whose NaN
     fallback literal hashed apart by identity) are as many distinct segments as 2 blocks: one."""
-    from bench.loops import layer_stack, transformer_layer
+    from bench.loops import in_turn, layer_stack, per_layer, transformer_layer
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((8, 32)), jnp.float32)
     causal = jnp.tril(jnp.ones((8, 8), bool))
@@ -390,14 +390,8 @@ def test_identical_decoder_blocks_are_one_distinct_segment_however_many(mask):
 
     distinct = {}
     for layers in (2, 12):
-        stack = layer_stack(rng, layers, 32, 64)
-        params = [jax.tree_util.tree_map(lambda a, i=i: a[i], stack) for i in range(layers)]
-
-        def model(params, h):
-            for p in params:
-                h = block(h, p)
-            return h
-        segments = split(capture(model, (params, x)).graph)
+        params = per_layer(layer_stack(rng, layers, 32, 64), layers)
+        segments = split(capture(in_turn(block), (params, x)).graph)
         assert segments is not None and len(segments) == layers
         distinct[layers] = {s.key for s in segments}
     assert len(distinct[12]) == len(distinct[2]) == 1 and distinct[12] == distinct[2]

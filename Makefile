@@ -58,9 +58,11 @@ bench-gpu: $(TESTED)
 	$(PY) -m bench.gpu
 
 # The wheels the GPU machine lacks (it has Python 3.12, jax with CUDA, no network), into the ignored .whl/:
-# carry .whl with the device command that runs .ci/gpu-run (docs/pallas.md, "Running on a GPU").
-GPU_WHEELS := egglog==13.2.0 highspy==1.16.0 black==26.10.1 graphviz==0.21 opentelemetry-api==1.45.2 \
-              platformdirs==4.14.8 pytokens==0.4.1
+# carry .whl with the device command that runs .ci/gpu-run (docs/pallas.md, "Running on a GPU"). egglog 14, the
+# newer side of the declared range (Python 3.12 only), and what it imports at import time (cloudpickle, black,
+# graphviz, opentelemetry-api; its anywidget is imported only for notebooks).
+GPU_WHEELS := egglog==14.0.0 cloudpickle==3.1.3 highspy==1.16.0 black==26.10.1 graphviz==0.21 \
+              opentelemetry-api==1.45.2 platformdirs==4.14.8 pytokens==0.4.1
 .PHONY: gpu-wheels
 gpu-wheels:
 	rm -rf .whl && mkdir -p .whl

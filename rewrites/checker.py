@@ -252,6 +252,8 @@ class _Generator:
             if name in LEAF_FACTS and _is_leaf(args[0]):
                 self.facts.setdefault(self.key(args[0]), set()).add(name)
         self.diagonals = {tuple(args[:3]) for name, args in rule.when if name == "main_diagonal"}
+        # axis-list variable -> the tensor whose last axis alone it must name (predicate last_axis)
+        self.last_axes = {args[0]: args[1] for name, args in rule.when if name == "last_axis" and isinstance(args[0], Var)}
 
     def key(self, p):
         return p if isinstance(p, Var) else (p.fn, evaluate(p.args[0], self.env))
@@ -396,10 +398,12 @@ class _Generator:
         if p.fn == "reduce":
             self.op(a[0], REDUCE)
             shape = shape if shape is not None else self.shape()
-            rank = len(shape) + self.draw(st.integers(0, 2))
+            # over the operand's last axis alone, where the rule says so: the other axis lists are rejected
+            last = a[2] not in self.env and self.last_axes.get(a[2]) == a[1]
+            rank = len(shape) + (1 if last else self.draw(st.integers(0, 2)))
             extra = rank - len(shape)
-            axes = self.vec(a[2], lambda: sorted(self.draw(st.sets(st.integers(0, rank - 1), min_size=extra,
-                                                                    max_size=extra))) if rank else ())
+            axes = self.vec(a[2], lambda: [rank - 1] if last else sorted(
+                self.draw(st.sets(st.integers(0, rank - 1), min_size=extra, max_size=extra))) if rank else ())
             it = iter(shape)
             inner = tuple(self.draw(st.sampled_from(DIMS)) if i in axes else next(it, 1) for i in range(len(axes) + len(shape)))
             self.gen(a[1], (inner, self.dtype))

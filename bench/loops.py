@@ -1,7 +1,7 @@
 """Loop kernels: JAX functions that do their work in `lax.fori_loop`, `lax.scan`, `lax.while_loop` and
 `lax.cond`, written the way people write loops in JAX (row loops with `.at[i].set`, scan accumulations, while
 loops to convergence, stencil time loops, a triangular solve, histogram and sparse row loops, loops with
-loop-invariant work, two loops over one range, a short loop worth unrolling, a scanned stack of transformer
+loop-invariant work, two loops over one range (batched, and running statistics that do not batch), a short loop worth unrolling, a scanned stack of transformer
 layers, a cond inside a loop, nested loops), each run by superopt on cpu and by jax.jit, interleaved in one
 process (issue 54).
 
@@ -224,6 +224,12 @@ def kernels(small: bool = False):
         mean = s1 / n
         return mean, s2 / n - mean * mean
 
+    def running_stats(xs):   # a running mean and a running maximum, as two loops over the same rows
+        total = lax.scan(lambda c, x: (c + x, c + x), jnp.zeros(xs.shape[1:], xs.dtype), xs)[1]
+        peak = lax.scan(lambda c, x: (jnp.maximum(c, x), jnp.maximum(c, x)),
+                        jnp.full(xs.shape[1:], -jnp.inf, xs.dtype), xs)[1]
+        return total / jnp.arange(1, xs.shape[0] + 1, dtype=xs.dtype)[:, None], peak
+
     def horner(coeffs, x):
         return lax.fori_loop(0, coeffs.shape[0], lambda i, acc: acc * x + coeffs[i], jnp.zeros_like(x))
 
@@ -291,6 +297,7 @@ def kernels(small: bool = False):
         ("rnn-input-projection", rnn_input_projection, (w(hid, hid), w(z(64, 8), hid), m(hid, scale=0.02),
                                                         m(t, z(16, 2), z(64, 8)))),
         ("two-loops", two_loops, (m(z(2048, 16), z(128, 8)),)),
+        ("running-stats", running_stats, (m(z(2048, 16), z(64, 8)),)),
         ("horner", horner, (m(6), m(z(1024, 32), z(1024, 32)))),
         ("matrix-power", matrix_power, (w(z(256, 16), z(256, 16)),)),
         ("transformer-scan", transformer_stack, (stack, m(seq, dim))),
@@ -526,7 +533,7 @@ def render(rows: list[dict], samples: int, load: tuple[str, str], small: bool = 
              "`fori_loop` with static bounds traces to a scan); \"opaque to superopt\" is what its capture "
              "keeps as opaque nodes; \"loop pass\" is what superopt/loops.py did to them before the search "
              "(the strict report's loops line: batched where the iterations are independent, written out where "
-             "a loop is short, loop-invariant work moved out; the bodies the search of bodies changed, "
+             "a loop is short, loop-invariant work moved out, loops over one range fused; the bodies the search of bodies changed, "
              "superopt/regions.py; a while loop's assumed trip count).", ""]
     for mode in ("strict", "fast"):
         changed = [r for r in rows if r[mode]["changed"]]
@@ -548,11 +555,12 @@ def render(rows: list[dict], samples: int, load: tuple[str, str], small: bool = 
                 "rule looks inside, so under either numerics mode it runs jax.jit's executable, and the speedups "
                 "above are the noise of timing one program against itself.")
     else:
-        lifted = [r["name"] for r in rows if "batched" in r["lifted"] or "written out" in r["lifted"]]
+        lifted = [r["name"] for r in rows if "batched" in r["lifted"] or "written out" in r["lifted"]
+                  or "fused" in r["lifted"]]
         hoisted = [r["name"] for r in rows if "moved out" in r["lifted"]]
         bodies = [r["name"] for r in rows if "bodies optimized" in r["lifted"]]
         what = (f"{len(opaque)} of the {len(rows)} reach superopt with their loops as opaque nodes; the loop pass "
-                f"batched or wrote out the loops of {len(lifted)} ({', '.join(lifted) or 'none'}) and moved "
+                f"batched, wrote out or fused the loops of {len(lifted)} ({', '.join(lifted) or 'none'}) and moved "
                 f"loop-invariant work out of {len(hoisted)} ({', '.join(hoisted) or 'none'}); the search of bodies "
                 f"changed the bodies of {len(bodies)} ({', '.join(bodies) or 'none'}) under strict; "
                 f"{len(changed)} compile to a different executable in at least one mode"

@@ -41,7 +41,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from superopt.core import jax_compat
-from superopt.core.ir import Graph, Node
+from superopt.core.ir import Graph, Node, postorder
 
 MAX_PASSES = 3          # nested loops: the batched body of an outer loop may hold an inner loop to vectorize
 UNROLL = 8              # a loop of at most this many iterations that does not vectorize is written out,
@@ -517,16 +517,90 @@ def _bind(e, args: list):
 
 
 def vectorize(graph: Graph) -> tuple[Graph, list[str]]:
-    """`graph` with each scan whose iterations are independent (module doc) replaced by its body batched, and
-    each short one that is not written out, and what was done to each loop ("batched", "unrolled"); `graph`
-    itself where nothing was."""
+    """`graph` with each scan whose iterations are independent (module doc) replaced by its body batched, each
+    short one that does not batch written out, the loop-invariant work of the others moved out of them, then
+    pairs of scans over one range fused (`_fused_pass`), and what was done to each loop ("batched",
+    "unrolled", "hoisted", "fused"); `graph` itself where nothing was."""
     done: list[str] = []
-    for _ in range(MAX_PASSES):
-        graph, kinds = _one_pass(graph)
-        done += kinds
-        if not kinds:
-            break
+    for one_pass in (_one_pass, _fused_pass):
+        for _ in range(MAX_PASSES):
+            graph, kinds = one_pass(graph)
+            done += kinds
+            if not kinds:
+                break
     return graph, done
+
+
+def _fused(pa: dict, pb: dict):
+    """Two scans over one range (the same length and direction) as one: its body runs the first's body, then
+    the second's, on their own carries and slices; its results are the first's, then the second's. Neither
+    reads the other's results (`_fused_pass`), so each body sees what it saw alone: the same ops on the same
+    values ("exact")."""
+    (nca, nka), (ncb, nkb) = jax_compat.scan_counts(pa), jax_compat.scan_counts(pb)
+    a, b = pa["jaxpr"], pb["jaxpr"]
+    n_a = len(a.jaxpr.invars)
+    ya = len(a.jaxpr.outvars) - nka
+
+    def run(*operands):
+        ops_a, ops_b = operands[:n_a], operands[n_a:]
+        consts_a, xs_a = ops_a[:nca], ops_a[nca + nka:]
+        consts_b, xs_b = ops_b[:ncb], ops_b[ncb + nkb:]
+
+        def step(carry, x):
+            out_a = jax.core.eval_jaxpr(a.jaxpr, a.consts, *consts_a, *carry[:nka], *x[:len(xs_a)])
+            out_b = jax.core.eval_jaxpr(b.jaxpr, b.consts, *consts_b, *carry[nka:], *x[len(xs_a):])
+            return list(out_a[:nka]) + list(out_b[:nkb]), list(out_a[nka:]) + list(out_b[nkb:])
+
+        unroll = pa.get("unroll", 1) if pa.get("unroll", 1) == pb.get("unroll", 1) else 1
+        carry, ys = jax.lax.scan(step, list(ops_a[nca:nca + nka]) + list(ops_b[ncb:ncb + nkb]),
+                                 list(xs_a) + list(xs_b), length=pa["length"], reverse=pa["reverse"], unroll=unroll)
+        return list(carry[:nka]) + list(ys[:ya]) + list(carry[nka:]) + list(ys[ya:])
+
+    return run
+
+
+def _fused_pass(graph: Graph) -> tuple[Graph, list[str]]:
+    """`graph` with pairs of scans over one range fused (`_fused`): two loops that read the same rows, or only
+    share a trip count, pay one loop's per-iteration overhead and read what they share once. A pair is fused
+    where neither reads the other's results, directly or through anything else (the dependence test: no
+    result of one among what the other's operands are computed from)."""
+    from superopt.egraph.capture import capture
+    operands: dict[int, tuple] = {}
+    for i in graph.live():
+        node = graph.nodes[i]
+        if node.op == "opaque":
+            operands[node.attrs[0]] = node.inputs
+
+    def reads(k: int) -> set:   # the opaque equations loop k's operands are computed from
+        return {graph.nodes[i].attrs[0] for i in postorder(operands[k], lambda i: graph.nodes[i].inputs)
+                if graph.nodes[i].op == "opaque"}
+    scans = [k for k in operands if graph.opaque[k].name == "scan" and not graph.opaque[k].effectful
+             and not graph.opaque[k].params["jaxpr"].jaxpr.effects]
+    upstream = {k: reads(k) for k in scans}
+    replaced: dict[int, tuple] = {}
+    kinds: list[str] = []
+    for n, a in enumerate(scans):
+        for b in scans[n + 1:]:
+            if a in replaced or b in replaced:
+                continue
+            pa, pb = graph.opaque[a].params, graph.opaque[b].params
+            if (pa["length"], pa["reverse"]) != (pb["length"], pb["reverse"]):
+                continue
+            if a in upstream[b] or b in upstream[a]:
+                continue
+            ins = tuple(operands[a]) + tuple(operands[b])
+            avals = tuple(jax.ShapeDtypeStruct(graph.nodes[j].shape, graph.nodes[j].dtype) for j in ins)
+            try:
+                sub = capture(_fused(pa, pb), avals, keep_whole=False).graph
+            except Exception:   # noqa: BLE001 - a pair that does not capture as one loop stays two
+                continue
+            if sub.hidden_outputs:
+                continue
+            replaced[a], replaced[b] = (sub, ins, 0), (sub, ins, graph.opaque[a].n_outputs)
+            kinds.append("fused")
+    if not replaced:
+        return graph, []
+    return _spliced(graph, replaced), kinds
 
 
 def _known(graph: Graph, i: int):
@@ -579,24 +653,34 @@ def _one_pass(graph: Graph) -> tuple[Graph, list[str]]:
 
 def _spliced(graph: Graph, replaced: dict) -> Graph:
     """`graph` with the outputs of each replaced opaque equation taken from its sub-graph, whose arguments
-    are the equation's operands."""
+    are the equation's operands (`replaced`: equation -> (sub-graph, operands[, the offset of its outputs among
+    the sub-graph's, where several equations share one])."""
     out = Graph(consts=list(graph.consts), n_args=graph.n_args, hidden_outputs=graph.hidden_outputs)
     ids: dict[int, int] = {}
     inlined: dict[int, list] = {}
     opaque_index: dict[int, int] = {}
-    for i in graph.live():
+
+    def emit(i: int) -> None:
         node = graph.nodes[i]
         if node.op == "opaque" and node.attrs[0] in replaced:
-            eq = node.attrs[0]
-            if eq not in inlined:
-                sub, operands = replaced[eq]
-                inlined[eq] = _inline(out, sub, [ids[j] for j in operands], opaque_index, graph)
-            ids[i] = inlined[eq][node.attrs[1]]
-            continue
+            sub, operands, *offset = replaced[node.attrs[0]]   # loops fused share one sub-graph, at an offset
+            if id(sub) not in inlined:
+                # a fused loop's operands may come after its first loop's results in `graph`: what they are
+                # computed from goes first (none of it reads either loop: `_fused_pass`)
+                for j in postorder(operands, lambda k: () if k in ids else graph.nodes[k].inputs):
+                    if j not in ids:
+                        emit(j)
+                inlined[id(sub)] = _inline(out, sub, [ids[j] for j in operands], opaque_index, graph)
+            ids[i] = inlined[id(sub)][(offset[0] if offset else 0) + node.attrs[1]]
+            return
         attrs = node.attrs
         if node.op == "opaque":
             attrs = (_opaque(out, graph.opaque[node.attrs[0]], opaque_index, node.attrs[0]),) + tuple(node.attrs[1:])
         ids[i] = out.add(Node(node.op, tuple(ids[j] for j in node.inputs), attrs, node.shape, node.dtype))
+
+    for i in graph.live():
+        if i not in ids:
+            emit(i)
     out.outputs = [ids[o] for o in graph.outputs]
     return out
 
@@ -629,7 +713,9 @@ def _inline(out: Graph, sub: Graph, ins: list, opaque_index: dict, graph: Graph)
 def vectorized_note(kinds: list[str]) -> str:
     """The report's words for what was done to the program's loops before the search."""
     batched, unrolled, hoisted = kinds.count("batched"), kinds.count("unrolled"), kinds.count("hoisted")
+    fused = kinds.count("fused")
     parts = ([f"{batched} with independent iterations batched"] if batched else []) + \
         ([f"{unrolled} short one{'s' if unrolled != 1 else ''} written out"] if unrolled else []) + \
-        ([f"{hoisted} with loop-invariant work moved out"] if hoisted else [])
+        ([f"{hoisted} with loop-invariant work moved out"] if hoisted else []) + \
+        ([f"{fused} pair{'s' if fused != 1 else ''} over one range fused"] if fused else [])
     return f"loops before the search: {'; '.join(parts)}"

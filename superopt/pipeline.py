@@ -428,10 +428,12 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     if not (captured.kept_whole or captured.graph.hidden_outputs) and any(op.name in regions.BODIES
                                                                           for op in captured.graph.opaque):
         body = _body_optimizer(tgt, rulesets, limits, check_results, extractor, numerics, store, executor, guard)
-        searched, names, fired = timer("bodies", regions.optimized_bodies, captured.graph, body)
-        if names:
-            note = "; ".join(filter(None, [captured.vectorized, regions.bodies_note(names, fired)]))
-            captured = dataclasses.replace(captured, graph=searched, traced=traced(captured), vectorized=note)
+        searched = timer("bodies", regions.optimized_bodies, captured.graph, body)
+        note = "; ".join(filter(None, [captured.vectorized, searched.note()]))
+        if searched.changed:
+            captured = dataclasses.replace(captured, graph=searched.graph, traced=traced(captured), vectorized=note)
+        else:
+            captured = dataclasses.replace(captured, vectorized=note)
     if not (captured.kept_whole or captured.graph.opaque or captured.graph.hidden_outputs):
         rolled, loops = timer("reroll", reroll, captured.graph)
         if loops:

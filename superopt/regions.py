@@ -77,17 +77,37 @@ def _equations(jaxpr) -> int:
     return n
 
 
-def optimized_bodies(graph: Graph, optimize: Callable) -> tuple[Graph, list[str], list[str]]:
-    """`graph` with each loop or branch body that `optimize` improves replaced (`graph` itself where none
-    changed), the primitive of each changed one ("scan", "while", "cond"), and the rules that fired in them.
-    `optimize(closed)` returns a closed jaxpr of the same types, or None where it keeps the body, and the
-    names of the rules that fired."""
+@dataclasses.dataclass
+class Searched:
+    """What the body pass did to a program: the program (itself where no body changed), the primitive of each
+    loop or branch whose body changed ("scan", "while", "cond"), how many bodies were searched, and the rules
+    that fired in them (changed or not)."""
+    graph: Graph
+    changed: list
+    searched: int
+    fired: list
+
+    def note(self) -> str:
+        """The report's words, "" where no body was searched."""
+        if not self.searched:
+            return ""
+        counts = {n: self.changed.count(n) for n in dict.fromkeys(self.changed)}
+        head = ("bodies optimized: " + ", ".join(f"{c} {n}" for n, c in counts.items()) if self.changed else
+                f"bodies searched: {self.searched}, none made cheaper")
+        return head + (f" (rules fired in them: {', '.join(sorted(self.fired))})" if self.fired else "")
+
+
+def optimized_bodies(graph: Graph, optimize: Callable) -> Searched:
+    """`graph` with each loop or branch body that `optimize` improves replaced (`Searched`). `optimize(closed)`
+    returns a closed jaxpr of the same types, or None where it keeps the body, and the names of the rules
+    that fired."""
     ops, changed_ops, fired = list(graph.opaque), [], []
     done: dict[int, tuple] = {}   # a body shared by several loops (a loop written out by the loop pass) is searched once
+
     def search(body):
         if id(body) not in done:
-            done[id(body)] = (body, optimize(body) if worth_searching(body) else (None, ()))
-        return done[id(body)][1]
+            done[id(body)] = (body, optimize(body) if worth_searching(body) else None)
+        return done[id(body)][1] or (None, ())
 
     for k, op in enumerate(graph.opaque):
         keys = BODIES.get(op.name)
@@ -101,20 +121,12 @@ def optimized_bodies(graph: Graph, optimize: Callable) -> tuple[Graph, list[str]
             for body in bodies:
                 better, rules = search(body)
                 new.append(better or body)
-                fired += [r for r in rules if better is not None and r not in fired]
+                fired += [r for r in rules if r not in fired]
             if any(n is not b for n, b in zip(new, bodies)):
                 params[key] = tuple(new) if isinstance(value, (tuple, list)) else new[0]
                 changed = True
         if changed:
             ops[k] = dataclasses.replace(op, params=params)
             changed_ops.append(op.name)
-    if not changed_ops:
-        return graph, [], []
-    return dataclasses.replace(graph, opaque=ops), changed_ops, fired
-
-
-def bodies_note(names: list[str], fired: list[str]) -> str:
-    """The report's words for the bodies the search changed."""
-    counts = {n: names.count(n) for n in dict.fromkeys(names)}
-    return ("bodies optimized: " + ", ".join(f"{c} {n}" for n, c in counts.items())
-            + (f" (rules fired in them: {', '.join(sorted(fired))})" if fired else ""))
+    searched = sum(result is not None for _, result in done.values())
+    return Searched(dataclasses.replace(graph, opaque=ops) if changed_ops else graph, changed_ops, searched, fired)

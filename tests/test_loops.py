@@ -214,3 +214,28 @@ def test_a_loop_with_only_cheap_invariant_work_stays_as_it_is():
     fn = lambda h, b: lax.fori_loop(0, 12, lambda _, h: jnp.tanh(h + b.reshape(1, -1)), h)   # noqa: E731
     graph, done = vectorize(capture(fn, (X[:4], W)).graph)
     assert done == []
+
+
+def test_two_scans_over_one_range_are_fused_with_the_loops_values():
+    def stats(xs):
+        total = lax.scan(lambda c, x: (c + x, c), jnp.zeros(8), xs)[1]
+        peak = lax.scan(lambda c, x: (jnp.maximum(c, x), c * 2.0), jnp.full(8, -jnp.inf), xs)
+        return total, peak
+    graph, done = vectorize(capture(stats, (X,)).graph)
+    assert done == ["fused"] and [op.name for op in graph.opaque] == ["scan"]
+    for g, w in zip(lower(graph)(X), jax.tree_util.tree_leaves(jax.jit(stats)(X)), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_scans_that_read_each_other_or_differ_in_range_stay_apart():
+    def chained(xs):   # the second reads the first's rows: a dependence, not fused here
+        total = lax.scan(lambda c, x: (c + x, c), jnp.zeros(8), xs)[1]
+        return lax.scan(lambda c, x: (jnp.maximum(c, x), c), jnp.zeros(8), total)[1]
+
+    def ranges(xs):
+        return (lax.scan(lambda c, x: (c + x, c), jnp.zeros(8), xs)[1],
+                lax.scan(lambda c, x: (c * x, c), jnp.ones(8), xs[:10])[1],
+                lax.scan(lambda c, x: (c - x, c), jnp.zeros(8), xs, reverse=True)[1])
+    for fn in (chained, ranges):
+        graph, done = vectorize(capture(fn, (X,)).graph)
+        assert "fused" not in done and sum(op.name == "scan" for op in graph.opaque) >= 2

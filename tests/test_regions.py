@@ -100,8 +100,9 @@ def test_grad_vmap_and_export_of_a_program_whose_loop_body_changed_are_jax_jits(
 
 def test_a_body_no_rule_improves_is_left_bound_to_the_users_primitive():
     graph = capture(lambda ws, h: lax.scan(lambda h, w: (jnp.tanh(h @ w) + h, None), h, ws)[0], (WS, H)).graph
-    same, changed, fired = optimized_bodies(graph, lambda closed: (None, ()))
-    assert same is graph and changed == [] == fired
+    searched = optimized_bodies(graph, lambda closed: (None, ("a-rule",)))
+    assert searched.graph is graph and searched.changed == [] and searched.searched == 1
+    assert searched.note() == "bodies searched: 1, none made cheaper (rules fired in them: a-rule)"
 
 
 def test_a_short_body_is_not_searched():

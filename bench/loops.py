@@ -216,6 +216,13 @@ def kernels(small: bool = False):
             return h, h
         return lax.scan(step, jnp.zeros((xs.shape[1], wh.shape[0]), xs.dtype), xs)[1]
 
+    def stacked_rnn(w1, u1, w2, u2, xs):   # two recurrent layers, the second reading the first's states
+        def layer(w, u):
+            return lambda h, x: (jnp.tanh(h @ w + x @ u),) * 2
+        h0 = jnp.zeros((xs.shape[1], w1.shape[0]), xs.dtype)
+        hs = lax.scan(layer(w1, u1), h0, xs)[1]
+        return lax.scan(layer(w2, u2), h0, hs)[1]
+
     # ---- two loops over one range; short loops ----
     def two_loops(x):
         n = x.shape[0]
@@ -296,6 +303,8 @@ def kernels(small: bool = False):
         ("invariant-exp-rnn", invariant_exp_rnn, (m(hid, hid, scale=0.1) - math.log(hid), m(t, hid))),
         ("rnn-input-projection", rnn_input_projection, (w(hid, hid), w(z(64, 8), hid), m(hid, scale=0.02),
                                                         m(t, z(16, 2), z(64, 8)))),
+        ("stacked-rnn", stacked_rnn, (w(z(64, 8), z(64, 8)), w(z(64, 8), z(64, 8)), w(z(64, 8), z(64, 8)),
+                                      w(z(64, 8), z(64, 8)), m(z(512, 16), z(8, 2), z(64, 8)))),
         ("two-loops", two_loops, (m(z(2048, 16), z(128, 8)),)),
         ("running-stats", running_stats, (m(z(2048, 16), z(64, 8)),)),
         ("horner", horner, (m(6), m(z(1024, 32), z(1024, 32)))),

@@ -531,24 +531,30 @@ def vectorize(graph: Graph) -> tuple[Graph, list[str]]:
     return graph, done
 
 
-def _fused(pa: dict, pb: dict):
+def _fused(pa: dict, pb: dict, fed: dict | None = None):
     """Two scans over one range (the same length and direction) as one: its body runs the first's body, then
-    the second's, on their own carries and slices; its results are the first's, then the second's. Neither
-    reads the other's results (`_fused_pass`), so each body sees what it saw alone: the same ops on the same
-    values ("exact")."""
+    the second's, on their own carries and slices; its results are the first's, then the second's. `fed`
+    (the second's xs position -> the first's ys position): rows the second reads of the first's ys are the
+    values the first's body just computed (a map loop into the reduction after it), and are not operands of
+    the fused loop. Nothing else of one reads the other's results (`_fused_pass`), so each body sees what it
+    saw alone: the same ops on the same values ("exact")."""
     (nca, nka), (ncb, nkb) = jax_compat.scan_counts(pa), jax_compat.scan_counts(pb)
     a, b = pa["jaxpr"], pb["jaxpr"]
+    fed = fed or {}
     n_a = len(a.jaxpr.invars)
     ya = len(a.jaxpr.outvars) - nka
+    xb = len(b.jaxpr.invars) - ncb - nkb
 
     def run(*operands):
         ops_a, ops_b = operands[:n_a], operands[n_a:]
         consts_a, xs_a = ops_a[:nca], ops_a[nca + nka:]
-        consts_b, xs_b = ops_b[:ncb], ops_b[ncb + nkb:]
+        consts_b, xs_b = ops_b[:ncb], ops_b[ncb + nkb:]   # without the fed ones
 
         def step(carry, x):
             out_a = jax.core.eval_jaxpr(a.jaxpr, a.consts, *consts_a, *carry[:nka], *x[:len(xs_a)])
-            out_b = jax.core.eval_jaxpr(b.jaxpr, b.consts, *consts_b, *carry[nka:], *x[len(xs_a):])
+            rows = iter(x[len(xs_a):])
+            x_b = [out_a[nka + fed[k]] if k in fed else next(rows) for k in range(xb)]
+            out_b = jax.core.eval_jaxpr(b.jaxpr, b.consts, *consts_b, *carry[nka:], *x_b)
             return list(out_a[:nka]) + list(out_b[:nkb]), list(out_a[nka:]) + list(out_b[nkb:])
 
         unroll = pa.get("unroll", 1) if pa.get("unroll", 1) == pb.get("unroll", 1) else 1
@@ -561,9 +567,10 @@ def _fused(pa: dict, pb: dict):
 
 def _fused_pass(graph: Graph) -> tuple[Graph, list[str]]:
     """`graph` with pairs of scans over one range fused (`_fused`): two loops that read the same rows, or only
-    share a trip count, pay one loop's per-iteration overhead and read what they share once. A pair is fused
-    where neither reads the other's results, directly or through anything else (the dependence test: no
-    result of one among what the other's operands are computed from)."""
+    share a trip count, pay one loop's per-iteration overhead and read what they share once; a loop that
+    reads another's ys row by row takes each row as it is computed, never stored whole for it. A pair is
+    fused where, besides such rows, neither reads the other's results, directly or through anything else (the
+    dependence test: no result of one among what the other's other operands are computed from)."""
     from superopt.egraph.capture import capture
     operands: dict[int, tuple] = {}
     for i in graph.live():
@@ -571,27 +578,31 @@ def _fused_pass(graph: Graph) -> tuple[Graph, list[str]]:
         if node.op == "opaque":
             operands[node.attrs[0]] = node.inputs
 
-    def reads(k: int) -> set:   # the opaque equations loop k's operands are computed from
-        return {graph.nodes[i].attrs[0] for i in postorder(operands[k], lambda i: graph.nodes[i].inputs)
+    def reads(nodes) -> set:   # the opaque equations `nodes` are computed from (themselves included)
+        return {graph.nodes[i].attrs[0] for i in postorder(nodes, lambda i: graph.nodes[i].inputs)
                 if graph.nodes[i].op == "opaque"}
     scans = [k for k in operands if graph.opaque[k].name == "scan" and not graph.opaque[k].effectful
              and not graph.opaque[k].params["jaxpr"].jaxpr.effects]
-    upstream = {k: reads(k) for k in scans}
     replaced: dict[int, tuple] = {}
     kinds: list[str] = []
-    for n, a in enumerate(scans):
-        for b in scans[n + 1:]:
-            if a in replaced or b in replaced:
+    for a in scans:
+        for b in scans:
+            if a == b or a in replaced or b in replaced:
                 continue
             pa, pb = graph.opaque[a].params, graph.opaque[b].params
             if (pa["length"], pa["reverse"]) != (pb["length"], pb["reverse"]):
                 continue
-            if a in upstream[b] or b in upstream[a]:
-                continue
-            ins = tuple(operands[a]) + tuple(operands[b])
+            (_, nka), (ncb, nkb) = jax_compat.scan_counts(pa), jax_compat.scan_counts(pb)
+            fed = {k - ncb - nkb: graph.nodes[j].attrs[1] - nka for k, j in enumerate(operands[b])
+                   if k >= ncb + nkb and graph.nodes[j].op == "opaque" and graph.nodes[j].attrs[0] == a
+                   and graph.nodes[j].attrs[1] >= nka}
+            rest_b = [j for k, j in enumerate(operands[b]) if k - ncb - nkb not in fed]
+            if a in reads(rest_b) or b in reads(operands[a]) or (not fed and scans.index(b) < scans.index(a)):
+                continue   # (an independent pair is tried once, in program order)
+            ins = tuple(operands[a]) + tuple(rest_b)
             avals = tuple(jax.ShapeDtypeStruct(graph.nodes[j].shape, graph.nodes[j].dtype) for j in ins)
             try:
-                sub = capture(_fused(pa, pb), avals, keep_whole=False).graph
+                sub = capture(_fused(pa, pb, fed), avals, keep_whole=False).graph
             except Exception:   # noqa: BLE001 - a pair that does not capture as one loop stays two
                 continue
             if sub.hidden_outputs:

@@ -227,10 +227,20 @@ def test_two_scans_over_one_range_are_fused_with_the_loops_values():
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_a_loop_reading_another_loops_rows_takes_each_row_as_it_is_computed():
+    def chained(xs):   # a map loop, then a reduction over its rows; its rows are a result too
+        rows = lax.scan(lambda c, x: (c + x, jnp.tanh(c + x)), jnp.zeros(8), xs)[1]
+        return rows, lax.scan(lambda c, r: (jnp.maximum(c, r), c), jnp.zeros(8), rows)[1]
+    graph, done = vectorize(capture(chained, (X,)).graph)
+    assert done == ["fused"] and [op.name for op in graph.opaque] == ["scan"]
+    for g, w in zip(lower(graph)(X), jax.tree_util.tree_leaves(jax.jit(chained)(X)), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 def test_scans_that_read_each_other_or_differ_in_range_stay_apart():
-    def chained(xs):   # the second reads the first's rows: a dependence, not fused here
-        total = lax.scan(lambda c, x: (c + x, c), jnp.zeros(8), xs)[1]
-        return lax.scan(lambda c, x: (jnp.maximum(c, x), c), jnp.zeros(8), total)[1]
+    def chained(xs):   # the second reads the first's final carry: all of the first must run before it
+        total = lax.scan(lambda c, x: (c + x, c), jnp.zeros(8), xs)[0]
+        return lax.scan(lambda c, x: (jnp.maximum(c, x * total), c), jnp.zeros(8), xs)[1]
 
     def ranges(xs):
         return (lax.scan(lambda c, x: (c + x, c), jnp.zeros(8), xs)[1],

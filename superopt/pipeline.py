@@ -487,9 +487,10 @@ def _body_optimizer(tgt, rulesets, limits: Limits, check_results: bool, extracto
     def optimize(closed):
         spec = _jax_specialization(regions.as_function(closed), regions.avals_of(closed), tgt, rulesets, limits,
                                    check_results, extractor, None, numerics, store, executor, guard=guard)
+        fired = tuple(spec.report.run.fired)
         if spec.report.kind is not Outcome.OPTIMIZED:
-            return None, ()
-        return regions.retraced(spec.program, closed), tuple(spec.report.run.fired)
+            return None, fired
+        return regions.retraced(spec.program, closed), fired
     return optimize
 
 

@@ -137,6 +137,7 @@ def test_rules_hold_with_a_debug_print_which_runs_as_under_jit(capfd):
     assert n_got == n_want == 1
 
 
+@pytest.mark.slow   # a 90-row loop re-rolled and differentiated: 13 s, make test, not test-fast
 def test_a_long_rerolled_loop_is_optimized_and_differentiated_with_its_rules(tmp_path):
     """A Python loop over 90 rows (630 ops traced, past pipeline.EVALUATED_REFERENCE_OPS), re-rolled
     (superopt/reroll.py), is verified against superopt's own evaluator (XLA takes seconds to compile the

@@ -90,6 +90,7 @@ def test_check_compares_both_modes_and_names_the_set():
     assert derivatives.check(lambda i, x: [x * 2.0], lambda i, x: [x * 2.5], mixed) is not None
 
 
+@pytest.mark.slow   # a 1,000-op program's derivative: 17 s, make test, not test-fast
 def test_a_program_traced_long_takes_the_originals_derivatives_unchecked():
     """A Python loop over 200 rows traces to 1,000+ ops; checking its derivatives would compile four such
     programs, so the user's program's derivative (one compile, as under jax.jit) is what runs, and the report

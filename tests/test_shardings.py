@@ -70,6 +70,9 @@ print(json.dumps(cases))
 '''
 
 
+pytestmark = pytest.mark.slow   # one child process with 8 CPU devices (13 s): make test, not test-fast
+
+
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     """Each case's output sharding beside jax.jit's, from one child process with 8 CPU devices."""

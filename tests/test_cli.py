@@ -385,8 +385,15 @@ def test_ctrl_c_is_one_line_and_status_130(tmp_path):
     (tmp_path / "slow.py").write_text(
         "import pathlib, time\n"
         f"def slow(x):\n    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(120)\n    return x\n")
-    proc = subprocess.Popen([sys.executable, "-m", "superopt", "optimize", str(tmp_path / "slow.py") + ":slow",
-                             "--shapes", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # started as a shell starts a foreground command, SIGINT handled: a process that inherits SIGINT ignored
+    # keeps it ignored (Python then installs no KeyboardInterrupt), and a library in this worker may have set
+    # that before (seen in the full suite: the command never heard the Ctrl-C)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "superopt", "optimize", str(tmp_path / "slow.py") + ":slow",
+                                 "--shapes", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     deadline = time.monotonic() + 120
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)

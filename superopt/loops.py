@@ -583,10 +583,11 @@ def _fused_pass(graph: Graph) -> tuple[Graph, list[str]]:
                 if graph.nodes[i].op == "opaque"}
     scans = [k for k in operands if graph.opaque[k].name == "scan" and not graph.opaque[k].effectful
              and not graph.opaque[k].params["jaxpr"].jaxpr.effects]
+    upstream = {k: reads(operands[k]) for k in scans}   # one walk per loop, not one per pair
     replaced: dict[int, tuple] = {}
     kinds: list[str] = []
-    for a in scans:
-        for b in scans:
+    for n, a in enumerate(scans):
+        for m, b in enumerate(scans):
             if a == b or a in replaced or b in replaced:
                 continue
             pa, pb = graph.opaque[a].params, graph.opaque[b].params
@@ -597,7 +598,7 @@ def _fused_pass(graph: Graph) -> tuple[Graph, list[str]]:
                    if k >= ncb + nkb and graph.nodes[j].op == "opaque" and graph.nodes[j].attrs[0] == a
                    and graph.nodes[j].attrs[1] >= nka}
             rest_b = [j for k, j in enumerate(operands[b]) if k - ncb - nkb not in fed]
-            if a in reads(rest_b) or b in reads(operands[a]) or (not fed and scans.index(b) < scans.index(a)):
+            if b in upstream[a] or (not fed and m < n) or a in (reads(rest_b) if fed else upstream[b]):
                 continue   # (an independent pair is tried once, in program order)
             ins = tuple(operands[a]) + tuple(rest_b)
             avals = tuple(jax.ShapeDtypeStruct(graph.nodes[j].shape, graph.nodes[j].dtype) for j in ins)

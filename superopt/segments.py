@@ -65,17 +65,18 @@ def split(graph: Graph) -> list[Segment] | None:
     optimized whole. Raises NotSerializable for a program with opaque primitives (never split or cached)."""
     if graph.opaque:
         raise NotSerializable("a program with opaque primitives is not split")
-    computed = _computed(graph)
+    copied = _copied_values(graph)
+    computed = _computed(graph, copied)
     if len(computed) < 2 * MIN_SEGMENT:
         return None
     last = _last_readers(graph)
     widths = _cut_widths(graph, computed, last)
     best, best_score = None, _score([computed])
-    for cuts, smallest in _cuttings(graph, computed, widths):
+    for cuts, smallest in _cuttings(graph, computed, widths, copied):
         pieces = _pieces(computed, cuts, smallest)
         if len(pieces) < 2:
             continue
-        segments = [_segment(graph, p, last) for p in pieces]
+        segments = [_segment(graph, p, last, copied) for p in pieces]
         score = _score([s.nodes for s in {s.key: s for s in segments}.values()])
         if score < best_score:
             best, best_score = segments, score
@@ -91,12 +92,12 @@ def _score(distinct_pieces) -> int:
     return sum(len(p) + SEGMENT_COST for p in distinct_pieces)
 
 
-def _cuttings(graph: Graph, computed: list[int], widths: list[int]):
+def _cuttings(graph: Graph, computed: list[int], widths: list[int], copied: dict[int, int]):
     """Candidate cuttings, as (cut positions into `computed`, the fewest nodes a piece has): one cut every
     `length` nodes where the program repeats itself with a period that divides it (`_period`), at the
     narrowest position of the period (a prologue or an epilogue stays a piece of its own, however small);
     and every cut of each width up to WIDTH_SLACK above the least, small pieces joined."""
-    length = _period(graph, computed, widths)
+    length = _period(graph, computed, copied)
     if length:
         total = [0] * length
         for c in range(1, len(computed)):
@@ -108,7 +109,7 @@ def _cuttings(graph: Graph, computed: list[int], widths: list[int]):
         yield [c for c in range(1, len(computed)) if widths[c] <= width], MIN_SEGMENT
 
 
-def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
+def _period(graph: Graph, computed: list[int], copied: dict[int, int]) -> int | None:
     """The segment length at which the program repeats itself best, or None where it does not repeat.
 
     A node's signature is its op, attributes, type and inputs (a computed input by its distance back); a
@@ -119,7 +120,6 @@ def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
     windows, told apart by their signatures) wins: a chain whose ops repeat every 9 nodes but whose matmul
     comes every 300 is cut every 300, not into many short distinct pieces."""
     pos = {i: k for k, i in enumerate(computed)}
-    copied = _copied_values(graph)
 
     def signature(k: int, i: int) -> int:
         node = graph.nodes[i]
@@ -141,10 +141,10 @@ def _period(graph: Graph, computed: list[int], widths: list[int]) -> int | None:
     return min(lengths, key=lambda length: (cost(length), length))
 
 
-def _computed(graph: Graph) -> list[int]:
+def _computed(graph: Graph, copied: dict[int, int]) -> list[int]:
     """The live nodes the segments are made of, in program order: neither leaves, nor the prologue, nor values
-    computed from literals and iotas alone (`_copied_values`)."""
-    prologue, copied = _prologue(graph), _copied_values(graph)
+    computed from literals and iotas alone (`copied`: `_copied_values`)."""
+    prologue = _prologue(graph)
     return [i for i in graph.live() if graph.nodes[i].op not in _LEAVES and i not in prologue and i not in copied]
 
 
@@ -220,8 +220,7 @@ def _pieces(computed: list[int], cuts: list[int], smallest: int) -> list[list[in
     return [p for p in pieces if p]
 
 
-def _segment(graph: Graph, nodes: list[int], last: dict[int, int], copied: dict | None = None) -> Segment:
-    copied = _copied_values(graph) if copied is None else copied
+def _segment(graph: Graph, nodes: list[int], last: dict[int, int], copied: dict[int, int]) -> Segment:
     inside = set(nodes)
     inputs = list(dict.fromkeys(j for i in nodes for j in graph.nodes[i].inputs
                                 if j not in inside and j not in copied))
@@ -289,7 +288,8 @@ def seam_windows(stitched: Graph, starts: list[int]) -> Seams | None:
     one after it, counting the ops of a kernel's body (at least one node, at most a third of either
     segment's nodes, so the middles are kept), and the middles between windows.
     None where no seam has a window (a segment too short to lend one nodes)."""
-    computed = _computed(stitched)   # ids in increasing order
+    copied = _copied_values(stitched)
+    computed = _computed(stitched, copied)   # ids in increasing order
     bounds = [bisect_left(computed, start) for start in starts]
     spans = [(a, b) for a, b in zip(bounds, bounds[1:] + [len(computed)]) if b > a]
 
@@ -317,13 +317,13 @@ def seam_windows(stitched: Graph, starts: list[int]) -> Seams | None:
     pieces, windows, at = [], {}, 0
     for start, end in cuts:
         if start > at:
-            pieces.append(_segment(stitched, computed[at:start], last))
-        window = _segment(stitched, computed[start:end], last)
+            pieces.append(_segment(stitched, computed[at:start], last, copied))
+        window = _segment(stitched, computed[start:end], last, copied)
         pieces.append(window)
         windows.setdefault(window.key, window)
         at = end
     if at < len(computed):
-        pieces.append(_segment(stitched, computed[at:], last))
+        pieces.append(_segment(stitched, computed[at:], last, copied))
     return Seams(stitched, pieces, windows)
 
 

@@ -167,10 +167,11 @@ class _Writer:
             self.ref_declared = True
 
 
-def encode(graph: Graph, deadline: Deadline | None = None) -> Encoding:
+def encode(graph: Graph, deadline: Deadline | None = None, origins: bool = False) -> Encoding:
     """Insert every live node of `graph` into a fresh e-graph with its shape and dtype; in time linear
     in the number of nodes (module doc). With `deadline`, raises `TimeLimit("encode")` once it passes
-    (checked after every `_CHUNK` nodes)."""
+    (checked after every `_CHUNK` nodes). With `origins`, each node's e-class gets an `origin` row holding
+    its id, which a rule assuming a domain condition reads (rewrites/compile.py, extract/guard.py)."""
     enc = Encoding(EGraph(), graph)
     eg = enc.egraph
     eg.register(*facts(), *axes_facts(graph))
@@ -186,6 +187,7 @@ def encode(graph: Graph, deadline: Deadline | None = None) -> Encoding:
         last_read[o] = len(live)
     w = _Writer(enc)
     stored = False
+    origin = w.declare(T.origin) if origins else None
     for first in range(0, len(live), _CHUNK):
         if deadline is not None:
             deadline.check("encode")
@@ -210,6 +212,8 @@ def encode(graph: Graph, deadline: Deadline | None = None) -> Encoding:
                 actions.append(bindings.Let(_SPAN, f"s{len(shapes) - 1}", w.vec(node.shape)))
             actions.append(bindings.Set(_SPAN, "shape", [here], shape))
             actions.append(bindings.Set(_SPAN, "dtype", [here], w.string(node.dtype)))
+            if origin is not None:
+                actions.append(bindings.Expr_(_SPAN, Call(_SPAN, origin, [here, w.int(i)])))
             if p + 1 == _ANALYSES_DECLARED_AT:   # where the expression layer declared shape and dtype
                 w.declare(T.shape), w.declare(T.dtype)
             if last_read.get(i, -1) >= end:    # read by a later rule, or an output

@@ -53,6 +53,9 @@ class FrozenEGraph:
     # kernel variant -> the tensor classes whose matmul or convolution it recomputes in its body
     # (extract/kernels.py: expand), so extraction can see a producer computed in several kernels
     recomputes: dict = field(default_factory=dict)
+    # the domain conditions a speculative search assumed: (condition, node id of the captured program)
+    # (rewrites/rule.py `given`, extract/guard.py)
+    assumed: frozenset = frozenset()
 
     @property
     def n_nodes(self) -> int:
@@ -111,8 +114,14 @@ def freeze(egraph: EGraph, facts: bool = False) -> FrozenEGraph:
         raise NotImplementedError(f"superopt: cannot decode egglog sort {sort!r}")
 
     view = FrozenEGraph()
+    assumed = set()
     for name, fn in tables.items():
         if fn.is_let_binding:
+            continue
+        if name == "origin":
+            continue
+        if name == "assumed":
+            assumed.update((decoders["String"](row.inputs[0]), to_i64(row.inputs[1])) for row in fn.rows)
             continue
         if name == "output":
             for row in fn.rows:
@@ -136,4 +145,20 @@ def freeze(egraph: EGraph, facts: bool = False) -> FrozenEGraph:
             args = tuple(decode(s, v) for s, v, t in zip(fn.input_sorts, row.inputs, tensor_inputs) if not t)
             children = tuple(v for v, t in zip(row.inputs, tensor_inputs) if t)
             view.classes.setdefault(row.output, []).append(ENode(name, args, children, row.output))
+    view.assumed = frozenset(assumed)
     return view
+
+
+def node_facts(egraph: EGraph) -> dict[int, set[str]]:
+    """The analysis's facts of each node of a program encoded with its `origin` rows (egraph/encode.py) and
+    saturated with the analysis alone: node id -> facts. Facts of the program as captured, which no assumed
+    condition helped derive."""
+    tables = api.frozen_tables(egraph)
+    to_i64 = api.decoders(egraph)["i64"]
+    of_class: dict = {}
+    for name in FACTS:
+        if name in tables:
+            for row in tables[name].rows:
+                of_class.setdefault(row.inputs[0], set()).add(name)
+    origin = tables.get("origin")
+    return {to_i64(row.inputs[1]): of_class.get(row.inputs[0], set()) for row in (origin.rows if origin else ())}

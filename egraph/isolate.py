@@ -52,7 +52,7 @@ def portable(view: FrozenEGraph) -> FrozenEGraph:
     def cid(value) -> int:
         return ids.setdefault(value, len(ids))
 
-    out = FrozenEGraph(growth_cut=view.growth_cut)
+    out = FrozenEGraph(growth_cut=view.growth_cut, assumed=view.assumed)
     for cls, nodes in view.classes.items():
         out.classes[cid(cls)] = [ENode(n.fn, n.args, tuple(cid(c) for c in n.children), cid(cls)) for n in nodes]
     out.shapes = {cid(k): v for k, v in view.shapes.items()}

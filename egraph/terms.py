@@ -155,6 +155,10 @@ def concat_extent(xs: TList, dimension: i64Like) -> i64: ...
 concat_demand = relation("concat_demand", TList, i64, egg_fn="concat_demand")
 # The program's k-th output is this e-class (rows are canonicalized as classes merge).
 output = relation("output", i64, Tensor, egg_fn="output")
+# Speculation (extract/guard.py, domain conditions): node i of the captured program is in this e-class (written
+# only for a search that may assume a rule's domain condition); a rule assumed the condition on node i's value.
+origin = relation("origin", Tensor, i64, egg_fn="origin")
+assumed = relation("assumed", String, i64, egg_fn="assumed")
 # Ops whose result dtype is bool whatever the operand dtype.
 bool_result_op = relation("bool_result_op", String, egg_fn="bool_result_op")
 float_dtype = relation("float_dtype", String, egg_fn="float_dtype")

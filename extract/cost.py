@@ -32,13 +32,18 @@ def size(t: Type) -> int:
 
 def flops(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:
     """The op's arithmetic (its op table entry's `flops`), an element of a transcendental op counted as
-    `target.transcendental_flops`, an element of a reduction as `target.reduction_flops` (on a CPU past
+    `target.transcendental_flops` (of pow, as `target.pow_flops` where the target sets it), an element of a reduction as `target.reduction_flops` (on a CPU past
     `reduction_split_bytes`, as `reduction_split_flops`). An op not in the
     table is an error naming it."""
     spec = lookup(op)
     work = spec.flops(attrs, ins, out)
+    if op == "pow" and target.pow_flops:
+        return work * target.pow_flops
     if spec.has("transcendental"):
         return work * target.transcendental_flops
+    if op in REDUCTIONS and target.integer_reduction_flops and op in ("reduce_max", "reduce_min") and ins \
+            and np.dtype(ins[0][1]).kind in "iub":
+        return work * target.integer_reduction_flops   # exact in any order: XLA vectorises it
     if op in REDUCTIONS:
         slow = target.reduction_split_bytes and ins and nbytes(ins[0]) > target.reduction_split_bytes
         return work * (target.reduction_split_flops if slow else target.reduction_flops)

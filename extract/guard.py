@@ -1,4 +1,10 @@
-"""Guarded programs: a rewrite equal over the reals only, made legal under strict numerics by a check at run time.
+"""Guarded programs: a rewrite that holds on part of the input space only, made legal by a check at run time.
+
+Two kinds of rewrite need one. A "reals" rewrite (below) under strict numerics, whose check bounds the
+arguments' magnitudes; and a rule with domain conditions (rewrites/functions.py `given`: an operand nonneg,
+positive, finite or moderate) that the analysis cannot prove, whose check tests each condition on the value of
+the captured program the rule assumed it of (`unproven`, `check_graph`'s `conditions`; docs/design.md). Either
+way the original runs where the check fails.
 
 A "reals" rewrite (superopt/numerics.py: a matrix product re-associated, a full sum of products factored) breaks
 the strict contract in one way that no bound on rounding covers: an intermediate of the rewritten program may
@@ -77,10 +83,15 @@ import math
 import ml_dtypes
 import numpy as np
 
-from superopt.core.dtypes import is_float
+from superopt.core.dtypes import exp_moderate_bound, is_float, moderate_bounds, smallest_normal
 from superopt.core.ir import Graph, Node, unfused
 from superopt.core.reference import constant_values
+from superopt.core import lazy
 from superopt.core.serial import array_digest
+
+encoding = lazy.module("superopt.egraph.encode")
+runner = lazy.module("superopt.egraph.runner")
+frozen = lazy.module("superopt.egraph.frozen")
 
 # The least exponent worth a check: with a range below 2**8, data of ordinary scale (activations and counts in
 # the hundreds) would fail it and the original would run after it.
@@ -264,40 +275,158 @@ def checked_args(*graphs: Graph) -> tuple[int, ...]:
     return tuple(sorted({g.nodes[i].attrs[0] for g in graphs for i in g.live() if g.nodes[i].op == "arg"}))
 
 
-def check_graph(exponent: int, args: tuple[int, ...], *graphs: Graph) -> Graph:
+def check_graph(exponent: int | None, args: tuple[int, ...], *graphs: Graph, conditions: tuple = (),
+                base: Graph | None = None) -> Graph:
     """The run-time check as a program, priced like any other and lowered as it is (lowering/jax.py): its one
-    output (int8) is 0 exactly where every element of the arguments `args` (`arg` nodes of `graphs`) is finite and
-    at most 2**exponent in magnitude, 1 elsewhere. One fused pass per shape of argument: each position's flag, 0
-    where every argument of that shape is at most 2**exponent there and 1 elsewhere (NaN fails every comparison,
-    so it flags 1), and their max. The flags are int8, not the floats themselves: XLA's CPU max reduction of
-    floats dropped a NaN element (measured), and a max of small integers is the cheapest reduction it runs. Two
-    768x768 float32 arguments checked on their own took 0.27 ms of CPU time (medians), against 0.38 ms for an
-    excess per element summed by matrix-vector products with ones (the check before) and 0.31 ms for the max of
-    |x| alone, which misses NaN; checked ahead of `sum(a @ b)`, one pass over both added 3.2% to its CPU time,
-    one per argument 5.0% (on the loaded 2-core development machine)."""
+    output (int8) is 0 exactly where the guarded program may run, 1 elsewhere. It passes where
+      - every element of the arguments `args` (`arg` nodes of `graphs`) is finite and at most 2**exponent in
+        magnitude (a guarded "reals" rewrite; no such test where `exponent` is None), and
+      - each domain condition (name, node) of `conditions` holds for every element of that node of `base`
+        (the program as captured, whose nodes the check computes as it does): `nonneg`, no element below -0;
+        `positive`, none below the dtype's smallest normal number; `finite`, none NaN or inf. NaN passes the
+        first two, as it does in the analysis that proves them (egraph/analysis.py) and in the checker that
+        proves the rules (rewrites/checker.py).
+    One fused pass per shape of value checked: each position's flag, 0 where every test of that shape passes
+    there and 1 elsewhere (NaN fails every comparison, so it flags 1 where a comparison must hold), and their
+    max. The flags are int8, not the floats themselves: XLA's CPU max reduction of floats dropped a NaN element
+    (measured), and a max of small integers is the cheapest reduction it runs. Two 768x768 float32 arguments
+    checked on their own took 0.27 ms of CPU time (medians), against 0.38 ms for an excess per element summed by
+    matrix-vector products with ones (the check before) and 0.31 ms for the max of |x| alone, which misses NaN;
+    checked ahead of `sum(a @ b)`, one pass over both added 3.2% to its CPU time, one per argument 5.0% (on the
+    loaded 2-core development machine)."""
+    if base is not None and conditions:   # the captured program's nodes, so the conditions' ids stay valid
+        check = dataclasses.replace(base, nodes=list(base.nodes), outputs=[], guard=None, scopes={},
+                                    hidden_outputs=0)
+    else:
+        check = Graph(n_args=graphs[0].n_args if graphs else base.n_args)
+    present = {n.attrs[0]: i for i, n in enumerate(check.nodes) if n.op == "arg"}
     nodes = {n.attrs[0]: n for g in graphs for n in g.nodes if n.op == "arg"}
-    check = Graph(n_args=graphs[0].n_args)
 
     def fill(value, shape: tuple, dtype: str) -> int:
         return check.add(Node("broadcast", (check.add(Node("lit", (), (value,), (), dtype)),), ((),), shape, dtype))
 
-    groups: dict[tuple, list[int]] = {}
-    for k in args:
-        groups.setdefault(nodes[k].shape, []).append(k)
+    def value(k: int) -> int:
+        if k not in present:
+            present[k] = check.add(nodes[k])
+        return present[k]
+
+    bounds: dict[int, _Bounds] = {}   # node of `check` -> what its elements must meet
+    for k in args if exponent is not None else ():
+        bounds.setdefault(value(k), _Bounds()).meet("at_most", 2.0 ** exponent)
+    for name, i in conditions:
+        bounds.setdefault(i, _Bounds()).condition(name, check.nodes[i].dtype)
+    passes: dict[tuple, int] = {}   # shape -> the bool node where every test of that shape passes
+    for i, b in bounds.items():
+        ok = b.test(check, i, fill)
+        if ok is not None:
+            shape = check.nodes[i].shape
+            passes[shape] = ok if shape not in passes else check.add(Node("and", (passes[shape], ok), (), shape,
+                                                                          "bool"))
     worst = None
-    for shape, members in groups.items():
-        within = None
-        for k in members:
-            x = check.add(nodes[k])
-            dtype = nodes[k].dtype
-            a = check.add(Node("abs", (x,), (), shape, dtype))
-            le = check.add(Node("le", (a, fill(2.0 ** exponent, shape, dtype)), (), shape, "bool"))
-            within = le if within is None else check.add(Node("and", (within, le), (), shape, "bool"))
-        flags = check.add(Node("select", (within, fill(1, shape, "int8"), fill(0, shape, "int8")), (), shape,
+    for shape, ok in passes.items():
+        flags = check.add(Node("select", (ok, fill(1, shape, "int8"), fill(0, shape, "int8")), (), shape,
                                "int8"))   # select's operands: the condition, the value where false, where true
         flag = check.add(Node("reduce_max", (flags,), (tuple(range(len(shape))),), (), "int8"))
         worst = flag if worst is None else check.add(Node("max", (worst, flag), (), (), "int8"))
-    if worst is None:   # no argument to check (fn takes none, or only arguments that bound nothing)
+    if worst is None:   # nothing to check (fn takes no argument, or only arguments that bound nothing)
         worst = check.add(Node("lit", (), (0,), (), "int8"))
     check.outputs = [worst]
     return check
+
+
+@dataclasses.dataclass
+class _Bounds:
+    """What every element of one checked value must meet, all of a guard's tests on it merged into one interval
+    (so the check compares each element once or twice: a chain of comparisons per condition cost twice as
+    much, measured): at least `least` (signed), at least `least_magnitude` and at most `most` in magnitude;
+    NaN passes only where every test on the value lets it (`nonneg` and `positive` do, as the analysis that
+    proves them does), and a value of a dtype that is not a float fails where a test needs one."""
+    least: float | None = None
+    least_magnitude: float | None = None
+    most: float | None = None
+    nan: bool = True
+    impossible: bool = False
+
+    def meet(self, what: str, bound: float) -> None:
+        if what == "at_least":
+            self.least = bound if self.least is None else max(self.least, bound)
+        elif what == "at_least_magnitude":
+            self.least_magnitude = bound if self.least_magnitude is None else max(self.least_magnitude, bound)
+        else:
+            self.most = bound if self.most is None else min(self.most, bound)
+            self.nan = False
+
+    def condition(self, name: str, dtype: str) -> None:
+        """Add domain condition `name` (core/ir.py DOMAIN_CHECKS) on a value of `dtype`."""
+        floating = is_float(dtype)
+        if name == "nonneg":
+            if np.dtype(dtype).kind not in "ub":
+                self.meet("at_least", 0.0)
+        elif name == "positive":
+            self.meet("at_least", smallest_normal(dtype) if floating else 1.0)
+        elif name in ("finite", "moderate", "exp_moderate"):
+            if not floating:
+                self.impossible = name != "finite"   # an integer is finite, and neither of the others
+                return
+            if name == "finite":
+                self.meet("at_most", float(ml_dtypes.finfo(np.dtype(dtype)).max))
+            elif name == "moderate":
+                lo, hi = moderate_bounds(dtype)
+                self.meet("at_least_magnitude", lo)
+                self.meet("at_most", hi)
+            else:
+                self.meet("at_most", exp_moderate_bound(dtype))
+        else:
+            raise ValueError(f"superopt: no run-time check for domain condition {name!r}")
+
+    def test(self, graph: Graph, i: int, fill) -> int | None:
+        """The bool node (added to `graph`) true where node `i`'s element meets these bounds; None where every
+        element of its dtype does."""
+        node = graph.nodes[i]
+        shape, dtype = node.shape, node.dtype
+
+        def add(op, *ins, out=None):
+            return graph.add(Node(op, ins, (), shape, out or dtype))
+        if self.impossible:   # an integer value: x != x is false everywhere
+            return add("ne", i, i, out="bool")
+        if self.most is None and self.least_magnitude is None:
+            if self.least is None:
+                return None
+            return add("not", add("lt", i, fill(self.least, shape, dtype), out="bool"), out="bool")   # NaN passes
+        # an interval on x, or on |x|; NaN fails both comparisons, so it fails here (as it must: a bound on the
+        # magnitude is a test NaN does not pass)
+        most = self.most if self.most is not None else np.inf
+        if self.least is not None or self.least_magnitude is None:
+            least = max(b for b in (self.least, self.least_magnitude, -most) if b is not None)
+            x = i
+        else:
+            least, x = self.least_magnitude, add("abs", i)
+        clamped = add("max", add("min", x, fill(most, shape, dtype)), fill(least, shape, dtype))
+        return add("eq", clamped, x, out="bool")
+
+
+def unproven(graph: Graph, assumed) -> tuple:
+    """The domain conditions of `assumed` ((name, node id of `graph`) pairs a speculative search recorded) that
+    the analysis does not prove of `graph` as captured, in order: those the run-time check must test. The facts
+    come from the analysis of `graph` alone (its own e-graph, no rule run), never from the speculative
+    e-graph, whose classes an assumption may have joined (exp(log(x)) -> x would make x look nonneg there)."""
+    if not assumed:
+        return ()
+    enc = encoding.encode(graph, origins=True)
+    runner.saturate_analysis(enc.egraph)
+    facts = frozen.node_facts(enc.egraph)
+    return tuple(sorted((name, i) for name, i in assumed if name not in facts.get(i, ())))
+
+
+def describe_conditions(graph: Graph, conditions) -> str:
+    """The report's words for domain conditions on nodes of `graph`: 'argument 0 >= smallest normal, ...'."""
+    words = {"nonneg": "no element below -0", "positive": "every element at least the smallest normal number",
+             "finite": "every element finite",
+             "moderate": "every element finite, of magnitude within the square roots of the normal range",
+             "exp_moderate": "every element finite, of magnitude at most half the log of the largest value, less 1"}
+    out = []
+    for name, i in conditions:
+        node = graph.nodes[i]
+        what = f"argument {node.attrs[0]}" if node.op == "arg" else f"the {node.op} -> {node.dtype}{list(node.shape)}"
+        out.append(f"{what}: {words.get(name, name)}")
+    return "; ".join(out)

@@ -58,7 +58,9 @@ class Target:
     mem_bandwidth: float      # bytes/s between global memory and the compute units
     launch_overhead: float    # seconds per kernel
     transcendental_flops: float = 20.0
+    pow_flops: float = 0.0            # flops an element of pow costs; 0: transcendental_flops (XLA CPU: several)
     reduction_flops: float = 1.0      # flops an element of a reduction costs (XLA's CPU reductions: several)
+    integer_reduction_flops: float = 0.0   # ... of a max or min of integers; 0: reduction_flops
     matrix_flops: float = 0.0  # FLOP/s of the matrix unit (tensor core, cube) in f16/bf16; 0: none
     gpu: GpuSpec | None = None
     npu: NpuSpec | None = None

@@ -113,7 +113,8 @@ def inlined(graph: Graph, effects: bool = True) -> Callable:
 
 def _check(graph: Graph) -> Graph:
     guard = graph.guard
-    return check_graph(guard.exponent, guard.args, graph, guard.fallback)
+    return check_graph(guard.exponent, guard.args, graph, guard.fallback, conditions=guard.conditions,
+                       base=guard.fallback)
 
 
 def _guarded(graph: Graph, effects: bool) -> Callable:

@@ -38,13 +38,13 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, assume, given, settings, strategies as st
 from hypothesis.internal.conjecture import providers as _providers
 
-from superopt.core.dtypes import is_float, smallest_normal
+from superopt.core.dtypes import exp_moderate_bound, is_float, smallest_normal
 from superopt.core.formats import FORMATS, LayoutError, packed_shape
 from superopt.core.ops import SCANS, flagged
 from superopt.core.reference import evaluate_node
 from superopt.core.verify import TOLERANCES, as_accurate, integer_edges as _verification_edges, mismatch
 from superopt.egraph.encode import decode
-from superopt.rewrites.functions import ATTRIBUTES, CONV_TABLE, FLOAT_DTYPES, PREDICATES
+from superopt.rewrites.functions import ATTRIBUTES, CONV_TABLE, FLOAT_DTYPES, PREDICATES, moderate_elements
 from superopt.rewrites.infer import IllTyped, infer
 from superopt.rewrites.pattern import (
     CONSTRUCTORS,
@@ -240,7 +240,7 @@ class _Generator:
         # Integer variables are leaf ids; drawn distinct and increasing, so `less` chains hold.
         for v, n in zip(ints, sorted(draw(st.sets(st.integers(0, 7), min_size=len(ints), max_size=len(ints))))):
             self.env[v] = n
-        for name, args in rule.when:
+        for name, args in rule.conditions:
             if name in ("scalar", "rank") and _is_leaf(args[0]):
                 self.hints[self.key(args[0])] = 0 if name == "scalar" else args[1].value
             if name == "has_dtype" and _is_leaf(args[0]) and isinstance(args[1], Const):
@@ -251,9 +251,9 @@ class _Generator:
                 self.column_vectors.add(self.key(args[0]))
             if name in LEAF_FACTS and _is_leaf(args[0]):
                 self.facts.setdefault(self.key(args[0]), set()).add(name)
-        self.diagonals = {tuple(args[:3]) for name, args in rule.when if name == "main_diagonal"}
+        self.diagonals = {tuple(args[:3]) for name, args in rule.conditions if name == "main_diagonal"}
         # axis-list variable -> the tensor whose last axis alone it must name (predicate last_axis)
-        self.last_axes = {args[0]: args[1] for name, args in rule.when if name == "last_axis" and isinstance(args[0], Var)}
+        self.last_axes = {args[0]: args[1] for name, args in rule.conditions if name == "last_axis" and isinstance(args[0], Var)}
 
     def key(self, p):
         return p if isinstance(p, Var) else (p.fn, evaluate(p.args[0], self.env))
@@ -504,7 +504,7 @@ class _Generator:
                 self.env[k] = _meeting(self.env[k], self.facts[k])
 
 
-LEAF_FACTS = ("nonneg", "integral", "finite", "positive", "at_most_one")
+LEAF_FACTS = ("nonneg", "integral", "finite", "positive", "at_most_one", "moderate", "exp_moderate")
 
 
 def integer_edges(dtype: str) -> list[int]:
@@ -520,7 +520,7 @@ def integer_elements(dtype: str):
 
 def _integer_checkable(rule) -> bool:
     """Whether `rule` reads an analysis fact and every op it names takes integers (`INTEGER_OPS`)."""
-    if not any(name in LEAF_FACTS for name, _ in rule.when):
+    if not any(name in LEAF_FACTS for name, _ in rule.conditions):
         return False
     stack = [p for pair in rule.pairs for p in pair]
     while stack:
@@ -557,6 +557,11 @@ def _meeting(values: np.ndarray, facts: set) -> np.ndarray:
         v = np.where(v > 1, 1 - v, v)
     if {"positive", "at_most_one"} <= facts:   # both: what left [tiny, 1] takes 0.5 (NaN stays)
         v = np.where((v < tiny) | (v > 1), 0.5, v)
+    if "moderate" in facts:   # outside the range, or not finite: 1.5, with the value's sign where it has one
+        v = np.where(moderate_elements(v.astype(values.dtype)), v, np.where(v < 0, -1.5, 1.5))
+    if "exp_moderate" in facts:   # clipped into the range; NaN takes 1
+        bound = exp_moderate_bound(values.dtype)
+        v = np.where(np.isnan(v), 1.0, np.clip(v, -bound, bound))
     out = v.astype(values.dtype)
     if "finite" in facts:   # a value that rounds to inf in the dtype (float16 past 65504)
         out = np.where(np.isfinite(out.astype(np.float64)), out, np.asarray(1.0, values.dtype))
@@ -888,7 +893,7 @@ def _admitted(rule, env: dict, predicates, sides: bool = True) -> list:
     """Whether the rule's predicates named in `predicates` hold under `env`, and the values of its left-hand
     sides (none unless `sides`): Reject where a predicate does not hold, or it or a side is ill typed."""
     try:
-        for name, args in rule.when:
+        for name, args in rule.conditions:
             if name in predicates and not PREDICATES[name].py(*(evaluate(a, env) for a in args)):
                 raise Reject(f"predicate {name} does not hold")
         return [evaluate(lhs, env) for lhs, _ in rule.pairs] if sides else []
@@ -1098,7 +1103,7 @@ def check_rule(rule, examples: int = 60, seed: int = 0, shrink: bool = True) -> 
             result.notes.append(f"{type(exc).__name__}: {exc}")
     if failure:
         result.counterexample = failure[-1]
-    read = {name for name, _ in rule.when if name in FACT_HOLDS}
+    read = {name for name, _ in rule.conditions if name in FACT_HOLDS}
     for dtype in FACT_CHECK_DTYPES if read and result.counterexample is None else ():
         derived = _fact_failures(dtype, FACT_EXAMPLES)   # the same for every rule: checked once per process
         wrong = next((derived.failures[f] for f in sorted(read) if f in derived.failures), None)

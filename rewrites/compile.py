@@ -109,7 +109,7 @@ def _rank_keys(rule) -> list[Pattern]:
     for lhs, rhs in rule.pairs:
         visit(lhs)
         visit(rhs)
-    for name, args in rule.when:
+    for name, args in _conditions(rule):
         keys.extend(PREDICATES[name].ranks(*args))
         for a in args:
             visit(a)
@@ -119,6 +119,27 @@ def _rank_keys(rule) -> list[Pattern]:
 def _rank_fact(ctx: CompileContext, key: Pattern, r: int):
     length = ctx.shape(key).length() if key.sort == TENSOR else ctx.expr(key).length()
     return eq(length).to(i64(r))
+
+
+def _conditions(rule) -> tuple:
+    """The predicates the analysis must prove: `when`, and the domain conditions (`given`) of a rule that does
+    not speculate."""
+    given = getattr(rule, "given", ())
+    return tuple(rule.when) + (() if getattr(rule, "speculative", False) else
+                               tuple((c.name, (c.arg,)) for c in given))
+
+
+def _assumptions(ctx: CompileContext, rule) -> tuple[list, list]:
+    """(query facts, actions) of a speculating rule: each assumed operand's class holds a node of the captured
+    program (`origin`, egraph/encode.py), and the rule records the condition on that node (`assumed`)."""
+    if not getattr(rule, "speculative", False):
+        return [], []
+    query, actions = [], []
+    for k, cond in enumerate(rule.given):
+        node = var(f"origin_{k}", i64)
+        query.append(T.origin(ctx.expr(cond.arg), node))
+        actions.append(T.assumed(String(cond.name), node))
+    return query, actions
 
 
 def compile_rule(rule) -> list:
@@ -132,11 +153,14 @@ def compile_rule(rule) -> list:
             ctx = CompileContext(dict(zip(keys, combo)))
             query = [eq(ctx.var(root)).to(ctx.expr(lhs)) for root, (lhs, _) in zip(roots, pairs)]
             actions = [union(ctx.var(root)).with_(ctx.expr(rhs)) for root, (_, rhs) in zip(roots, pairs)]
-            alternatives = [PREDICATES[name].egg(ctx, *args) for name, args in rule.when]
+            alternatives = [PREDICATES[name].egg(ctx, *args) for name, args in _conditions(rule)]
             rank_facts = [_rank_fact(ctx, k, r) for k, r in zip(keys, combo)]
+            assumed, records = _assumptions(ctx, rule)
             for chosen in itertools.product(*alternatives):
                 facts = [f for alt in chosen for f in alt]
-                out.append(egg_rule(*query, *ctx.facts, *rank_facts, *facts).then(*actions))
+                out.append(egg_rule(*query, *assumed, *ctx.facts, *rank_facts, *facts).then(*actions, *records))
+    if not out and getattr(rule, "given", ()) and not getattr(rule, "speculative", False):
+        return []   # a domain condition no analysis proves: the rule runs only where a search speculates
     if not out:
         raise ValueError(f"rule {rule.name!r} compiles to no egglog rule (its predicates never hold)")
     return out

@@ -17,8 +17,9 @@ import numpy as np
 from jax import lax
 
 from superopt.core import lazy
-from superopt.core.dtypes import is_float, smallest_normal
+from superopt.core.dtypes import exp_moderate_bound, is_float, moderate_bounds, smallest_normal
 from superopt.core.formats import FORMATS
+from superopt.core.ir import DOMAIN_CHECKS
 from superopt.egraph.capture import capture
 from superopt.rewrites.pattern import DTYPE, FLOAT, FORMAT, INT, TENSOR, VEC, Const, Var, _coerce
 
@@ -51,6 +52,22 @@ class AttributeFn:
     egg: Callable            # (ctx, *args) -> egglog expression
     py: Callable             # (*values) -> value
     ranks: Callable = lambda *args: ()
+
+
+def moderate_elements(values: np.ndarray) -> np.ndarray:
+    """Where each element of `values` is `moderate` (False everywhere for a dtype that is not a float)."""
+    if not is_float(values.dtype):
+        return np.zeros(values.shape, bool)
+    lo, hi = moderate_bounds(values.dtype)
+    mag = np.abs(values.astype(np.float64))
+    return (mag >= lo) & (mag <= hi)
+
+
+def exp_moderate_elements(values: np.ndarray) -> np.ndarray:
+    """Where each element of `values` is `exp_moderate` (False everywhere for a dtype that is not a float)."""
+    if not is_float(values.dtype):
+        return np.zeros(values.shape, bool)
+    return np.abs(values.astype(np.float64)) <= exp_moderate_bound(values.dtype)
 
 
 def _positive_py(t) -> bool:
@@ -222,6 +239,14 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
     Predicate("positive", (TENSOR,), "every element is at least its dtype's smallest normal number, +inf or NaN, "
               "as the range analysis derives it (egraph/analysis.py)", lambda c, t: [[T.positive(c.expr(t))]],
               _positive_py),
+    Predicate("moderate", (TENSOR,), "every element is finite, and its magnitude is between the square roots of "
+              "its dtype's smallest normal number and of its largest finite value (a product or quotient of two "
+              "such is a normal number); no analysis proves it: a rule may only assume it (`given`) and have it "
+              "checked at run time", lambda c, t: [], lambda t: bool(np.all(moderate_elements(np.asarray(t))))),
+    Predicate("exp_moderate", (TENSOR,), "every element is finite and at most half the log of its dtype's "
+              "largest finite value, less EXP_MARGIN, in magnitude (float32: 43; exp of it, and a product or "
+              "quotient of two such exps, is a finite normal number); no analysis proves it: only assumed (`given`) and checked at run time",
+              lambda c, t: [], lambda t: bool(np.all(exp_moderate_elements(np.asarray(t))))),
     Predicate("at_most_one", (TENSOR,), "no element is above 1 (-inf and NaN allowed), as the range analysis "
               "derives it (egraph/analysis.py)", lambda c, t: [[T.at_most_one(c.expr(t))]],
               lambda t: not np.any(np.asarray(t, dtype=np.float64) > 1)),
@@ -358,6 +383,30 @@ ATTRIBUTES: dict[str, AttributeFn] = {f.name: f for f in [
     AttributeFn("axes_of", lambda c, t: _vec(range(c.rank(t))), lambda t: tuple(range(np.ndim(t))),
                 lambda t: _keyed(t)),
 ]}
+
+
+# The conditions a rule may assume of an operand where the analysis cannot prove them (`given`): a search that
+# speculates takes the rule anyway, and the program it returns runs behind a run-time check of the condition
+# on that operand's values (extract/guard.py). Each is a tensor predicate above: what the analysis proves and
+# what the check tests are the same condition.
+DOMAINS = DOMAIN_CHECKS
+
+
+@dataclass(frozen=True)
+class Given:
+    """A domain condition of a rule: `name` (one of DOMAINS) holds for every element of the tensor `arg`."""
+    name: str
+    arg: Var
+
+
+def given(name: str, x) -> Given:
+    """A rule's domain condition on the tensor variable `x`: proven by the analysis (as `when(name, x)`), or,
+    in a search that speculates, assumed and checked at run time on the value `x` matched (extract/guard.py)."""
+    if name not in DOMAINS:
+        raise KeyError(f"unknown domain condition {name!r}; known: {', '.join(DOMAINS)}")
+    if not (isinstance(x, Var) and x.sort == TENSOR):
+        raise TypeError(f"domain condition {name}: its operand must be a tensor variable, not {x!r}")
+    return Given(name, x)
 
 
 def when(name: str, *args) -> tuple:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from superopt.core import lazy
-from superopt.rewrites.functions import PREDICATES, when
+from superopt.rewrites.functions import PREDICATES, Given, given, when
 from superopt.rewrites.pattern import SCALAR, TENSOR, Pattern, variables
 
 compiler = lazy.module("superopt.rewrites.compile")   # egglog: imported where a rule is first compiled
@@ -66,6 +66,8 @@ class Rule:
     ruleset: str = ""
     source: str = ""
     targets: tuple = ()     # the target kinds whose cost model the rule is written for; () for every one
+    given: tuple = ()       # domain conditions (functions.Given): proven by the analysis, or assumed and checked
+    speculative: bool = False   # compiled to assume its `given` conditions (a guarded search's copy: `speculating`)
 
     def __post_init__(self):
         if not _NAME.fullmatch(self.name):
@@ -91,6 +93,20 @@ class Rule:
         for name, _ in self.when:
             if name not in PREDICATES:
                 raise KeyError(f"rule {self.name!r}: unknown predicate {name!r}")
+        lhs_vars = {v for lhs, _ in self.pairs for v in variables(lhs)}
+        for cond in self.given:
+            if cond.arg not in lhs_vars:
+                raise ValueError(f"rule {self.name!r}: domain condition {cond.name} on {cond.arg.name}, which its "
+                                 "left-hand side does not bind")
+        if self.given and self.two_way:
+            raise ValueError(f"rule {self.name!r}: a rule with a domain condition cannot be two-way (declare each "
+                             "direction with the condition it needs)")
+
+    @property
+    def conditions(self) -> tuple:
+        """Every predicate that must hold for the rule: `when`, and the domain conditions (`given`) as the
+        predicates they are. The soundness checker draws inputs that satisfy all of them."""
+        return self.when + tuple((c.name, (c.arg,)) for c in self.given)
 
     @cached_property
     def egg(self) -> tuple:
@@ -114,7 +130,7 @@ class Rule:
     def key(self) -> tuple:
         """Everything that defines the rule except where it was declared."""
         return (self.name, self.pairs, self.when, self.two_way, self.numerics, self.doc, self.category, self.ruleset,
-                self.targets)
+                self.targets, self.given, self.speculative)
 
     def __eq__(self, other):
         return isinstance(other, Rule) and self.key() == other.key()
@@ -144,18 +160,36 @@ def _readable(filename: str) -> str:
     return path
 
 
+def _split(conditions) -> tuple[tuple, tuple]:
+    """(predicates, domain conditions) of a rule's conditions, in the order written."""
+    return (tuple(c for c in conditions if not isinstance(c, Given)),
+            tuple(c for c in conditions if isinstance(c, Given)))
+
+
 def rule(name: str, lhs: Pattern, rhs: Pattern, *conditions, doc: str, two_way: bool = False,
          numerics: str = "exact", targets: tuple = ()) -> Rule:
-    """`lhs -> rhs` where every condition holds; `two_way=True` declares `lhs <-> rhs` once; `targets`: the
-    target kinds it runs for (a rewrite that only pays on one kind's kernels), every kind by default."""
-    return Rule(name, ((lhs, rhs),), tuple(conditions), two_way, numerics, doc, source=_caller(),
-                targets=tuple(targets))
+    """`lhs -> rhs` where every condition holds (`when` predicates; `given` domain conditions, which a search
+    that speculates may assume and check at run time); `two_way=True` declares `lhs <-> rhs` once; `targets`:
+    the target kinds it runs for (a rewrite that only pays on one kind's kernels), every kind by default."""
+    preds, domain = _split(conditions)
+    return Rule(name, ((lhs, rhs),), preds, two_way, numerics, doc, source=_caller(), targets=tuple(targets),
+                given=domain)
 
 
 def multi_rule(name: str, pairs, *conditions, doc: str, numerics: str = "exact", targets: tuple = ()) -> Rule:
     """Several patterns matched together; each lhs_i is unioned with its rhs_i (`targets` as for `rule`)."""
-    return Rule(name, tuple(pairs), tuple(conditions), False, numerics, doc, source=_caller(),
-                targets=tuple(targets))
+    preds, domain = _split(conditions)
+    return Rule(name, tuple(pairs), preds, False, numerics, doc, source=_caller(), targets=tuple(targets),
+                given=domain)
+
+
+def speculating(r: Rule) -> Rule:
+    """The copy of `r` a guarded search runs: its domain conditions assumed where the analysis cannot prove
+    them, each assumption recorded for the run-time check (rewrites/compile.py). `r` itself where it has none (a
+    foreign rule object, a test's, has no `given`)."""
+    if not getattr(r, "given", ()) or r.speculative:
+        return r
+    return dataclasses.replace(r, speculative=True)
 
 
 @dataclass
@@ -189,4 +223,4 @@ class RuleSet:
         raise KeyError(f"rule set {self.name!r} has no rule {name!r}")
 
 
-__all__ = ["Rule", "RuleSet", "rule", "multi_rule", "when", "NUMERICS"]
+__all__ = ["Rule", "RuleSet", "rule", "multi_rule", "when", "given", "speculating", "NUMERICS"]

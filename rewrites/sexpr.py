@@ -6,6 +6,9 @@
       :numerics reals :category matmul :ruleset algebra
       :doc "(x@y)@z <-> x@(y@z)")
 
+`:given ((positive ?x))` declares domain conditions (rewrites/functions.py `given`): proven by the analysis, or
+assumed by a search that speculates and checked at run time.
+
 `:numerics` is `exact`, `rounding`, `order` or `reals` (rewrites/rule.py; `exact` when left out); `:targets (cpu)`
 limits a rule to those kinds of target (every kind when left out). `=>` is one-way,
 `<=>` two-way, and `(group (LHS => RHS) ...)` matches several patterns together.
@@ -20,7 +23,7 @@ import json
 import re
 
 from superopt.core.ops import BINARY_OPS, REDUCTIONS, SCANS, UNARY_OPS, WINDOW_REDUCTIONS
-from superopt.rewrites.functions import PREDICATES
+from superopt.rewrites.functions import PREDICATES, given
 from superopt.rewrites.pattern import (
     ATTRIBUTE_FNS,
     CONSTRUCTORS,
@@ -81,6 +84,8 @@ def format_rule(r: Rule) -> str:
     if r.when:
         lines.append("  :when (" + " ".join("(" + " ".join([n] + [format_pattern(a) for a in args]) + ")"
                                          for n, args in r.when) + ")")
+    if r.given:
+        lines.append("  :given (" + " ".join(f"({c.name} {format_pattern(c.arg)})" for c in r.given) + ")")
     lines.append(f"  :numerics {r.numerics} :category {json.dumps(r.category)} :ruleset {json.dumps(r.ruleset)}"
                  + (f" :targets ({' '.join(r.targets)})" if r.targets else ""))
     lines.append(f"  :doc {json.dumps(r.doc)})")
@@ -204,10 +209,13 @@ class _Reader:
             pairs, body = [(lhs, rhs)], body[3:]
         if self.dialect == "taso" and len(pairs) == 1:
             pairs = _ungroup(pairs[0])
-        options = {"when": [], "numerics": "exact", "category": "", "ruleset": "", "doc": "", "targets": ()}
+        options = {"when": [], "given": [], "numerics": "exact", "category": "", "ruleset": "", "doc": "", "targets": ()}
         for key, value in zip(body[::2], body[1::2]):
             if key == ":when":
                 options["when"] = [self.predicate(p) for p in value]
+            elif key == ":given":
+                options["given"] = [given(p[0], self.atom(p[1], TENSOR)) if isinstance(p, list) and len(p) == 2
+                                    else _bad_given(p) for p in value]
             elif key == ":targets" and isinstance(value, list) and all(isinstance(k, str) for k in value):
                 options["targets"] = tuple(value)
             elif key in (":numerics", ":category", ":ruleset", ":doc"):
@@ -215,7 +223,8 @@ class _Reader:
             else:
                 raise ParseError(f"rule {name}: unknown option {key!r}")
         return Rule(name, tuple(pairs), tuple(options["when"]), two_way, options["numerics"], options["doc"],
-                    options["category"], options["ruleset"], source="<text>", targets=options["targets"])
+                    options["category"], options["ruleset"], source="<text>", targets=options["targets"],
+                    given=tuple(options["given"]))
 
     def predicate(self, node: list) -> tuple:
         name, args = node[0], node[1:]
@@ -225,6 +234,10 @@ class _Reader:
         if len(args) != len(sorts):
             raise ParseError(f"predicate {name} takes {len(sorts)} arguments")
         return name, tuple(self.atom(a, s) for a, s in zip(args, sorts))
+
+
+def _bad_given(node):
+    raise ParseError(f"a domain condition is (CONDITION ?x), not {node!r}")
 
 
 def _ungroup(pair) -> list:

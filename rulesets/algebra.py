@@ -10,7 +10,7 @@ from superopt.rewrites.pattern import (
     floats, iadd, ints, lit, log, last_axis_of, matmul, mul, neg, ones_like, ops, reduce, reshape, select, set_at,
     set_last, shape_of, scan, slice_, sub, tensors, transpose, unary, vecs, zeros_like, integer_pow,
 )
-from superopt.rewrites.rule import RuleSet, multi_rule, rule, when
+from superopt.rewrites.rule import RuleSet, given, multi_rule, rule, when
 
 x, y, z, w = tensors("x y z w")
 p, q, s, t = vecs("p q s t")
@@ -20,6 +20,17 @@ lo, hi, step = vecs("lo hi step")
 c1, c2 = floats("c1 c2")
 i, j, k = ints("i j k")
 one, zero = lit(1.0, d), lit(0.0, d)
+
+
+def _pow(v, c: float):
+    """v ** c, a float32 v and literal c (the rules that read it are float32's: `has_dtype`)."""
+    return binary("pow", v, lit(c, "float32"))
+
+
+def _moderate_positive(*xs) -> list:
+    """Domain conditions: each of `xs` positive (at least the smallest normal number) and moderate (finite,
+    within the square roots of the normal range), so a product or quotient of two is a normal number."""
+    return [given(name, v) for v in xs for name in ("positive", "moderate")]
 
 
 def _merge_shared_lhs(leaf, n: int):
@@ -177,7 +188,7 @@ ALGEBRA = RuleSet("algebra", {
     "domain": [
         rule("exp-of-log-of-nonneg", unary("exp", unary("log", x)), x, when("nonneg", x), numerics="rounding",
              doc="exp(log(x)) -> x where x >= 0 (log(0) = -inf and exp(-inf) = 0; inf and NaN stay)"),
-        rule("square-of-sqrt-of-nonneg", integer_pow(unary("sqrt", x), 2), x, when("nonneg", x), numerics="rounding",
+        rule("square-of-sqrt-of-nonneg", integer_pow(unary("sqrt", x), 2), x, given("nonneg", x), numerics="rounding",
              doc="sqrt(x)**2 -> x where x >= 0"),
         rule("abs-of-nonneg", unary("abs", x), x, when("nonneg", x), numerics="rounding",
              doc="|x| -> x where x >= 0 (|-0| is +0: a zero's sign only)"),
@@ -196,6 +207,65 @@ ALGEBRA = RuleSet("algebra", {
              numerics="rounding", doc="min(1, x) -> x where no element of x is above 1 (NaN stays NaN)"),
         rule("relu-of-nonneg", binary("max", x, lit(0.0, d)), x, when("nonneg", x), numerics="rounding",
              doc="max(x, 0) -> x where x >= 0 (max(-0, 0) is +0: a zero's sign only; NaN stays NaN)"),
+        rule("quotient-by-own-sqrt", div(x, unary("sqrt", x)), unary("sqrt", x), given("positive", x),
+             given("finite", x), numerics="rounding",
+             doc="x / sqrt(x) -> sqrt(x) where x is finite and at least the smallest normal number (0 / 0 and "
+                 "inf / inf are NaN)"),
+    ],
+    # Identities that hold on a domain the analysis cannot prove: a search that speculates takes them behind a
+    # run-time check of the condition on the operand each assumed it of (extract/guard.py); elsewhere the
+    # original runs. Each saves a transcendental (log, exp, sqrt), which XLA's CPU code computes at several
+    # times the cost of a multiply, and XLA's own simplifier leaves these alone.
+    "speculative": [
+        rule("sum-of-logs", add(log(x), log(y)), log(mul(x, y)), *_moderate_positive(x, y), numerics="rounding",
+             doc="log(x) + log(y) -> log(x * y) where x, y are positive, finite and within the square roots of "
+                 "the normal range (x * y neither overflows nor underflows)"),
+        rule("difference-of-logs", sub(log(x), log(y)), log(div(x, y)), *_moderate_positive(x, y),
+             numerics="rounding", doc="log(x) - log(y) -> log(x / y) where x, y are positive and moderate"),
+        rule("product-of-exps", mul(exp(x), exp(y)), exp(add(x, y)), given("exp_moderate", x),
+             given("exp_moderate", y), numerics="rounding",
+             doc="exp(x) * exp(y) -> exp(x + y) where |x|, |y| <= half the log of the largest value, less 1 "
+                 "(float32: 43), so neither side overflows or underflows"),
+        rule("quotient-of-exps", div(exp(x), exp(y)), exp(sub(x, y)), given("exp_moderate", x),
+             given("exp_moderate", y), numerics="rounding",
+             doc="exp(x) / exp(y) -> exp(x - y) where |x|, |y| are exp-moderate"),
+        rule("log-of-scaled-exp", log(mul(exp(x), y)), add(x, log(y)), given("exp_moderate", x),
+             *_moderate_positive(y), numerics="rounding",
+             doc="log(exp(x) * y) -> x + log(y) where x is exp-moderate and y positive and moderate"),
+        rule("exp-of-shifted-log", exp(add(x, log(y))), mul(exp(x), y), given("exp_moderate", x),
+             *_moderate_positive(y), numerics="rounding",
+             doc="exp(x + log(y)) -> exp(x) * y where x is exp-moderate and y positive and moderate"),
+        rule("exp-of-log-moderate", exp(log(x)), x, *_moderate_positive(x), numerics="rounding",
+             doc="exp(log(x)) -> x where x is positive and moderate (near the range's ends exp(log(x)) "
+                 "overflows or flushes to 0 where x does not: log's rounding, times 88, moves it)"),
+        rule("exp-of-sum-of-logs", exp(add(log(x), log(y))), mul(x, y), *_moderate_positive(x, y),
+             numerics="rounding", doc="exp(log(x) + log(y)) -> x * y where x, y are positive and moderate"),
+        rule("exp-of-difference-of-logs", exp(sub(log(x), log(y))), div(x, y), *_moderate_positive(x, y),
+             numerics="rounding", doc="exp(log(x) - log(y)) -> x / y where x, y are positive and moderate"),
+        rule("product-of-sqrts", mul(unary("sqrt", x), unary("sqrt", y)), unary("sqrt", mul(x, y)),
+             *_moderate_positive(x, y), numerics="rounding",
+             doc="sqrt(x) * sqrt(y) -> sqrt(x * y) where x, y are positive and moderate"),
+        rule("quotient-of-sqrts", div(unary("sqrt", x), unary("sqrt", y)), unary("sqrt", div(x, y)),
+             *_moderate_positive(x, y), numerics="rounding",
+             doc="sqrt(x) / sqrt(y) -> sqrt(x / y) where x, y are positive and moderate"),
+    ],
+    # Powers by a literal exponent as products of square roots, or as an exp of a log: XLA's CPU pow costs about
+    # seven exps an element (extract/targets/cpu.toml, pow_flops). Equal up to rounding where x is positive: a
+    # negative subnormal x, which XLA's comparisons and square roots read as -0, gives NaN in pow and 0 here.
+    "powers": [
+        rule("power-one-and-a-half", _pow(x, 1.5), mul(x, unary("sqrt", x)), given("positive", x),
+             when("has_dtype", x, "float32"), numerics="rounding",
+             doc="x ** 1.5 -> x * sqrt(x) where x is positive"),
+        rule("power-two-and-a-half", _pow(x, 2.5), mul(mul(x, x), unary("sqrt", x)), given("positive", x),
+             when("has_dtype", x, "float32"), numerics="rounding",
+             doc="x ** 2.5 -> x * x * sqrt(x) where x is positive"),
+        rule("quarter-power-as-roots", _pow(x, 0.25), unary("sqrt", unary("sqrt", x)), given("positive", x),
+             when("has_dtype", x, "float32"), numerics="rounding",
+             doc="x ** 0.25 -> sqrt(sqrt(x)) where x is positive (XLA's pow reads a subnormal x as it is, sqrt "
+                 "flushes it to 0; pow costs several exps)"),
+        rule("three-quarter-power-as-roots", _pow(x, 0.75), mul(unary("sqrt", x), unary("sqrt", unary("sqrt", x))),
+             given("positive", x), when("has_dtype", x, "float32"), numerics="rounding",
+             doc="x ** 0.75 -> sqrt(x) * sqrt(sqrt(x)) where x is positive"),
     ],
     "shape": [
         rule("reshape-of-reshape", reshape(reshape(x, s), t), reshape(x, t), doc="reshape(reshape(x)) -> reshape(x)"),

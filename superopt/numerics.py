@@ -17,6 +17,8 @@ each one that fired.
 """
 from __future__ import annotations
 
+from superopt.rewrites.pattern import TENSOR
+from superopt.rewrites.rule import speculating
 from superopt.rewrites.schedule import Phase, Schedule
 
 MODES = ("strict", "fast")
@@ -51,3 +53,48 @@ def overflow_rewrites(schedule: Schedule, fired: dict) -> dict[str, int]:
     """The rules of `schedule` that can change overflow ("reals") and fired: name -> matches."""
     reals = {r.name for ph in schedule.phases for r in ph.rules if r.numerics == "reals"}
     return {name: n for name, n in fired.items() if name in reals}
+
+
+def speculative(schedule: Schedule) -> Schedule:
+    """`schedule` with each rule that has domain conditions (`given`) replaced by its copy that assumes them
+    where the analysis cannot prove them, for a guarded program's search (superopt/pipeline.py `_guarded`)."""
+    return Schedule(tuple(Phase(ph.name, tuple(speculating(r) for r in ph.rules), ph.limits, ph.backoff)
+                          for ph in schedule.phases))
+
+
+def assuming_rules(schedule: Schedule | None) -> set[str]:
+    """Names of the rules of `schedule` that assume domain conditions."""
+    return {r.name for ph in (schedule.phases if schedule else ()) for r in ph.rules
+            if getattr(r, "speculative", False)}
+
+
+def assumes(schedule: Schedule | None, graph=None) -> bool:
+    """Whether `schedule` has a rule that assumes a domain condition; with `graph` (a captured program), one
+    whose left-hand side matches some node of it, by ops alone (a screen before a search: a rule that only
+    matches what other rules derive is not looked for)."""
+    for ph in schedule.phases if schedule else ():
+        for r in ph.rules:
+            if getattr(r, "speculative", False) and (graph is None or any(
+                    _matches(lhs, graph, i) for lhs, _ in r.pairs for i in graph.live())):
+                return True
+    return False
+
+
+def _matches(pattern, graph, i: int) -> bool:
+    """Whether node `i` of `graph` has the ops of `pattern` (a rule's side) at its root and below: a tensor
+    variable matches any node; conditions, attributes and shapes are not looked at."""
+    if getattr(pattern, "fn", None) is None:   # a variable
+        return True
+    node = graph.nodes[i]
+    args = pattern.args
+    if pattern.fn in _FAMILIES:
+        if not (args and getattr(args[0], "value", None) == node.op):
+            return False
+        args = args[1:]
+    elif pattern.fn != node.op:
+        return False
+    tensors = [a for a in args if a.sort == TENSOR]
+    return len(tensors) == len(node.inputs) and all(_matches(a, graph, j) for a, j in zip(tensors, node.inputs))
+
+
+_FAMILIES = ("unary", "binary", "reduce", "argreduce", "pool", "scan")

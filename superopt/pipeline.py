@@ -43,7 +43,7 @@ from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import Target, load_target
 from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.hlo import executable
-from superopt.lowering.jax import inlined, lower
+from superopt.lowering.jax import guard_passes, inlined, lower
 from superopt.report import Outcome, Report
 from superopt.extract.loops import loop_notes
 from superopt.loops import vectorize, vectorized_note
@@ -76,6 +76,11 @@ ilp = lazy.module("superopt.extract.ilp")
 # The cost model does not resolve differences of a few percent; a program that is predicted to be
 # less than this much faster is not worth swapping in for the original.
 MIN_PREDICTED_GAIN = 0.03
+# A guarded program's check runs on every call, and where it fails the original runs after it: a check of domain
+# conditions (x > 0, |x| moderate), which ordinary data fails as often as not, may cost at most this share of the
+# original's predicted time, so that such calls are at most that much slower than jax.jit's. (A check that only
+# excludes overflow fails on NaN, inf or huge elements alone, which ordinary data does not hold: bench/guard.py.)
+MAX_CHECK_SHARE = 0.05
 # A segment's worker is killed this many seconds past the call's time limit (a backstop: a job stops at the
 # limit by itself), and its segment runs as captured.
 WORKER_MARGIN = 30.0
@@ -187,13 +192,14 @@ def ran_out(exc: TimeLimit, limits: Limits) -> str:
 
 
 def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: Deadline,
-             timer: "Stages", isolated: bool = True) -> Saturated:
+             timer: "Stages", isolated: bool = True, origins: bool = False) -> Saturated:
     """Encode the captured program and saturate it in a child process (hard time and memory limits; a crash
     in egglog cannot take the caller down). It gets at most half the time left (runner.SATURATION_SHARE).
     `isolated=False` saturates in this process with the whole of `limits` (explain's search for
-    alternatives, the benchmarks' probes: they need the time more than the isolation)."""
+    alternatives, the benchmarks' probes: they need the time more than the isolation). `origins`: each node's
+    class records its id, for rules that assume a domain condition (a speculative search: `_guarded`)."""
     try:
-        enc = timer("encode", encoding.encode, captured.graph, deadline)
+        enc = timer("encode", encoding.encode, captured.graph, deadline, origins)
         if isolated:
             run, frozen = timer("saturate", isolate.saturate_isolated, enc.egraph, schedule, limits, deadline)
         else:
@@ -295,13 +301,16 @@ def same_executable(reference: Callable, graph: Graph, captured: Captured) -> bo
 
 
 def check(reference: Callable, candidate: Callable, captured: Captured, numerics: str,
-          fired: dict, remember: str | None = None) -> None:
+          fired: dict, remember: str | None = None, graph: Graph | None = None) -> None:
     """Raise Kept unless `candidate` keeps the numerics contract against `reference` (verify.verify: random
     and adversarial inputs of superopt's own, never the caller's). A candidate that fails to run (a program
-    XLA cannot run here) is not returned either."""
+    XLA cannot run here) is not returned either. Where `graph` (the candidate's program) is guarded by domain
+    conditions, it is also checked on inputs moved into their domain (`verify.domain_args`), and at least one
+    of them must pass its check: a rewritten side that never ran on superopt's inputs is not returned."""
     try:
+        extra = _domain_sets(graph, captured)
         problem = verification.verify(reference, candidate, captured.in_avals, traced(captured), numerics,
-                                      remember=remember)
+                                      remember=remember, extra=extra)
     except TimeLimit:
         raise
     except Exception as exc:   # noqa: BLE001
@@ -312,6 +321,20 @@ def check(reference: Callable, candidate: Callable, captured: Captured, numerics
                       f"returning the original. Rules involved: {', '.join(fired) or 'none'}",
                       verification.VerificationWarning, stacklevel=5)
         raise Kept(Outcome.VERIFICATION_FAILED, f"verification failed: {problem}")
+
+
+def _domain_sets(graph: Graph | None, captured: Captured) -> list:
+    """The domain sets (verify.domain_args) on which a program guarded by domain conditions runs its rewritten
+    side; Kept where it runs it on none of them. [] for any other program."""
+    if graph is None or graph.guard is None or not graph.guard.conditions:
+        return []
+    sets = [(f"inputs in the domain (scale {s:g}, seed {seed})", verification.domain_args(captured.in_avals, seed, s))
+            for seed in range(2) for s in verification.DOMAIN_SCALES]
+    passing = [(where, args) for where, args in sets if guard_passes(graph, *args)]
+    if not passing:
+        raise Kept(Outcome.VERIFICATION_FAILED, "verification failed: the guard's check failed on every input set "
+                                                "superopt drew in its domain, so the rewritten side is unverified")
+    return passing
 
 
 class Stages:
@@ -440,8 +463,11 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
             captured = dataclasses.replace(captured, graph=rolled, traced=traced(captured),
                                            rerolled=rerolled_note(captured.graph, rolled))
     schedule, left_out = schedule_of(rulesets, numerics, tgt.kind)
-    # the rules strict leaves out are the "reals" ones a guarded program's search adds
-    guarded = schedule_of(rulesets, "fast", tgt.kind)[0] if guard and numerics == "strict" and left_out else None
+    # a guarded program's search adds the rules strict leaves out (the "reals" ones) and assumes the domain
+    # conditions the analysis cannot prove (numerics.speculative)
+    guarded = numerics_mode.speculative(schedule_of(rulesets, "fast", tgt.kind)[0]) if guard else None
+    if guarded is not None and not (left_out and numerics == "strict") and not numerics_mode.assumes(guarded):
+        guarded = None
     search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune,
                     guarded, on_xla=guard and runs_here(tgt))
     segments = key = None
@@ -527,7 +553,8 @@ def _whole(captured: Captured, search: Search, timer: Stages, store=None) -> tup
     run, outcome, reason, chosen, program = _optimize_program(captured, reference, search, timer, costs[0], store)
     if store is not None:
         save_rules(search.schedule, store)
-        if search.guarded is not None and any(r.numerics == "reals" and getattr(r, "compiled", False)
+        if search.guarded is not None and any((r.numerics == "reals" or getattr(r, "speculative", False))
+                                               and getattr(r, "compiled", False)
                                                for ph in search.guarded.phases for r in ph.rules):   # one has run
             save_rules(search.guarded, store)
     # the specialization's reference is the user's program as JAX runs it (backends check against it and
@@ -582,7 +609,7 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
                                                 "nothing to gain, nothing verified")
         if search.check_results:   # on superopt's own inputs: the program's debug prints stay silent
             timer("verify", check, reference, on_own_inputs(chosen.graph, program), captured, numerics, run.fired,
-                  segment)
+                  segment, chosen.graph)
             if deadline.expired():
                 raise Kept(Outcome.TIME_LIMIT, f"time limit (verify: the call's {limits.seconds:g} s ran out)")
         if search.tune:   # both programs without their debug prints: superopt's own inputs
@@ -607,54 +634,79 @@ def nothing_to_search(graph: Graph) -> bool:
 
 def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: Deadline, looking: Deadline,
              timer: Stages, rules=None) -> Extraction:
-    """`strict`, or a guarded program where one is predicted cheaper (extract/guard.py): the program the search
-    finds with "reals" rules too, run where a check of the call's arguments proves its intermediates, and the
-    original's, neither overflow nor fall below the smallest normal number; the original runs elsewhere. Tried
-    only for a program of polynomial ops with a sum or a matrix product, which "reals" rules re-associate or
-    factor. `rules`: where the compiled rules may come from, as for the strict search."""
+    """`strict`, or a guarded program where one is predicted cheaper (extract/guard.py): the program a second
+    search finds, run where a check at run time holds, the original elsewhere. The second search
+      - adds the rules equal over the reals only (under strict numerics, for a program of polynomial ops with a
+        sum or a matrix product, which they re-associate or factor): the check proves from the call's arguments
+        that no intermediate of either program overflows;
+      - assumes the domain conditions of rules (`given`: x >= 0, x positive, x finite) that the analysis cannot
+        prove of the captured program: the check tests each assumed condition on the values of the node it was
+        assumed of.
+    `rules`: where the compiled rules may come from, as for the strict search."""
     program, original, tgt = captured.graph, traced(captured), search.target
-    if not guarding.worth_trying(program):
+    reals = search.numerics == "strict" and guarding.worth_trying(program)
+    if reals:
+        args = guarding.checked_args(original)
+        check = program_cost(guarding.check_graph(0, args, original), tgt)[0]
+        reals = check < strict.cost * (1 - MIN_PREDICTED_GAIN)   # else no search can pay for the check
+    domain = numerics_mode.assumes(search.guarded, program)
+    if not (reals or domain):
         return strict
-    args = guarding.checked_args(original)
-    if not program_cost(guarding.check_graph(0, args, original), tgt)[0] < strict.cost * (1 - MIN_PREDICTED_GAIN):
-        return strict   # the check alone costs what the strict program does: no search can pay for it
+    schedule = search.guarded if reals or search.numerics == "fast" else numerics_mode.restrict(search.guarded,
+                                                                                               "strict")
     if rules is not None:
-        timer("rules", prepare_rules, search.guarded, rules)
+        timer("rules", prepare_rules, schedule, rules)
     try:
-        saturated = saturate(captured, search.guarded, search.limits, looking, timer)
+        saturated = saturate(captured, schedule, search.limits, looking, timer, origins=domain)
         fast = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, search.limits, timer,
                              looking, search.numerics), tgt)   # strict: the cone stays as captured here too
     except Kept:
         return strict
-    reals = numerics_mode.overflow_rewrites(search.guarded, saturated.run.fired)
-    # the program the search started from computes the original's intermediates (a loop batched or written out,
-    # rows re-rolled: the same values, sums in another order), which the bound reads where the original's loops
-    # are opaque to it
+    fired = numerics_mode.overflow_rewrites(schedule, saturated.run.fired) if search.numerics == "strict" else {}
+    conditions = timer("guard", guarding.unproven, program, saturated.frozen.assumed) if domain else ()
     # only the results the search changed need the bound: the others (a sort, a loop beside the sum) are the
     # same ops in both programs
     changed = guarding.changed_results(program, fast.graph)
-    if not reals or not changed:
+    if not (fired or conditions) or not changed:
         return strict
-    parts = [guarding.results_only(g, changed) for g in (original, program, fast.graph)]
-    exponent = guarding.exponent(*parts[1:]) if captured.traced is not None else guarding.exponent(*parts)
-    if exponent is None:
-        return strict
-    args = guarding.checked_args(parts[0], parts[2])
-    graph = dataclasses.replace(fast.graph, guard=Guard(exponent, args, program))
+    exponent, args, words = None, (), []
+    if fired:
+        # the program the search started from computes the original's intermediates (a loop batched or written
+        # out, rows re-rolled: the same values, sums in another order), which the bound reads where the
+        # original's loops are opaque to it
+        parts = [guarding.results_only(g, changed) for g in (original, program, fast.graph)]
+        exponent = guarding.exponent(*parts[1:]) if captured.traced is not None else guarding.exponent(*parts)
+        if exponent is None:
+            return strict
+        args = guarding.checked_args(parts[0], parts[2])
+        words.append(f"every element of arguments {', '.join(map(str, args))} is finite and at most 2**{exponent} "
+                     f"in magnitude (rules equal over the reals: {', '.join(sorted(fired))})")
+    if conditions:
+        assuming = sorted(name for name, n in saturated.run.fired.items() if n and name in
+                          numerics_mode.assuming_rules(schedule))
+        words.append(f"{guarding.describe_conditions(program, conditions)} (rules assuming it: "
+                     f"{', '.join(assuming)})")
+    graph = dataclasses.replace(fast.graph, guard=Guard(exponent, args, program, conditions))
     check = program_cost(guard_check(graph), tgt)[0]
     if not fast.cost + check < strict.cost * (1 - MIN_PREDICTED_GAIN):
         return strict
-    words = (f"{fast.method}; guarded: runs where every element of arguments {', '.join(map(str, args))} is "
-             f"finite and at most 2**{exponent} in magnitude (else the original), with rules equal over "
-             f"the reals: {', '.join(sorted(reals))}")
-    return Extraction(graph, fast.cost + check, fast.node_costs, words, fast.declined, fast.memory)
+    share = check / program_cost(program, tgt)[0]
+    if conditions and share > MAX_CHECK_SHARE:
+        return dataclasses.replace(strict, method=(
+            f"{strict.method}; not taken: a guarded program predicted {strict.cost / (fast.cost + check):.2f}x "
+            f"faster, whose check would add {share:.0%} of the original's time to a call where it fails (at most "
+            f"{MAX_CHECK_SHARE:.0%})"))
+    return Extraction(graph, fast.cost + check, fast.node_costs,
+                      f"{fast.method}; guarded: runs where {'; and '.join(words)} (else the original)",
+                      fast.declined, fast.memory)
 
 
 def guard_check(graph: Graph) -> Graph | None:
     """The check a guarded `graph` runs before it (`guard.check_graph`), a program priced like any other: a
     guarded program's cost is its own and its check's; None where `graph` has no guard."""
     g = graph.guard
-    return None if g is None else guarding.check_graph(g.exponent, g.args, g.fallback, graph)
+    return None if g is None else guarding.check_graph(g.exponent, g.args, g.fallback, graph,
+                                                       conditions=g.conditions, base=g.fallback)
 
 
 def _specialization(captured: Captured, search: Search, timer: Stages, run: RunReport, outcome: Outcome,
@@ -749,7 +801,7 @@ def _rechecked(found: tuple, store, key: str, kind: str, captured: Captured, num
     original = traced(captured)
     try:
         args = verification.random_args(captured.in_avals, 0)
-        problem = verification.judge(evaluate_reference(original, args), evaluate_reference(chosen.graph, args),
+        problem = verification.judge(evaluate_reference(original, args), _side_evaluated(chosen.graph, args),
                                      lambda: evaluate_reference(original, args, precise=True), numerics)
     except Exception as exc:   # noqa: BLE001
         problem = f"it failed to run ({type(exc).__name__}: {str(exc)[:200]})"
@@ -761,6 +813,14 @@ def _rechecked(found: tuple, store, key: str, kind: str, captured: Captured, num
         return None
     _verified_entries.add(seen)
     return found
+
+
+def _side_evaluated(graph: Graph, args) -> list:
+    """`graph`'s outputs on `args` by the reference evaluator, a guarded graph's from the side its check picks."""
+    check = guard_check(graph)
+    if check is not None and evaluate_reference(check, args)[0] != 0:
+        return _side_evaluated(graph.guard.fallback, args)
+    return evaluate_reference(graph, args)
 
 
 def _traced_like(term: Graph, original: Graph) -> Callable:

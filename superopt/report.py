@@ -106,7 +106,8 @@ class Report:
     peak_memory: tuple = ()        # (before, after) extract.memory.Peak
     memory_note: str = ""          # what fitting the memory budget did, when one was given
     numerics: str = "strict"       # the numerics mode (superopt.numerics)
-    guarded: bool = False          # strict: rewrites equal over the reals run behind a check (extract/guard.py)
+    guarded: bool = False          # the program runs behind a run-time check, the original where it fails
+    #                                (extract/guard.py: "reals" rewrites under strict, assumed domain conditions)
     left_out: list = field(default_factory=list)            # rules the mode did not run
     overflow_rewrites: dict = field(default_factory=dict)   # "reals" rules that fired (fast mode): name -> matches
     segments: str = ""             # how the program was split, and where each distinct segment's result came from
@@ -128,17 +129,17 @@ class Report:
         return "optimized" if self.optimized else f"kept original: {self.reason}"
 
     def _numerics_line(self) -> str:
+        guarded = ("; the program runs behind a run-time check, the original where it fails (the cost line says "
+                   "what it checks)") if self.guarded and self.optimized else ""
         if self.numerics == "fast":
             if not self.overflow_rewrites:
-                return "fast; no rewrite that can change overflow fired"
+                return "fast; no rewrite that can change overflow fired" + guarded
             shown = ", ".join(f"{n} x{k}" for n, k in sorted(self.overflow_rewrites.items()))
-            return f"fast; rewrites that can change overflow fired: {shown}"
+            return f"fast; rewrites that can change overflow fired: {shown}" + guarded
         if not self.left_out:
-            return "strict"
-        line = f"strict; {len(self.left_out)} rules that can change overflow left out (numerics=\"fast\" runs them)"
-        if self.guarded and self.optimized:
-            line += "; the program runs some of them behind a check of its arguments (the cost line says which)"
-        return line
+            return "strict" + guarded
+        return (f"strict; {len(self.left_out)} rules that can change overflow left out (numerics=\"fast\" runs "
+                f"them)" + guarded)
 
     def _ops_changed(self, diffs: list[str]) -> str:
         if diffs:

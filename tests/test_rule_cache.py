@@ -38,7 +38,9 @@ def test_compiled_rules_come_back_as_the_same_egglog_rules():
     assert reuse.adopt_rules(copy, data)
     for original, back in zip(reuse._rules(schedule), reuse._rules(copy)):
         assert back.compiled and [e.decl for e in back.egg] == [e.decl for e in original.egg], original.name
-        assert str(back.egg[0]) == str(original.egg[0])   # egglog prints it the same: its declarations resolve
+        # egglog prints it the same: its declarations resolve (a rule whose domain condition no analysis proves
+        # has no egglog rule outside a search that speculates)
+        assert [str(e) for e in back.egg[:1]] == [str(e) for e in original.egg[:1]]
 
 
 def _built(schedule):

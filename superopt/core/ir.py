@@ -96,13 +96,21 @@ class Opaque:
         return self.primitive.name
 
 
+# The domain conditions a guard checks at run time (extract/guard.py `condition_test`; rewrites/functions.py
+# `DOMAINS` names the same ones for rules)
+DOMAIN_CHECKS = ("nonneg", "positive", "finite", "moderate", "exp_moderate")
+
+
 @dataclass
 class Guard:
     """What makes a program guarded (extract/guard.py): it runs where every element of the float arguments `args`
-    is finite and at most 2**exponent in magnitude; `fallback` runs where one is not."""
-    exponent: int
+    is finite and at most 2**exponent in magnitude (no such test where `exponent` is None), and where each
+    domain condition (name, node id of `fallback`) of `conditions` holds for that node's values; `fallback`,
+    the program as captured, runs where one does not."""
+    exponent: int | None
     args: tuple[int, ...]
     fallback: "Graph"
+    conditions: tuple = ()
 
 
 @dataclass
@@ -276,7 +284,9 @@ def pretty(graph: Graph) -> str:
     lines.append("return " + ", ".join(names[o] for o in graph.outputs))
     if graph.guard is not None:
         e, args = graph.guard.exponent, ", ".join(f"arg[{k}]" for k in graph.guard.args)
-        lines.append(f"where every element of {args} is finite and at most 2**{e} in magnitude; elsewhere:")
+        where = [f"every element of {args} is finite and at most 2**{e} in magnitude"] if e is not None else []
+        where += [f"{name}(%{i} of the program below)" for name, i in graph.guard.conditions]
+        lines.append(f"where {' and '.join(where)}; elsewhere:")
         lines.append(pretty(graph.guard.fallback))
     return "\n".join(lines)
 

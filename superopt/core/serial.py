@@ -27,7 +27,7 @@ import json
 import numpy as np
 from jax import lax
 
-from superopt.core.ir import Graph, Guard, Node, Opaque
+from superopt.core.ir import DOMAIN_CHECKS, Graph, Guard, Node, Opaque
 
 _TYPES: dict[str, type] = {}
 
@@ -184,6 +184,8 @@ def to_data(graph: Graph) -> dict:
     if graph.guard is not None:   # only where there is one: an unguarded program's data (and key) stays as it was
         data["guard"] = {"exponent": graph.guard.exponent, "args": list(graph.guard.args),
                          "fallback": to_data(graph.guard.fallback)}
+        if graph.guard.conditions:
+            data["guard"]["conditions"] = [[name, int(i)] for name, i in graph.guard.conditions]
     return data
 
 
@@ -214,7 +216,12 @@ def from_data(data: dict, opaque: dict | None = None) -> Graph:
             args = tuple(int(k) for k in guard["args"])
             if not all(0 <= k < graph.n_args for k in args):
                 raise NotSerializable("the guard checks an argument the program does not have")
-            graph.guard = Guard(int(guard["exponent"]), args, from_data(guard["fallback"], opaque))
+            fallback = from_data(guard["fallback"], opaque)
+            conditions = tuple((str(name), int(i)) for name, i in guard.get("conditions", ()))
+            if not all(name in DOMAIN_CHECKS and 0 <= i < len(fallback.nodes) for name, i in conditions):
+                raise NotSerializable("the guard checks a condition it does not know, or a node the program lacks")
+            exponent = None if guard["exponent"] is None else int(guard["exponent"])
+            graph.guard = Guard(exponent, args, fallback, conditions)
         return graph
     except NotSerializable:
         raise

@@ -325,6 +325,25 @@ def special_args(avals, kind: str, seed: int = 0, buffers: Buffers | None = None
     return out
 
 
+# Magnitudes the domain sets move float arguments to (`domain_args`): ordinary values, and values near each end
+# of the float32 range, where a domain rewrite that squares or divides would overflow or underflow first
+DOMAIN_SCALES = (1.0, 1e-3, 1e3, 1e-30, 1e30)
+
+
+def domain_args(avals, seed: int, scale: float, buffers: Buffers | None = None) -> list[np.ndarray]:
+    """A set of arguments in the domain most domain rewrites want (rewrites/functions.py `given`): random
+    floats made positive, (|x| + 0.5) * scale, drawn from the random set of `seed`; other arguments as drawn.
+    A guarded program's rewritten side runs where its check passes, which superopt's random and adversarial
+    sets (normal draws, NaN, -0) mostly fail: these give it inputs on which it runs."""
+    out = []
+    for block, (shape, dtype) in zip(_random_blocks(avals, seed), avals):
+        if is_float(dtype) and np.dtype(dtype).kind != "c":
+            big = float(_finfo(np.dtype(dtype)).max)
+            block = _as(np.minimum((np.abs(block.astype(np.float64)) + 0.5) * scale, big / 4), np.dtype(dtype))
+        out.append(_filled(block, shape, dtype, buffers))
+    return out
+
+
 def scale_patterns(avals, limit: int = MAX_PATTERNS) -> list[tuple[str, tuple]]:
     """(name, per-argument scale) for the scaled input sets, most telling first (see above)."""
     floats = [i for i, (_, dtype) in enumerate(avals) if is_float(dtype)]
@@ -723,7 +742,7 @@ def _remember(key: str, seed: int, outputs: list) -> None:
 
 
 def verify(reference, candidate, avals, original, numerics: str = "strict", trials: int = 2,
-           remember: str | None = None) -> str | None:
+           remember: str | None = None, extra=()) -> str | None:
     """None if `candidate` keeps the numerics contract against `reference` (the original program, as
     jax.jit runs it) on every input set of the mode, else a description naming the set.
 
@@ -734,7 +753,8 @@ def verify(reference, candidate, avals, original, numerics: str = "strict", tria
     and near-overflow ones are left out, since a re-associated or factored product may turn an inf into a
     NaN or overflow where the original does not; and a set on which one program overflowed is skipped
     (`judge`). NaN positions, zeros, subnormals and finite values are still compared. With `remember`
-    (a key of the original program), its outputs on the random sets are kept for `remembered`."""
+    (a key of the original program), its outputs on the random sets are kept for `remembered`. `extra`: more
+    (where, arguments) sets, checked after those (a guarded program's domain sets: `domain_args`)."""
     if numerics not in MODES:
         raise ValueError(f"unknown numerics mode {numerics!r}; valid: {', '.join(MODES)}")
 
@@ -745,6 +765,10 @@ def verify(reference, candidate, avals, original, numerics: str = "strict", tria
         return f"{problem}, on {where}" if problem else None
 
     buffers = Buffers()          # a set's memory goes to the next once it is judged
+    for where, args in extra:
+        problem = check(where, args)
+        if problem:
+            return problem
     for n, (where, args) in enumerate(input_sets(avals, numerics, trials, buffers)):
         expected = _outputs(reference, args)
         if remember is not None and n < trials:   # the random sets come first, seed n

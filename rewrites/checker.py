@@ -383,6 +383,8 @@ class _Generator:
         if p.fn == "broadcast":
             shape = tuple(self.vec(a[1], lambda: shape if shape is not None else self.shape()))
             dims = self.vec(a[2], lambda: sorted(self.draw(st.sets(st.integers(0, len(shape) - 1)))) if shape else ())
+            if any(k >= len(shape) for k in dims):
+                raise Reject("a broadcast's dimensions past its shape's rank")
             inner = tuple(shape[k] if self.draw(st.booleans()) else 1 for k in dims)
             self.gen(a[0], (inner, self.dtype))
             return shape, self.dtype

@@ -27,6 +27,16 @@ def _pow(v, c: float):
     return binary("pow", v, lit(c, "float32"))
 
 
+def _unit_broadcast(v, shape, dims: tuple) -> list:
+    """Conditions that broadcast(v, shape, dims), v a matrix, only adds one unit axis (rank 3): v's axes land
+    on `dims` unexpanded. Sizes compared one by one, so the rule compiles once (a predicate over a whole shape
+    would expand it once per rank)."""
+    b = broadcast(v, shape, dims)
+    (unit,) = {0, 1, 2} - set(dims)
+    return [when("rank", v, 2), when("rank", b, 3), when("equal", dim(b, unit), 1),
+            *(when("equal", dim(b, k), dim(v, i)) for i, k in enumerate(dims))]
+
+
 def _moderate_positive(*xs) -> list:
     """Domain conditions: each of `xs` positive (at least the smallest normal number) and moderate (finite,
     within the square roots of the normal range), so a product or quotient of two is a normal number."""
@@ -158,6 +168,20 @@ ALGEBRA = RuleSet("algebra", {
     ],
     # Sums of broadcast products that are matrix-vector products: the same products, added by a dot.
     "matvec": [
+        # A product of two broadcasts (unit axes added, nothing expanded: `_unit_broadcast`) summed over their
+        # shared axis is a matrix product written out by hand (einsum-like code, pairwise dot products): XLA
+        # fuses the product into its reduction loop, which is not vectorised, and does not form a dot.
+        rule("summed-outer-product-as-matmul",
+             reduce("reduce_sum", mul(broadcast(x, s, (0, 1)), broadcast(y, t, (1, 2))), (1,)),
+             matmul(x, y, dtype_of(x)), *_unit_broadcast(x, s, (0, 1)), *_unit_broadcast(y, t, (1, 2)),
+             when("has_dtype", y, dtype_of(x)), when("float_dtype", dtype_of(x)), numerics="order",
+             doc="sum(x[:, :, None] * y[None, :, :], axis=1) -> x @ y"),
+        rule("summed-row-products-as-matmul",
+             reduce("reduce_sum", mul(broadcast(x, s, (0, 2)), broadcast(y, t, (1, 2))), (2,)),
+             matmul(x, transpose(y, (1, 0)), dtype_of(x)), *_unit_broadcast(x, s, (0, 2)),
+             *_unit_broadcast(y, t, (1, 2)), when("has_dtype", y, dtype_of(x)), when("float_dtype", dtype_of(x)),
+             numerics="order", doc="sum(x[:, None, :] * y[None, :, :], axis=2) -> x @ y.T (each row of x dotted "
+                                   "with each of y)"),
         rule("row-sums-of-scaled-rows", reduce("reduce_sum", mul(x, y), (1,)),
              reshape(matmul(x, transpose(y, (1, 0)), "float32"), shape_of(reduce("reduce_sum", mul(x, y), (1,)))),
              when("rank", x, 2), when("row_vector", y), when("same_shape", x, mul(x, y)),

@@ -128,6 +128,8 @@ FIRES = {
     "fold-div": (lambda a: a * (jnp.float32(2.0) / jnp.float32(3.0)), (A,)),
     "fold-max": (lambda a: a * jnp.maximum(jnp.float32(2.0), jnp.float32(3.0)), (A,)),
     "fold-min": (lambda a: a * jnp.minimum(jnp.float32(2.0), jnp.float32(3.0)), (A,)),
+    "summed-outer-product-as-matmul": (lambda a, b: jnp.sum(a[:, :, None] * b[None, :, :], axis=1), (A, B)),
+    "summed-row-products-as-matmul": (lambda a, b: jnp.sum(a[:, None, :] * b[None, :, :], axis=2), (A, B)),
     # domain conditions no analysis proves here: the rule fires in a search that speculates, on arguments
     # inside its domain (P, Q positive and moderate; A, B within exp_moderate)
     "quotient-by-own-sqrt": (lambda a: a / jnp.sqrt(a), (P,)),

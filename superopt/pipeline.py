@@ -669,7 +669,7 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
     changed = guarding.changed_results(program, fast.graph)
     if not (fired or conditions) or not changed:
         return strict
-    exponent, args, words = None, (), []
+    exponent, args, words, rules_used = None, (), [], []
     if fired:
         # the program the search started from computes the original's intermediates (a loop batched or written
         # out, rows re-rolled: the same values, sums in another order), which the bound reads where the
@@ -680,12 +680,13 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
             return strict
         args = guarding.checked_args(parts[0], parts[2])
         words.append(f"every element of arguments {', '.join(map(str, args))} is finite and at most 2**{exponent} "
-                     f"in magnitude (rules equal over the reals: {', '.join(sorted(fired))})")
+                     "in magnitude")
+        rules_used.append(f"with rules equal over the reals: {', '.join(sorted(fired))}")
     if conditions:
         assuming = sorted(name for name, n in saturated.run.fired.items() if n and name in
                           numerics_mode.assuming_rules(schedule))
-        words.append(f"{guarding.describe_conditions(program, conditions)} (rules assuming it: "
-                     f"{', '.join(assuming)})")
+        words.append(guarding.describe_conditions(program, conditions))
+        rules_used.append(f"with rules assuming it: {', '.join(assuming)}")
     graph = dataclasses.replace(fast.graph, guard=Guard(exponent, args, program, conditions))
     check = program_cost(guard_check(graph), tgt)[0]
     if not fast.cost + check < strict.cost * (1 - MIN_PREDICTED_GAIN):
@@ -697,7 +698,8 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
             f"faster, whose check would add {share:.0%} of the original's time to a call where it fails (at most "
             f"{MAX_CHECK_SHARE:.0%})"))
     return Extraction(graph, fast.cost + check, fast.node_costs,
-                      f"{fast.method}; guarded: runs where {'; and '.join(words)} (else the original)",
+                      f"{fast.method}; guarded: runs where {'; and '.join(words)} (else the original), "
+                      f"{'; '.join(rules_used)}",
                       fast.declined, fast.memory)
 
 

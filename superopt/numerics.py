@@ -72,12 +72,24 @@ def assumes(schedule: Schedule | None, graph=None) -> bool:
     """Whether `schedule` has a rule that assumes a domain condition; with `graph` (a captured program), one
     whose left-hand side matches some node of it, by ops alone (a screen before a search: a rule that only
     matches what other rules derive is not looked for)."""
+    by_op: dict[str, list[int]] = {}
+    for i in graph.live() if graph is not None else ():
+        by_op.setdefault(graph.nodes[i].op, []).append(i)
     for ph in schedule.phases if schedule else ():
         for r in ph.rules:
             if getattr(r, "speculative", False) and (graph is None or any(
-                    _matches(lhs, graph, i) for lhs, _ in r.pairs for i in graph.live())):
+                    _matches(lhs, graph, i) for lhs, _ in r.pairs for i in by_op.get(_root_op(lhs), ()))):
                 return True
     return False
+
+
+def _root_op(pattern) -> str | None:
+    """The op a rule's side matches at its root: a family's op by name (`unary("log", x)`: log), or the
+    constructor's (`matmul`); None for a variable op."""
+    fn, args = getattr(pattern, "fn", None), getattr(pattern, "args", ())
+    if fn in _FAMILIES:
+        return getattr(args[0], "value", None) if args else None
+    return fn
 
 
 def _matches(pattern, graph, i: int) -> bool:

@@ -184,7 +184,8 @@ def render_domain(rows: list[dict], samples: int) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         i, o = r["inside"], r["outside"]
-        what = "guarded" if r["guarded"] else "changed" if r["changed"] else f"original ({short(r['why'] or r['extraction'], 70)})"
+        what = ("guarded" if r["guarded"] else "changed" if r["changed"] else
+                f"original ({short(r['why'] or r['extraction'], 70)})")
         side = lambda s: "-" if s["ran"] is None else "rewritten" if s["ran"] else "original"   # noqa: E731
         lines.append(f"| {r['name']} | {what} | {i['jit'] * 1e6:,.1f} us | {i['time'] * 1e6:,.1f} us | "
                      f"{i['speedup']:.2f}x | {side(i)} | {o['jit'] * 1e6:,.1f} us | {o['time'] * 1e6:,.1f} us | "

@@ -118,8 +118,6 @@ def freeze(egraph: EGraph, facts: bool = False) -> FrozenEGraph:
     for name, fn in tables.items():
         if fn.is_let_binding:
             continue
-        if name == "origin":
-            continue
         if name == "assumed":
             assumed.update((decoders["String"](row.inputs[0]), to_i64(row.inputs[1])) for row in fn.rows)
             continue

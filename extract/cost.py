@@ -32,8 +32,9 @@ def size(t: Type) -> int:
 
 def flops(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> float:
     """The op's arithmetic (its op table entry's `flops`), an element of a transcendental op counted as
-    `target.transcendental_flops` (of pow, as `target.pow_flops` where the target sets it), an element of a reduction as `target.reduction_flops` (on a CPU past
-    `reduction_split_bytes`, as `reduction_split_flops`). An op not in the
+    `target.transcendental_flops` (of pow, as `target.pow_flops` where the target sets it), an element of a
+    reduction as `target.reduction_flops` (on a CPU past `reduction_split_bytes`, as `reduction_split_flops`;
+    a max or min of integers, as `target.integer_reduction_flops` where the target sets it). An op not in the
     table is an error naming it."""
     spec = lookup(op)
     work = spec.flops(attrs, ins, out)

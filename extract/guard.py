@@ -283,9 +283,10 @@ def check_graph(exponent: int | None, args: tuple[int, ...], *graphs: Graph, con
         magnitude (a guarded "reals" rewrite; no such test where `exponent` is None), and
       - each domain condition (name, node) of `conditions` holds for every element of that node of `base`
         (the program as captured, whose nodes the check computes as it does): `nonneg`, no element below -0;
-        `positive`, none below the dtype's smallest normal number; `finite`, none NaN or inf. NaN passes the
-        first two, as it does in the analysis that proves them (egraph/analysis.py) and in the checker that
-        proves the rules (rewrites/checker.py).
+        `positive`, none below the dtype's smallest normal number; `finite`, none NaN or inf; `moderate` and
+        `exp_moderate`, finite and within their bounds of magnitude (core/dtypes.py). NaN passes the first
+        two, as it does in the analysis that proves them (egraph/analysis.py) and in the checker that proves
+        the rules (rewrites/checker.py).
     One fused pass per shape of value checked: each position's flag, 0 where every test of that shape passes
     there and 1 elsewhere (NaN fails every comparison, so it flags 1 where a comparison must hold), and their
     max. The flags are int8, not the floats themselves: XLA's CPU max reduction of floats dropped a NaN element
@@ -334,6 +335,15 @@ def check_graph(exponent: int | None, args: tuple[int, ...], *graphs: Graph, con
     return check
 
 
+def check_of(graph: Graph) -> Graph | None:
+    """The check a guarded `graph` runs before it (`check_graph` on its guard), a program priced like any other
+    and lowered as it is; None where `graph` has no guard."""
+    g = graph.guard
+    if g is None:
+        return None
+    return check_graph(g.exponent, g.args, g.fallback, graph, conditions=g.conditions, base=g.fallback)
+
+
 @dataclasses.dataclass
 class _Bounds:
     """What every element of one checked value must meet, all of a guard's tests on it merged into one interval
@@ -344,7 +354,6 @@ class _Bounds:
     least: float | None = None
     least_magnitude: float | None = None
     most: float | None = None
-    nan: bool = True
     impossible: bool = False
 
     def meet(self, what: str, bound: float) -> None:
@@ -354,7 +363,6 @@ class _Bounds:
             self.least_magnitude = bound if self.least_magnitude is None else max(self.least_magnitude, bound)
         else:
             self.most = bound if self.most is None else min(self.most, bound)
-            self.nan = False
 
     def condition(self, name: str, dtype: str) -> None:
         """Add domain condition `name` (core/ir.py DOMAIN_CHECKS) on a value of `dtype`."""

@@ -20,7 +20,7 @@ import numpy as np
 from superopt.core.ir import Graph
 from superopt.core.ops import OPS, lookup
 from superopt.egraph.capture import stand_in_params
-from superopt.extract.guard import check_graph
+from superopt.extract.guard import check_of
 
 # Each op's lowering is its op table entry's `jax` function (core/ops.py); every primitive is bound through
 # its public lax function, or with all of its params.
@@ -111,19 +111,13 @@ def inlined(graph: Graph, effects: bool = True) -> Callable:
     return jax.jit(run)
 
 
-def _check(graph: Graph) -> Graph:
-    guard = graph.guard
-    return check_graph(guard.exponent, guard.args, graph, guard.fallback, conditions=guard.conditions,
-                       base=guard.fallback)
-
-
 def _guarded(graph: Graph, effects: bool) -> Callable:
     """A guarded program: `graph` where its guard's check (extract/guard.py `check_graph`) finds every checked
     argument finite and within its bound, the guard's fallback where it does not (one `lax.cond`: only the branch
     taken runs, outside `vmap`)."""
     guard = graph.guard
     fast, slow = lower(dataclasses.replace(graph, guard=None), effects), lower(guard.fallback, effects)
-    check = _check(graph)
+    check = check_of(graph)
 
     @jax.jit
     def run(flat_args):
@@ -133,11 +127,19 @@ def _guarded(graph: Graph, effects: bool) -> Callable:
     return lambda *flat_args: run(list(flat_args))
 
 
-def guard_passes(graph: Graph, *flat_args) -> bool | None:
-    """Which side a guarded program (`graph`, the term of a specialization) runs on `flat_args`: True for the
-    rewritten program, False for the fallback, by the same check its lowering runs (`_guarded`); None where
-    `graph` has no guard. The report says a program is guarded, not which side a call ran."""
-    if graph.guard is None:
+def guard_test(graph: Graph) -> Callable | None:
+    """A jitted callable of the flat arguments: which side a guarded program (`graph`, the term of a
+    specialization) runs on them, True for the rewritten program, False for the fallback, by the same check its
+    lowering runs (`_guarded`); None where `graph` has no guard. Built once, called on any number of sets."""
+    check = check_of(graph)
+    if check is None:
         return None
-    check = _check(graph)
-    return bool(jax.jit(lambda xs: evaluate(check, xs)[check.outputs[0]] == 0)(list(flat_args)))
+    test = jax.jit(lambda xs: evaluate(check, xs)[check.outputs[0]] == 0)
+    return lambda *flat_args: bool(test(list(flat_args)))
+
+
+def guard_passes(graph: Graph, *flat_args) -> bool | None:
+    """`guard_test(graph)` on `flat_args`: the side a guarded program runs on them, None where it has no guard.
+    The report says a program is guarded, not which side a call ran."""
+    test = guard_test(graph)
+    return None if test is None else test(*flat_args)

@@ -124,9 +124,9 @@ def _rank_fact(ctx: CompileContext, key: Pattern, r: int):
 def _conditions(rule) -> tuple:
     """The predicates the analysis must prove: `when`, and the domain conditions (`given`) of a rule that does
     not speculate."""
-    given = getattr(rule, "given", ())
-    return tuple(rule.when) + (() if getattr(rule, "speculative", False) else
-                               tuple((c.name, (c.arg,)) for c in given))
+    if getattr(rule, "speculative", False):
+        return tuple(rule.when)
+    return getattr(rule, "conditions", tuple(rule.when))   # a foreign rule object (a test's) has `when` only
 
 
 def _assumptions(ctx: CompileContext, rule) -> tuple[list, list]:

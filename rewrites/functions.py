@@ -245,7 +245,8 @@ PREDICATES: dict[str, Predicate] = {p.name: p for p in [
               "checked at run time", lambda c, t: [], lambda t: bool(np.all(moderate_elements(np.asarray(t))))),
     Predicate("exp_moderate", (TENSOR,), "every element is finite and at most half the log of its dtype's "
               "largest finite value, less EXP_MARGIN, in magnitude (float32: 43; exp of it, and a product or "
-              "quotient of two such exps, is a finite normal number); no analysis proves it: only assumed (`given`) and checked at run time",
+              "quotient of two such exps, is a finite normal number); no analysis proves it: only assumed (`given`) "
+              "and checked at run time",
               lambda c, t: [], lambda t: bool(np.all(exp_moderate_elements(np.asarray(t))))),
     Predicate("at_most_one", (TENSOR,), "no element is above 1 (-inf and NaN allowed), as the range analysis "
               "derives it (egraph/analysis.py)", lambda c, t: [[T.at_most_one(c.expr(t))]],

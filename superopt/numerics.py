@@ -98,13 +98,9 @@ def _matches(pattern, graph, i: int) -> bool:
     if getattr(pattern, "fn", None) is None:   # a variable
         return True
     node = graph.nodes[i]
-    args = pattern.args
-    if pattern.fn in _FAMILIES:
-        if not (args and getattr(args[0], "value", None) == node.op):
-            return False
-        args = args[1:]
-    elif pattern.fn != node.op:
+    if _root_op(pattern) != node.op:
         return False
+    args = pattern.args[1:] if pattern.fn in _FAMILIES else pattern.args   # a family's first: its op's name
     tensors = [a for a in args if a.sort == TENSOR]
     return len(tensors) == len(node.inputs) and all(_matches(a, graph, j) for a, j in zip(tensors, node.inputs))
 

@@ -43,7 +43,7 @@ from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import Target, load_target
 from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.hlo import executable
-from superopt.lowering.jax import guard_passes, inlined, lower
+from superopt.lowering.jax import guard_test, inlined, lower
 from superopt.report import Outcome, Report
 from superopt.extract.loops import loop_notes
 from superopt.loops import vectorize, vectorized_note
@@ -330,7 +330,8 @@ def _domain_sets(graph: Graph | None, captured: Captured) -> list:
         return []
     sets = [(f"inputs in the domain (scale {s:g}, seed {seed})", verification.domain_args(captured.in_avals, seed, s))
             for seed in range(2) for s in verification.DOMAIN_SCALES]
-    passing = [(where, args) for where, args in sets if guard_passes(graph, *args)]
+    passes = guard_test(graph)   # compiled once for the ten sets
+    passing = [(where, args) for where, args in sets if passes(*args)]
     if not passing:
         raise Kept(Outcome.VERIFICATION_FAILED, "verification failed: the guard's check failed on every input set "
                                                 "superopt drew in its domain, so the rewritten side is unverified")
@@ -706,9 +707,7 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
 def guard_check(graph: Graph) -> Graph | None:
     """The check a guarded `graph` runs before it (`guard.check_graph`), a program priced like any other: a
     guarded program's cost is its own and its check's; None where `graph` has no guard."""
-    g = graph.guard
-    return None if g is None else guarding.check_graph(g.exponent, g.args, g.fallback, graph,
-                                                       conditions=g.conditions, base=g.fallback)
+    return guarding.check_of(graph)
 
 
 def _specialization(captured: Captured, search: Search, timer: Stages, run: RunReport, outcome: Outcome,

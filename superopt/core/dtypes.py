@@ -22,7 +22,8 @@ def moderate_bounds(dtype) -> tuple[float, float]:
     """(least, largest) magnitude of an element `moderate` admits in a float dtype: the square roots of its
     smallest normal number and of its largest finite value, rounded inward to powers of two."""
     info = ml_dtypes.finfo(np.dtype(dtype))
-    return 2.0 ** math.ceil(math.log2(float(info.smallest_normal)) / 2), 2.0 ** math.floor(math.log2(float(info.max)) / 2)
+    least = 2.0 ** math.ceil(math.log2(float(info.smallest_normal)) / 2)
+    return least, 2.0 ** math.floor(math.log2(float(info.max)) / 2)
 
 
 # exp_moderate admits |x| <= floor(log(largest) / 2) - EXP_MARGIN: float32 43, float16 4, float64 353

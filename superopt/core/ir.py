@@ -96,8 +96,8 @@ class Opaque:
         return self.primitive.name
 
 
-# The domain conditions a guard checks at run time (extract/guard.py `condition_test`; rewrites/functions.py
-# `DOMAINS` names the same ones for rules)
+# The domain conditions a guard checks at run time (extract/guard.py `_Bounds`; rewrites/functions.py `DOMAINS`
+# names the same ones for rules)
 DOMAIN_CHECKS = ("nonneg", "positive", "finite", "moderate", "exp_moderate")
 
 

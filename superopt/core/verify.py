@@ -754,7 +754,7 @@ def verify(reference, candidate, avals, original, numerics: str = "strict", tria
     NaN or overflow where the original does not; and a set on which one program overflowed is skipped
     (`judge`). NaN positions, zeros, subnormals and finite values are still compared. With `remember`
     (a key of the original program), its outputs on the random sets are kept for `remembered`. `extra`: more
-    (where, arguments) sets, checked after those (a guarded program's domain sets: `domain_args`)."""
+    (where, arguments) sets, checked before those (a guarded program's domain sets: `domain_args`)."""
     if numerics not in MODES:
         raise ValueError(f"unknown numerics mode {numerics!r}; valid: {', '.join(MODES)}")
 

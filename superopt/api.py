@@ -26,6 +26,7 @@ from superopt.report import Report
 from superopt.rewrites.rule import RuleSet
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT, RULESETS
+from superopt.sizes import Sizes
 from superopt.workers import executor_name
 
 npu = lazy.module("superopt.npu_backend")   # the NPU's lowering and emulator: loaded for an NPU target
@@ -92,14 +93,15 @@ class Optimized:
                  backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
                  precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
                  donate_argnames=(), npu_under_trace: str = "jax", filter: bool = False, cache=None,
-                 executor: str | None = None, tune: bool = False, background: bool = False):
+                 executor: str | None = None, tune: bool = False, background: bool = False,
+                 reuse_sizes: bool = True):
         # What rebuilds this object elsewhere (`__reduce__`): fn and the options, never a specialization.
         self._options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
                              memory_budget=memory_budget, numerics=numerics, precision=precision,
                              static_argnums=static_argnums, static_argnames=static_argnames,
                              donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                              npu_under_trace=npu_under_trace, filter=filter, cache=cache, executor=executor, tune=tune,
-                             background=background)
+                             background=background, reuse_sizes=reuse_sizes)
         # Every misuse is one line naming the bad value and the valid ones, raised here, before any work.
         if not callable(fn):
             raise TypeError(f"superopt: fn must be callable, got {type(fn).__name__}")
@@ -111,6 +113,9 @@ class Optimized:
         self.tune = tune
         if not isinstance(background, bool):
             raise TypeError(f"superopt: background must be True or False, got {background!r}")
+        if not isinstance(reuse_sizes, bool):
+            raise TypeError(f"superopt: reuse_sizes must be True or False, got {reuse_sizes!r}")
+        self._sizes = Sizes() if reuse_sizes else None   # decisions a call at other sizes may take
         self.numerics = numerics_mode.check_mode(numerics)
         self.precision = None if precision is None else npu.check_precision(precision, tgt)
         if extractor not in EXTRACTORS:
@@ -395,7 +400,8 @@ class Optimized:
         store = open_store(self.cache)   # JAX's own compilation cache is the user's to turn on (superopt/cache.py)
         spec = optimize(program, tuple(abstract), self._target, self.rulesets, self.limits, self.verify,
                         self.extractor, self.backend, self.memory_budget, self.numerics, self.precision,
-                        example=example, store=store, executor=self.executor, tune=self.tune)
+                        example=example, store=store, executor=self.executor, tune=self.tune,
+                        sizes=self._sizes)
         if store is None and refused(self.cache):
             spec.report.cache = f"not used ({refused(self.cache)})"
         return dataclasses.replace(spec, out_keys=dict(out_keys))
@@ -579,7 +585,7 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
              backend: str | None = None, memory_budget: int | str | None = None, numerics: str = "strict",
              precision: str | None = None, static_argnums=(), static_argnames=(), donate_argnums=(),
              donate_argnames=(), npu_under_trace: str = "jax", filter: bool = False, cache=None,
-             executor: str | None = None, tune: bool = False, background: bool = False):
+             executor: str | None = None, tune: bool = False, background: bool = False, reuse_sizes: bool = True):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
 
     The result is a JAX transformation of `fn` (`Optimized`): call it eagerly, or inside `jax.jit`,
@@ -623,12 +629,20 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
     jax.jit's program of fn at once and optimizes in a thread; later calls run the optimized program once it
     is verified and compiled (the switch happens between calls; `.wait()` waits for it). Under an outer trace
     it optimizes where it is traced, as without it. The report's `tier` line says how many calls ran the
-    first tier."""
+    first tier.
+
+    `reuse_sizes=True` (the default) spends one search on a program called at many sizes (superopt/sizes.py):
+    a call at new argument shapes whose program is an earlier one with its extents renamed takes that
+    decision at the new sizes (a changed program priced again and checked there; the report's `sizes` line
+    says so), and `jax.export` with a symbolic dimension exports the program chosen at stand-in sizes.
+    `reuse_sizes=False` searches every new shape on its own, so its result never depends on which sizes came
+    first."""
     options = dict(rulesets=rulesets, limits=limits, verify=verify, extractor=extractor, backend=backend,
                    memory_budget=memory_budget, numerics=numerics, precision=precision, static_argnums=static_argnums,
                    static_argnames=static_argnames, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                    npu_under_trace=npu_under_trace,
-                   filter=filter, cache=cache, executor=executor, tune=tune, background=background)
+                   filter=filter, cache=cache, executor=executor, tune=tune, background=background,
+                   reuse_sizes=reuse_sizes)
     if fn is None:   # the decorator form: check the options now, not at the first call
         Optimized(lambda *args: None, target, **{**options, "limits": Limits() if limits is None else limits})
         return lambda f: superopt(f, target, **options)

@@ -15,6 +15,7 @@ with its whole budget, to list alternatives).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from superopt.extract.loops import loop_notes
 from superopt.loops import vectorize, vectorized_note
 from superopt import regions
 from superopt.reroll import reroll, rerolled_note
+from superopt.sizes import Decision, Sizes, stand_ins
 from superopt.reuse import (
     combined_run,
     compiled_rules,
@@ -411,16 +413,17 @@ def user_program(captured: Captured) -> Callable:
 def optimize(fn: Callable, args: tuple, target: "Target | str", rulesets, limits: Limits, check_results: bool,
              extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None,
              numerics: str = "strict", precision: str | None = None, example=None, store=None,
-             executor: str | None = None, tune: bool = False) -> Specialization:
+             executor: str | None = None, tune: bool = False, sizes: Sizes | None = None) -> Specialization:
     """The pipeline for one specialization; never returns a program that disagrees with `fn`. `args` may
     be abstract (`jax.ShapeDtypeStruct` leaves); `example`, the call's concrete flat arguments where
     there are some, is one more input the NPU program is checked on. `store` is the persistent cache
     (superopt/cache.py; None: none), `executor` where distinct segments are optimized (superopt/workers.py).
     `tune`: a verified program is also timed against the original on this machine (`measured`). `target`: as
-    `superopt()` loaded it, or a name."""
+    `superopt()` loaded it, or a name. `sizes`: the function's decisions at other argument sizes
+    (superopt/sizes.py), which this one may take and adds to."""
     tgt = target if isinstance(target, Target) else load_target(target)
     spec = _jax_specialization(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics,
-                               store, executor, tune, guard=backend == "jax")
+                               store, executor, tune, guard=backend == "jax", sizes=sizes)
     if backend != "jax" and (spec.original.hidden_outputs or spec.report.kind is Outcome.KEPT_WHOLE):
         # Effects run in the user's order only in the JAX program; the other backends check their program on
         # inputs of their own, which the user's callbacks must not see.
@@ -432,17 +435,20 @@ def optimize(fn: Callable, args: tuple, target: "Target | str", rulesets, limits
 
 def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits, check_results: bool,
                         extractor: str, memory_budget: int | None, numerics: str, store=None,
-                        executor: str | None = None, tune: bool = False, guard: bool = False) -> Specialization:
-    """Capture, then the specialization every backend starts from: optimized whole, from the cache, or in
-    segments (superopt/segments.py), each distinct one once. `guard`: under strict numerics, a guarded
-    program may be chosen (`_guarded`; the JAX backend's only)."""
+                        executor: str | None = None, tune: bool = False, guard: bool = False,
+                        sizes: Sizes | None = None) -> Specialization:
+    """Capture, then the specialization every backend starts from: an earlier decision at other sizes
+    (`sizes`), optimized whole, from the cache, or in segments (superopt/segments.py), each distinct one once.
+    `guard`: under strict numerics, a guarded program may be chosen (`_guarded`; the JAX backend's only)."""
     timer = Stages()
     call = Deadline(limits.seconds)   # the whole call's, where it is in segments (each whole run keeps its own)
     captured = timer("capture", capture, fn, args)
     symbolic = sorted({str(d) for shape, _ in captured.in_avals for d in shape if not isinstance(d, int)})
     if symbolic:   # the cost model, the cache key and the checker's inputs all need sizes
-        return _as_captured(captured, tgt, numerics, timer, f"symbolic dimensions ({', '.join(symbolic)}): "
-                            f"superopt optimizes programs of known shapes, so this one runs as captured")
+        again = functools.partial(_jax_specialization, fn, tgt=tgt, rulesets=rulesets, limits=limits,
+                                  check_results=check_results, extractor=extractor, memory_budget=memory_budget,
+                                  numerics=numerics, store=store, executor=executor, tune=tune, guard=guard)
+        return _symbolic(captured, args, again, tgt, numerics, timer, symbolic)
     if not (captured.kept_whole or captured.graph.hidden_outputs) and any(op.name == "scan"
                                                                           for op in captured.graph.opaque):
         lifted, done = timer("vectorize", vectorize, captured.graph)
@@ -471,12 +477,29 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
         guarded = None
     search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune,
                     guarded, on_xla=guard and runs_here(tgt))
+    reusable = sizes is not None and memory_budget is None and not (captured.kept_whole or
+                                                                    captured.graph.hidden_outputs)
+    if reusable:
+        match = sizes.find(captured.in_avals, captured.graph, search.fingerprint())
+        spec = match and timer("sizes", _at_other_sizes, captured, search, timer, match)
+        if spec:
+            return spec
+    spec = _searched(captured, search, store, executor, timer, call)
+    if reusable and spec.report.kind in REUSED_OUTCOMES:
+        sizes.remember(Decision(captured.in_avals, captured.graph, search.fingerprint(), spec.report.kind,
+                                spec.report.reason, spec.term if spec.report.optimized else None, spec.report.run))
+    return spec
+
+
+def _searched(captured: Captured, search: Search, store, executor: str | None, timer: Stages,
+              call: Deadline) -> Specialization:
+    """The captured program's specialization, searched: in segments, from the cache, or whole."""
     segments = key = None
     uncached = ""   # why a program is not stored, where it has no data form
     if not (captured.kept_whole or captured.graph.hidden_outputs):
         try:
             # a budget is for the whole program's peak, not a segment's; segments cut no opaque primitive
-            if memory_budget is None and not captured.graph.opaque:
+            if search.memory_budget is None and not captured.graph.opaque:
                 segments = timer("segment", split, captured.graph)
             if store is not None and not segments:
                 key = program_key(captured.graph, search.fingerprint())
@@ -489,7 +512,8 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     if key is not None:
         found = timer("cache", _cached, store, key, "program", captured.graph, captured.graph.consts)
         if found is not None and search.check_results:
-            found = timer("verify (cache)", _rechecked, found, store, key, "program", captured, numerics)
+            found = timer("verify (cache)", _rechecked, found, store, key, "program", captured,
+                          search.numerics)
             dropped = "" if found is not None else "; the entry failed its check and was dropped"
         if found is not None:
             spec = _specialization(captured, search, timer, *found)
@@ -503,6 +527,142 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
     elif uncached:
         spec.report.cache = f"not stored ({uncached})"
     return spec
+
+
+# ---- other sizes (superopt/sizes.py) ----
+
+# The decisions another call at other sizes may take: not one that depends on the machine's load or failed.
+REUSED_OUTCOMES = (Outcome.OPTIMIZED, Outcome.NO_GAIN, Outcome.SAME_EXECUTABLE, Outcome.BELOW_THRESHOLD,
+                   Outcome.VERIFICATION_FAILED)
+
+
+def _at_other_sizes(captured: Captured, search: Search, timer: Stages, match) -> Specialization | None:
+    """The specialization an earlier decision at other sizes gives the captured program (superopt/sizes.py),
+    or None where its program, renamed to these sizes, does not hold here: it is searched instead."""
+    decision = match.decision
+    where = f"the decision at argument shapes {decision.sizes_text()}, renamed to these sizes"
+    again = "superopt(..., reuse_sizes=False) searches every size"
+    if decision.outcome is not Outcome.OPTIMIZED:
+        spec = _specialization(captured, search, timer, decision.run, decision.outcome, decision.reason, None)
+        spec.report.sizes = f"{where} ({again})"
+        return spec
+    original, tgt = traced(captured), search.target
+    try:
+        graph, words = _guard_again(match.chosen, decision.chosen.guard, captured, original)
+        program = _traced_like(graph, original)
+        costs = program_cost(original, tgt)
+        check = guard_check(graph)
+        cost, node_costs = program_cost(match.chosen, tgt)
+        extra = program_cost(check, tgt)[0] if check is not None else 0.0
+        if graph.guard is not None and graph.guard.conditions and extra > MAX_CHECK_SHARE * costs[0]:
+            return None
+        chosen = Extraction(graph, cost + extra, node_costs, f"the program chosen at argument shapes "
+                            f"{decision.sizes_text()}, renamed to these sizes" + (f"; guarded: runs where {words} "
+                                                                                 "(else the original)" if words else ""))
+        worth_it(chosen, costs[0], (), None)
+        if search.check_results and not _holds_here(graph, captured, original, search.numerics):
+            return None
+    except Kept:
+        return None   # no longer a gain at these sizes: searched at them
+    except Exception:   # noqa: BLE001  - a renaming that does not hold here (its types, a malformed attribute)
+        return None
+    spec = _specialization(captured, search, timer, decision.run, Outcome.OPTIMIZED, "", chosen, program,
+                           costs=costs)
+    spec.report.sizes = f"{where}: priced again and checked on superopt's inputs at these sizes ({again})"
+    return spec
+
+
+def _guard_again(chosen: Graph, guard: Guard | None, captured: Captured, original: Graph) -> tuple[Graph, str]:
+    """`chosen` (a renamed program, without a guard) guarded as `guard` was at the earlier sizes, its bound
+    derived again at these (`_guarded`), and the guard's words; `chosen` itself where `guard` is None."""
+    if guard is None:
+        return chosen, ""
+    program, words, exponent, args = captured.graph, [], None, ()
+    if guard.exponent is not None:
+        changed = guarding.changed_results(program, chosen)
+        parts = [guarding.results_only(g, changed) for g in (original, program, chosen)]
+        exponent = guarding.exponent(*parts[1:]) if captured.traced is not None else guarding.exponent(*parts)
+        if exponent is None:
+            raise Kept(Outcome.NO_GAIN, "the bound does not hold at these sizes")
+        args = guarding.checked_args(parts[0], parts[2])
+        words.append(f"every element of arguments {', '.join(map(str, args))} is finite and at most 2**{exponent} "
+                     "in magnitude")
+    if guard.conditions:
+        words.append(guarding.describe_conditions(program, guard.conditions))
+    return dataclasses.replace(chosen, guard=Guard(exponent, args, program, guard.conditions)), "; and ".join(words)
+
+
+def _holds_here(graph: Graph, captured: Captured, original: Graph, numerics: str) -> bool:
+    """Whether `graph` (a renamed program) agrees with `original` on verification's first random input set,
+    both by the reference evaluator, as a cache entry is checked (`_rechecked`), and, where it is guarded, on
+    the first set its check passes (a domain set, where it has conditions): its rewritten side must run."""
+    check = guard_check(graph)
+    sets = [verification.random_args(captured.in_avals, 0)]
+    if graph.guard is not None and graph.guard.conditions:
+        sets += [verification.domain_args(captured.in_avals, 0, s) for s in verification.DOMAIN_SCALES]
+    for args in sets:
+        runs = check is None or evaluate_reference(check, args)[0] == 0
+        side = dataclasses.replace(graph, guard=None) if runs else graph.guard.fallback
+        if verification.judge(evaluate_reference(original, args), evaluate_reference(side, args),
+                              lambda: evaluate_reference(original, args, precise=True), numerics):
+            return False
+        if runs:
+            return True
+    return False
+
+
+def _symbolic(captured: Captured, args: tuple, again: Callable, tgt, numerics: str, timer: Stages,
+              symbols: list) -> Specialization:
+    """A program with symbolic argument extents (`jax.export` with a symbolic batch): optimized at stand-in
+    extents, taken at second stand-ins as a decision at other sizes is (which checks it there, so that no
+    number the rewrites made is mistaken for an extent), and renamed to the symbols. Where any step does
+    not hold, the program runs as captured."""
+    first = stand_ins(captured.in_avals, captured.graph)
+    second = first and stand_ins(captured.in_avals, captured.graph, skip=set(first.values()))
+    kept = f"symbolic dimensions ({', '.join(symbols)}): "
+    if not (first and second):
+        return _as_captured(captured, tgt, numerics, timer, kept + "an extent is an expression of them, so the "
+                            "program runs as captured")
+
+    def at(stand):
+        return tuple(jax.ShapeDtypeStruct(tuple(stand.get(d, d) for d in a.shape), a.dtype,
+                                          weak_type=getattr(a, "weak_type", False)) for a in args)
+    decided = Sizes()
+    spec = again(at(first), sizes=decided)
+    if spec.report.optimized and spec.term.guard is not None and spec.term.guard.exponent is not None:
+        # a guard's bound on the arguments holds for the stand-in's sums, not for longer ones: the program
+        # strict numerics chooses without one
+        decided = Sizes()
+        spec = again(at(first), sizes=decided, guard=False)
+    if spec.report.kind not in REUSED_OUTCOMES:
+        return _as_captured(captured, tgt, numerics, timer, kept + f"at stand-in sizes it was {spec.report.outcome}")
+    if spec.report.optimized:
+        checked = again(at(second), sizes=decided)
+        if not checked.report.sizes or not checked.report.optimized:
+            return _as_captured(captured, tgt, numerics, timer, kept + "the program chosen at stand-in sizes does not "
+                                "hold at other ones, so the program runs as captured")
+    match = decided.find(captured.in_avals, captured.graph)
+    if match is None:
+        return _as_captured(captured, tgt, numerics, timer, kept + "the program is not the same at every size, "
+                            "so it runs as captured")
+    stand = ", ".join(f"{s}={v}" for s, v in first.items())
+    if match.chosen is None:
+        return _as_captured(captured, tgt, numerics, timer, f"{spec.report.reason} (decided at {stand} for the "
+                            f"symbolic dimensions {', '.join(symbols)})", spec.report.kind)
+    try:
+        graph, _ = _guard_again(match.chosen, match.decision.chosen.guard, captured, captured.graph)
+        program = _traced_like(graph, captured.graph)
+    except Exception as exc:   # noqa: BLE001
+        return _as_captured(captured, tgt, numerics, timer, kept + "the program chosen at stand-in sizes does not "
+                            f"trace with them ({type(exc).__name__})")
+    report = dataclasses.replace(spec.report, stage_seconds=timer.seconds,
+                                 sizes=f"symbolic dimensions {', '.join(symbols)}: the program chosen at {stand} "
+                                       "(and checked at other stand-ins), renamed to them; the cost line is at "
+                                       f"{stand}")
+    reference = reference_program(captured)
+    return Specialization(program, report, graph, captured.graph, captured.out_tree, captured.in_avals,
+                          reference=reference, custom_calls=custom_calls(captured.jaxpr),
+                          differentiated=differentiated_program(captured, reference))
 
 
 def _body_optimizer(tgt, rulesets, limits: Limits, check_results: bool, extractor: str, numerics: str, store,
@@ -732,10 +892,11 @@ def _specialization(captured: Captured, search: Search, timer: Stages, run: RunR
                           captured.in_avals, reference=reference, custom_calls=custom_calls(captured.jaxpr))
 
 
-def _as_captured(captured: Captured, tgt, numerics: str, timer: Stages, reason: str) -> Specialization:
+def _as_captured(captured: Captured, tgt, numerics: str, timer: Stages, reason: str,
+                 kind: Outcome = Outcome.KEPT_WHOLE) -> Specialization:
     """The user's program as captured, unpriced and unsearched, with `reason` in its report."""
     ops = captured.graph.op_counts()
-    report = Report(tgt.name, RunReport(StopReason.SATURATED), kind=Outcome.KEPT_WHOLE, reason=reason, target_spec=tgt,
+    report = Report(tgt.name, RunReport(StopReason.SATURATED), kind=kind, reason=reason, target_spec=tgt,
                     numerics=numerics, ops_before=ops, ops_after=ops, stage_seconds=timer.seconds)
     return Specialization(user_program(captured), report, captured.graph, captured.graph, captured.out_tree,
                           captured.in_avals, reference=reference_program(captured),

@@ -115,6 +115,7 @@ class Report:
     rerolled: str = ""             # the loops over rows re-rolled before the search (superopt/reroll.py)
     loops: str = ""                # what the loop passes did (superopt/loops.py, superopt/regions.py)
     tier: str = ""                 # background=True: what ran while this specialization was made
+    sizes: str = ""                # where the decision was made at other argument sizes (superopt/sizes.py)
     derivatives: str = ""          # whose derivative a changed program takes, and whether it was verified
 
     @property
@@ -218,6 +219,8 @@ class Report:
             lines.append(f"  cache        : {self.cache}")
         if self.tier:
             lines.append(f"  tier         : {self.tier}")
+        if self.sizes:
+            lines.append(f"  sizes        : {self.sizes}")
         lines += self.npu_lines
         lines.append("  stages       : " + ", ".join(f"{k} {_fmt_time(v)}" for k, v in self.stage_seconds.items()))
         return "\n".join(lines)

@@ -223,7 +223,7 @@ def test_a_failed_write_says_not_stored(tmp_path, fresh_warnings, monkeypatch):
     assert len(_cache_warnings(seen)) == 1
 
 
-# ---- 10: symbolic dimensions run as captured ----
+# ---- 10: symbolic dimensions: decided at stand-in sizes (tests/test_sizes.py), the cache used there ----
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cached", [True, False])

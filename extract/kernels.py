@@ -434,7 +434,7 @@ def expand(fz: FrozenEGraph, conv_params, target: Target, stop: Deadline | None 
     view = FrozenEGraph(shapes=fz.shapes, dtypes=fz.dtypes, outputs=fz.outputs)
     order = inline_order(fz, types)
     budget = GrowthBudget(sum(1 for nodes in fz.classes.values() for n in nodes if n.fn == "kernel" and not n.args),
-                          stop=stop)
+                          total=target.kernel_growth or None, stop=stop)
     for cls, nodes in fz.classes.items():
         if cls in scalar:
             continue

@@ -79,6 +79,7 @@ class Target:
     loop_iteration_overhead: float | None = None   # seconds a scan (fori_loop) spends per iteration on itself
     while_iteration_overhead: float | None = None  # the same for a while loop (its condition read back), a cond
     loop_launch_overhead: float | None = None      # seconds per kernel of a loop body (instead of launch_overhead)
+    kernel_growth: int = 0   # body nodes kernel growth may build in one extraction (extract/kernels.py); 0: GROWTH_BUDGET
 
     @property
     def tile_bytes(self) -> int:

@@ -17,7 +17,8 @@ each one that fired.
 """
 from __future__ import annotations
 
-from superopt.rewrites.pattern import TENSOR
+from superopt.egraph.signatures import CONSTRUCTORS, LIST
+from superopt.rewrites.pattern import TENSOR, App, Const, Var
 from superopt.rewrites.rule import speculating
 from superopt.rewrites.schedule import Phase, Schedule
 
@@ -81,6 +82,56 @@ def assumes(schedule: Schedule | None, graph=None) -> bool:
                     _matches(lhs, graph, i) for lhs, _ in r.pairs for i in by_op.get(_root_op(lhs), ()))):
                 return True
     return False
+
+
+def could_fire(schedule: Schedule, frozen, which) -> bool:
+    """Whether a rule of `schedule` that `which` selects has a left-hand side whose ops (and op names) match an
+    e-class of `frozen`, a saturated e-graph, a variable the same class wherever it appears (conditions and
+    other attributes are not looked at). A search that adds those rules to the ones that saturated `frozen`
+    starts from a part of it, and it grows beyond `frozen` only through them: where none matches, it ends
+    where `frozen` is (`pipeline._guarded`)."""
+    by_fn: dict[str, list] = {}
+    for cls, nodes in frozen.classes.items():
+        for n in nodes:
+            by_fn.setdefault(n.fn, []).append(cls)
+    for ph in schedule.phases:
+        for r in ph.rules:
+            if which(r) and any(not isinstance(lhs, App) or lhs.fn not in CONSTRUCTORS
+                                or any(next(_bindings(lhs, frozen, cls, {}), None) is not None
+                                       for cls in by_fn.get(lhs.fn, ()))
+                                for lhs, _ in r.pairs):
+                return True
+    return False
+
+
+def _bindings(pattern, frozen, cls, env: dict):
+    """The bindings of `pattern`'s tensor variables to e-classes (extending `env`) under which a node of
+    `cls` has its ops at its root and below."""
+    if isinstance(pattern, Var):
+        if pattern.sort not in (TENSOR, LIST):
+            yield env
+        elif env.get(pattern.name, cls) == cls:
+            yield {**env, pattern.name: cls}
+        return
+    if not isinstance(pattern, App) or pattern.fn not in CONSTRUCTORS:
+        yield env
+        return
+    kids = [a for a in pattern.args if a.sort in (TENSOR, LIST)]
+    prims = [a for a in pattern.args if a.sort not in (TENSOR, LIST)]
+    for n in frozen.classes.get(cls, ()):
+        if n.fn != pattern.fn or len(kids) != len(n.children):
+            continue
+        if any(isinstance(p, Const) and isinstance(p.value, str) and p.value != v for p, v in zip(prims, n.args)):
+            continue
+        yield from _children(kids, n.children, frozen, env)
+
+
+def _children(kids: list, classes: tuple, frozen, env: dict):
+    if not kids:
+        yield env
+        return
+    for bound in _bindings(kids[0], frozen, classes[0], env):
+        yield from _children(kids[1:], classes[1:], frozen, bound)
 
 
 def _root_op(pattern) -> str | None:

@@ -756,7 +756,7 @@ def _optimize_program(captured: Captured, reference: Callable, search: Search, t
             chosen = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, limits, timer,
                                    looking, numerics), tgt)
             if search.guarded is not None and segment is None:
-                chosen = _guarded(captured, search, chosen, deadline, looking, timer, rules)
+                chosen = _guarded(captured, search, chosen, deadline, looking, timer, rules, saturated)
         worth_it(chosen, cost_before, (peak_memory(original), peak_memory(chosen.graph)), search.memory_budget)
         chosen.graph.scopes = carry_scopes(original, chosen.graph)   # the user's named scopes, kept
         # A changed program is returned only if it was verified before the deadline; else the original runs.
@@ -794,7 +794,7 @@ def nothing_to_search(graph: Graph) -> bool:
 
 
 def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: Deadline, looking: Deadline,
-             timer: Stages, rules=None) -> Extraction:
+             timer: Stages, rules=None, searched: Saturated | None = None) -> Extraction:
     """`strict`, or a guarded program where one is predicted cheaper (extract/guard.py): the program a second
     search finds, run where a check at run time holds, the original elsewhere. The second search
       - adds the rules equal over the reals only (under strict numerics, for a program of polynomial ops with a
@@ -803,7 +803,9 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
       - assumes the domain conditions of rules (`given`: x >= 0, x positive, x finite) that the analysis cannot
         prove of the captured program: the check tests each assumed condition on the values of the node it was
         assumed of.
-    `rules`: where the compiled rules may come from, as for the strict search."""
+    `rules`: where the compiled rules may come from, as for the strict search. `searched`: the strict search's
+    e-graph; where it saturated and no rule the second search adds matches it, that search could only end
+    there, and is not run (`numerics.could_fire`)."""
     program, original, tgt = captured.graph, traced(captured), search.target
     reals = search.numerics == "strict" and guarding.worth_trying(program)
     if reals:
@@ -815,16 +817,25 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
         return strict
     schedule = search.guarded if reals or search.numerics == "fast" else numerics_mode.restrict(search.guarded,
                                                                                                "strict")
+    if searched is not None and all(ph.stop_reason is StopReason.SATURATED for ph in searched.run.phases) and \
+            not timer("screen", numerics_mode.could_fire, schedule, searched.frozen,
+                      lambda r: r.numerics == "reals" or getattr(r, "speculative", False)):
+        return strict
     if rules is not None:
         timer("rules", prepare_rules, schedule, rules)
     try:
         saturated = saturate(captured, schedule, search.limits, looking, timer, origins=domain)
-        fast = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, search.limits, timer,
-                             looking, search.numerics), tgt)   # strict: the cone stays as captured here too
     except Kept:
         return strict
     fired = numerics_mode.overflow_rewrites(schedule, saturated.run.fired) if search.numerics == "strict" else {}
     conditions = timer("guard", guarding.unproven, program, saturated.frozen.assumed) if domain else ()
+    if not (fired or conditions):   # the strict search's e-graph again: its extraction would choose the same
+        return strict
+    try:
+        fast = as_run(choose(saturated, tgt, search.extractor, search.memory_budget, deadline, search.limits, timer,
+                             looking, search.numerics), tgt)   # strict: the cone stays as captured here too
+    except Kept:
+        return strict
     # only the results the search changed need the bound: the others (a sort, a loop beside the sum) are the
     # same ops in both programs
     changed = guarding.changed_results(program, fast.graph)

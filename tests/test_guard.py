@@ -355,3 +355,51 @@ def test_a_result_the_guard_cannot_bound_does_not_turn_the_guard_off(beside):
     bad[5, 7] = np.inf                                        # the check fails: the original runs
     for g, w in zip(fast(bad, b, v), ref(bad, b, v)):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+# ---- the second search runs only where a rule it adds can match (numerics.could_fire) ----
+
+def _one_rule(name: str):
+    from superopt.api import _schedule
+    from superopt.numerics import speculative
+    from superopt.pipeline import schedule_of
+    from superopt.rewrites.schedule import Phase, Schedule
+    schedule = speculative(schedule_of(_schedule(("algebra",)), "fast", "cpu")[0])
+    rule = next(r for ph in schedule.phases for r in ph.rules if r.name == name)
+    return Schedule((Phase("algebra", (rule,)),))
+
+
+def test_the_screen_matches_ops_and_binds_a_variable_to_one_class():
+    from superopt.egraph.frozen import ENode, FrozenEGraph
+    from superopt.numerics import could_fire
+
+    def graph(denominator_of: int) -> FrozenEGraph:   # x / sqrt(arg denominator_of)
+        nodes = [ENode("arg", (0,), (), 0), ENode("arg", (1,), (), 1),
+                 ENode("unary", ("sqrt",), (denominator_of,), 2), ENode("binary", ("div",), (0, 2), 3)]
+        return FrozenEGraph(classes={n.eclass: [n] for n in nodes})
+    own_sqrt = _one_rule("quotient-by-own-sqrt")
+    anything = lambda rule: True   # noqa: E731
+    assert could_fire(own_sqrt, graph(0), anything)          # x / sqrt(x)
+    assert not could_fire(own_sqrt, graph(1), anything)      # x / sqrt(y): no match
+    assert not could_fire(own_sqrt, graph(0), lambda rule: False)
+    # the op's name is read: a product by a root is not a quotient
+    times = FrozenEGraph(classes={0: [ENode("arg", (0,), (), 0)], 2: [ENode("unary", ("sqrt",), (0,), 2)],
+                                  3: [ENode("binary", ("mul",), (0, 2), 3)]})
+    assert not could_fire(own_sqrt, times, anything)
+
+
+def test_the_second_search_is_not_run_where_no_rule_it_adds_matches(monkeypatch):
+    from superopt import pipeline
+    searches = []
+    real = pipeline.saturate
+    monkeypatch.setattr(pipeline, "saturate", lambda *a, **k: searches.append(a[1]) or real(*a, **k))
+    rng = np.random.default_rng(0)
+    x, w = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((256, 256), (256, 256)))
+    fast = superopt(lambda x, w: (x @ w) * x, cache=False)   # a product, but no rule the second search adds matches
+    fast(x, w)
+    assert len(searches) == 1 and "screen" in fast.report.stage_seconds
+    searches.clear()
+    u, v = (jnp.asarray(rng.standard_normal(1000), jnp.float32) for _ in range(2))
+    fast = superopt(sum_of_outer, cache=False)
+    fast(u, v)
+    assert len(searches) == 2 and fast.report.guarded   # sum-of-outer-product matches: the guarded search ran

@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import export
 
 from superopt import superopt
@@ -201,3 +203,39 @@ def test_export_with_a_symbolic_batch_exports_the_program_chosen_at_stand_ins(fn
     for rows in (5, 40, 300):
         x = _x(rows)
         np.testing.assert_allclose(exported.call(x, V), jax.jit(fn)(x, V), rtol=1e-4, atol=1e-3)
+
+
+# ---- any program at any size: what a call takes from an earlier size is never wrong ----
+
+_W = jnp.asarray(np.random.default_rng(7).standard_normal((64, 64)) / 8, jnp.float32)
+_STEPS = {   # each maps x of shape (n, 64) to x of shape (n, 64), whatever n is
+    "scale": lambda x: x * 1.5 + 0.25,
+    "gauss": lambda x: jnp.exp(-x * x),
+    "tanh": jnp.tanh,
+    "matmul": lambda x: x @ _W,
+    "center-rows": lambda x: x - jnp.mean(x, axis=1, keepdims=True),
+    "center-batch": lambda x: x - jnp.mean(x, axis=0, keepdims=True),       # divides by n
+    "batch-sum": lambda x: x + jnp.sum(x, axis=0),                          # a sum over the renamed extent
+    "gram": lambda x: x @ (x.T @ x) / 64.0,                                 # a contraction over n
+    "halves": lambda x: jnp.concatenate([x[:, 32:], x[:, :32]], axis=1),
+    "stack-rows": lambda x: jnp.concatenate([x, x * 2.0], axis=0)[: x.shape[0]],   # 2n, then n again
+    "refold": lambda x: (x.reshape(x.shape[0] * 2, 32) * 0.5).reshape(x.shape[0], 64),  # 2n as an extent
+    "first-row": lambda x: x + x[:1],
+    "half-batch": lambda x: x.at[: x.shape[0] // 2].multiply(0.5),          # n // 2 as a bound
+}
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(steps=st.lists(st.sampled_from(sorted(_STEPS)), min_size=1, max_size=4),
+       sizes=st.lists(st.sampled_from([9, 16, 32, 33, 64, 96, 128]), min_size=2, max_size=3, unique=True))
+def test_any_program_at_a_new_size_returns_what_jax_jit_returns(steps, sizes):
+    def program(x):
+        for name in steps:
+            x = _STEPS[name](x)
+        return jnp.sum(x * x, axis=1)
+    fast = superopt(program, cache=False)
+    for rows in sizes:
+        x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, 64)), jnp.float32)
+        np.testing.assert_allclose(fast(x), jax.jit(program)(x), rtol=2e-4, atol=2e-4,
+                                   err_msg=f"{steps} at {rows} rows after {sizes}: {fast.report.sizes}")

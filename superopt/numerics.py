@@ -134,6 +134,46 @@ def _children(kids: list, classes: tuple, frozen, env: dict):
         yield from _children(kids[1:], classes[1:], frozen, bound)
 
 
+def assumed_operands(schedule: Schedule | None, graph) -> set[tuple[str, int]]:
+    """(condition, node of `graph`) for each domain condition that a rule of `schedule` assuming one would
+    put on a node where its left-hand side matches `graph` by ops (as `assumes` looks), the same node
+    wherever a variable appears: what a check of such a guard reads, at the least."""
+    by_op: dict[str, list[int]] = {}
+    for i in graph.live():
+        by_op.setdefault(graph.nodes[i].op, []).append(i)
+    out = set()
+    for ph in schedule.phases if schedule else ():
+        for r in ph.rules:
+            if not getattr(r, "speculative", False):
+                continue
+            for lhs, _ in r.pairs:
+                for i in by_op.get(_root_op(lhs), ()):
+                    env = _bound(lhs, graph, i, {})
+                    if env is not None:
+                        out.update((c.name, env[c.arg.name]) for c in r.given if c.arg.name in env)
+    return out
+
+
+def _bound(pattern, graph, i: int, env: dict) -> dict | None:
+    """`_matches`, with the tensor variables bound to node ids (one node per variable), or None."""
+    if getattr(pattern, "fn", None) is None:   # a variable
+        if getattr(pattern, "sort", None) != TENSOR:
+            return env
+        return {**env, pattern.name: i} if env.get(pattern.name, i) == i else None
+    node = graph.nodes[i]
+    if _root_op(pattern) != node.op:
+        return None
+    args = pattern.args[1:] if pattern.fn in _FAMILIES else pattern.args
+    tensors = [a for a in args if a.sort == TENSOR]
+    if len(tensors) != len(node.inputs):
+        return None
+    for a, j in zip(tensors, node.inputs):
+        env = _bound(a, graph, j, env)
+        if env is None:
+            return None
+    return env
+
+
 def _root_op(pattern) -> str | None:
     """The op a rule's side matches at its root: a family's op by name (`unary("log", x)`: log), or the
     constructor's (`matmul`); None for a variable op."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -813,6 +814,13 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
         check = program_cost(guarding.check_graph(0, args, original), tgt)[0]
         reals = check < strict.cost * (1 - MIN_PREDICTED_GAIN)   # else no search can pay for the check
     domain = numerics_mode.assumes(search.guarded, program)
+    if domain and (share := _least_check_share(program, search)) > MAX_CHECK_SHARE:
+        domain = False
+        strict = dataclasses.replace(strict, method=f"{strict.method}; not looked for: a guarded program on domain "
+                                     "conditions, " + (f"whose least check would add {share:.0%} of the original's "
+                                                       f"time to a call where it fails (at most {MAX_CHECK_SHARE:.0%})"
+                                                       if math.isfinite(share) else
+                                                       "as no rule assuming one matches the program"))
     if not (reals or domain):
         return strict
     schedule = search.guarded if reals or search.numerics == "fast" else numerics_mode.restrict(search.guarded,
@@ -873,6 +881,18 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
                       f"{fast.method}; guarded: runs where {'; and '.join(words)} (else the original), "
                       f"{'; '.join(rules_used)}",
                       fast.declined, fast.memory)
+
+
+def _least_check_share(program: Graph, search: Search) -> float:
+    """The share of `program`'s cost that the least check a guard on domain conditions could have would add
+    (one condition on one node where a rule assuming it matches the captured program:
+    `numerics.assumed_operands`). Past `MAX_CHECK_SHARE` any such guard is declined, and the search that would
+    find one is not run. A rule that matches only what other rules derive is not looked for (as
+    `numerics.assumes`)."""
+    tgt = search.target
+    least = min((program_cost(guarding.check_graph(None, (), program, conditions=(c,), base=program), tgt)[0]
+                 for c in numerics_mode.assumed_operands(search.guarded, program)), default=math.inf)
+    return least / program_cost(program, tgt)[0]
 
 
 def guard_check(graph: Graph) -> Graph | None:

@@ -403,3 +403,21 @@ def test_the_second_search_is_not_run_where_no_rule_it_adds_matches(monkeypatch)
     fast = superopt(sum_of_outer, cache=False)
     fast(u, v)
     assert len(searches) == 2 and fast.report.guarded   # sum-of-outer-product matches: the guarded search ran
+
+
+def test_no_search_assumes_a_condition_whose_least_check_could_not_fit(monkeypatch):
+    from superopt import pipeline
+    searches = []
+    real = pipeline.saturate
+    monkeypatch.setattr(pipeline, "saturate", lambda *a, **k: searches.append(k.get("origins")) or real(*a, **k))
+    rng = np.random.default_rng(0)
+    x, y = (jnp.asarray(np.abs(rng.standard_normal((256, 256))) + 0.1, jnp.float32) for _ in range(2))
+    # log(x) + log(y) = log(x * y) for positive x, y saves one log: a check of x's sign reads as much as a
+    # log costs a fifth of, past the 5% a failing call may pay (pipeline.MAX_CHECK_SHARE)
+    fast = superopt(lambda x, y: jnp.log(x) + jnp.log(y), cache=False)
+    np.testing.assert_allclose(fast(x, y), jnp.log(x) + jnp.log(y), rtol=1e-6)
+    assert len(searches) == 1 and not fast.report.guarded   # the strict search alone
+    searches.clear()
+    fast = superopt(lambda x: x ** 1.5, cache=False)   # a pow costs several exps and logs: its check fits
+    fast(x)
+    assert len(searches) == 2 and searches[1] is True and fast.report.guarded, fast.report.extraction

@@ -814,7 +814,7 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
         check = program_cost(guarding.check_graph(0, args, original), tgt)[0]
         reals = check < strict.cost * (1 - MIN_PREDICTED_GAIN)   # else no search can pay for the check
     domain = numerics_mode.assumes(search.guarded, program)
-    if domain and (share := _least_check_share(program, search)) > MAX_CHECK_SHARE:
+    if domain and (share := timer("screen", _least_check_share, program, search)) > MAX_CHECK_SHARE:
         domain = False
         strict = dataclasses.replace(strict, method=f"{strict.method}; not looked for: a guarded program on domain "
                                      "conditions, " + (f"whose least check would add {share:.0%} of the original's "

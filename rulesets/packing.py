@@ -54,8 +54,9 @@ LAYOUT = RuleSet("layout", {
     "cube": [
         rule("matmul-on-fractals", matmul(x, y, d),
              unpack(fractal_matmul(pack(x, "ZZ"), pack(y, "ZN"), d), "NZ", shape_of(matmul(x, y, d))),
-             numerics="rounding",
+             numerics="rounding", targets=("npu",),
              doc="x@y = unpack(fractal_matmul(pack(x, ZZ), pack(y, ZN)), NZ): the cube's contraction on "
-                 "fractals (the same products summed in another order, as a matmul's order is its own)"),
+                 "fractals (the same products summed in another order, as a matmul's order is its own); the "
+                 "NPU's alone: elsewhere no pack or unpack ever appears, and the other layout rules lie idle"),
     ],
 })

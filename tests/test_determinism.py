@@ -72,12 +72,12 @@ CHAIN_ARGS = (np.random.default_rng(0).standard_normal((64, 128)).astype(np.floa
 
 @pytest.mark.slow
 def test_the_work_budget_stops_saturation_at_the_same_point_at_any_speed():
-    limits = Limits(work=20_000, **GENEROUS)
+    limits = Limits(work=10_000, **GENEROUS)
     idle = _optimized(_chain, CHAIN_ARGS, limits)
     assert idle.report.run.stop_reason is StopReason.WORK_LIMIT, idle.report.run
     assert "stopped at the work limit" in str(idle.report)
     with slowed(_slowdown(idle)):
-        busy = _optimized(_chain, CHAIN_ARGS, Limits(work=20_000))
+        busy = _optimized(_chain, CHAIN_ARGS, Limits(work=10_000))
     _no_backstop_fired(busy)
     assert busy.report.run.stop_reason is StopReason.WORK_LIMIT
     assert (busy.report.run.iterations, busy.report.run.work) == (idle.report.run.iterations, idle.report.run.work)

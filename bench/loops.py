@@ -542,7 +542,8 @@ def render(rows: list[dict], samples: int, load: tuple[str, str], small: bool = 
              "`fori_loop` with static bounds traces to a scan); \"opaque to superopt\" is what its capture "
              "keeps as opaque nodes; \"loop pass\" is what superopt/loops.py did to them before the search "
              "(the strict report's loops line: batched where the iterations are independent, written out where "
-             "a loop is short, loop-invariant work moved out, loops over one range fused; the bodies the search of bodies changed, "
+             "a loop is short, work that reads no carry done ahead of the loop, batched, loop-invariant work moved out, "
+             "loops over one range fused; the bodies the search of bodies changed, "
              "superopt/regions.py; a while loop's assumed trip count).", ""]
     for mode in ("strict", "fast"):
         changed = [r for r in rows if r[mode]["changed"]]
@@ -569,7 +570,7 @@ def render(rows: list[dict], samples: int, load: tuple[str, str], small: bool = 
         hoisted = [r["name"] for r in rows if "moved out" in r["lifted"]]
         bodies = [r["name"] for r in rows if "bodies optimized" in r["lifted"]]
         what = (f"{len(opaque)} of the {len(rows)} reach superopt with their loops as opaque nodes; the loop pass "
-                f"batched, wrote out or fused the loops of {len(lifted)} ({', '.join(lifted) or 'none'}) and moved "
+                f"batched (whole, or the work done ahead of a split loop), wrote out or fused the loops of {len(lifted)} ({', '.join(lifted) or 'none'}) and moved "
                 f"loop-invariant work out of {len(hoisted)} ({', '.join(hoisted) or 'none'}); the search of bodies "
                 f"changed the bodies of {len(bodies)} ({', '.join(bodies) or 'none'}) under strict; "
                 f"{len(changed)} compile to a different executable in at least one mode"

@@ -20,9 +20,12 @@ Anything else (a carry read whole, a value carried from one iteration to the nex
 loop as it is (its body is searched on its own: superopt/regions.py), unless it has at most `UNROLL` iterations
 of a short body (`UNROLL_EQUATIONS`): then it is written out, iteration after
 iteration (the same ops in the same order), so that algebra across iterations can fire (a Horner
-recurrence becomes one fused polynomial). Where every carry is one of these, the body runs once, under `jax.vmap` over the iteration
-index: the counters as the vector of their values, xs as they are, each row read of a loop-invariant array
-or of a row-written carry at the counter's row as the slice of those rows (not a gather), and everything
+recurrence becomes one fused polynomial), or, where some of its costly work reads no carry, split: that work
+done for all iterations ahead, batched, and a loop of the rest (`_split`).
+
+Where every carry is one of these, the body runs once, under `jax.vmap` over the iteration index: the
+counters as the vector of their values, xs as they are, each row read of a loop-invariant array or of a
+row-written carry at the counter's row as the slice of those rows (not a gather), and everything
 else shared. What comes back is the term language's own ops on whole tensors, captured again, so every
 rule set and the cost model see the loop's work as a program, and the pipeline prices it against the loop
 as traced (a loop costs its trip count times its body plus the target's per-iteration overhead).
@@ -33,6 +36,7 @@ is verified against the user's loop like any other candidate.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax
@@ -113,16 +117,7 @@ def _plan(params: dict, known: list) -> _Plan:
         """The body's new value of a carry is read by nothing in the body and is not also a ys."""
         return out not in uses and sum(o is out for o in jaxpr.outvars) == 1
 
-    # counters
-    steps = np.arange(length)
-    order = steps[::-1] if params["reverse"] else steps
-    counters = {}
-    for j, (v, out) in enumerate(zip(kvars, kouts)):
-        e = producer.get(out)
-        if (e is not None and e.primitive.name == "add" and np.issubdtype(v.aval.dtype, np.integer)
-                and v.aval.shape == () and known[nc + j] is not None
-                and ((e.invars[0] is v and _is_one(e.invars[1])) or (e.invars[1] is v and _is_one(e.invars[0])))):
-            counters[j] = int(np.asarray(known[nc + j])) + order
+    counters = _counters(jaxpr, producer, nc, nk, known, length, params["reverse"])
     scalars = _counter_scalars(jaxpr, {kvars[j]: vals for j, vals in counters.items()}, length)
 
     invariant, accumulated, written, reads, skip = set(), {}, {}, {}, set()
@@ -179,6 +174,22 @@ def _plan(params: dict, known: list) -> _Plan:
     segments = {id(e): seg for e in jaxpr.eqns if id(e) not in skip
                 for seg in [_masked_sum(e, producer, scalars, invariant_vars)] if seg is not None}
     return _Plan(closed, nc, nk, length, counters, invariant, accumulated, written, reads, skip, hoisted, segments)
+
+
+def _counters(jaxpr, producer: dict, nc: int, nk: int, known: list, length: int, reverse: bool) -> dict:
+    """Carry index -> its value at each iteration, in the order of xs (an array of `length`), for each carry
+    that counts: `carry' = carry + 1` on an integer scalar whose initial value is known."""
+    steps = np.arange(length)
+    order = steps[::-1] if reverse else steps
+    kvars, kouts = jaxpr.invars[nc:nc + nk], jaxpr.outvars[:nk]
+    counters = {}
+    for j, (v, out) in enumerate(zip(kvars, kouts)):
+        e = producer.get(out)
+        if (e is not None and e.primitive.name == "add" and np.issubdtype(v.aval.dtype, np.integer)
+                and v.aval.shape == () and known[nc + j] is not None
+                and ((e.invars[0] is v and _is_one(e.invars[1])) or (e.invars[1] is v and _is_one(e.invars[0])))):
+            counters[j] = int(np.asarray(known[nc + j])) + order
+    return counters
 
 
 _CALLS = ("pjit", "jit", "closed_call", "core_call")
@@ -481,31 +492,137 @@ def _hoisted(params: dict):
     moved = {id(e) for e in hoisted}
     rest = [e for e in jaxpr.eqns if id(e) not in moved]
 
-    def evaluate(eqns, env):
-        read = lambda a: a.val if _literal(a) else env[a]   # noqa: E731
-        for e in eqns:
-            out = _bind(e, [read(a) for a in e.invars])
-            env.update(zip(e.outvars, out if e.primitive.multiple_results else [out]))
-        return read
-
     def run(*operands):
         consts, inits, xs = operands[:nc], operands[nc:nc + nk], operands[nc + nk:]
         shared = dict(zip(jaxpr.constvars, closed.consts))
         shared.update(zip(invars[:nc], consts))
         shared.update({invars[nc + j]: inits[j] for j in kept})
-        evaluate(hoisted, shared)        # once
+        _evaluate(hoisted, shared)        # once
 
         def step(carry, x):
             env = dict(shared)
             env.update(zip(invars[nc:nc + nk], carry))
             env.update(zip(invars[nc + nk:], x))
-            read = evaluate(rest, env)
+            read = _evaluate(rest, env)
             return [read(v) for v in outvars[:nk]], [read(v) for v in outvars[nk:]]
 
         carry, ys = jax.lax.scan(step, list(inits), list(xs), length=params["length"], reverse=params["reverse"])
         return list(carry) + list(ys)
 
     return run
+
+
+# Ops that only move or re-shape data: computed ahead of a loop they gain nothing (`_split`).
+_MOVES = _CHEAP + ("dynamic_slice", "slice", "gather", "transpose", "concatenate", "pad", "rev", "iota",
+                   "dynamic_update_slice", "select_n")
+MAX_SPLIT_BYTES = 64 << 20   # what a split loop computes ahead, all iterations together
+
+
+def _split(params: dict, known: list):
+    """The scan's outputs as a function of its operands with the work of each iteration that does not depend
+    on what the loop carries (it reads only xs, counters and loop invariants) done for all iterations at once
+    before the loop, batched under `jax.vmap`, and a loop of the rest reading those values as rows (loop
+    fission: an RNN's input projection `x_t @ w` becomes one matrix product; a running sum of `f(x_t)` one
+    batched f and a loop of additions). Loop-invariant work is done once, as `_hoisted` does. The loop left
+    keeps every carry and computes it with the same ops in the same order; each value computed ahead is
+    computed from the same operands with the same ops (a product batched into a larger one adds its terms in
+    an order XLA chooses, as a batched loop's do). Values that one iteration computes ahead and the loop
+    alone reads come in as rows of its xs; a ys computed ahead is the batched value itself.
+    _Unsupported where no costly work (anything but `_MOVES`) is independent of the carries, or where what is
+    computed ahead would take more than MAX_SPLIT_BYTES."""
+    closed = inlined_calls(params["jaxpr"])
+    jaxpr, (nc, nk), length = closed.jaxpr, jax_compat.scan_counts(params), params["length"]
+    if jaxpr.effects or length < 2:
+        raise _Unsupported("effects")
+    invars, outvars = jaxpr.invars, jaxpr.outvars
+    kvars, xvars = invars[nc:nc + nk], invars[nc + nk:]
+    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+    counters = _counters(jaxpr, producer, nc, nk, known, length, params["reverse"])
+    kept = {j for j in range(nk) if outvars[j] is invars[nc + j]}
+    hoisted, invariant = _invariant_equations(jaxpr, set(invars[:nc]) | {kvars[j] for j in kept})
+    hoisted_ids = {id(e) for e in hoisted}
+    free = set(invariant) | set(xvars) | {kvars[j] for j in counters}
+    free_eqns = []
+    for e in jaxpr.eqns:
+        if id(e) not in hoisted_ids and all(_literal(a) or a in free for a in e.invars):
+            free_eqns.append(e)
+            free.update(e.outvars)
+    moved, want = [], set()
+    for e in reversed(free_eqns):   # costly free work, and the free work it is computed from
+        costly = e.primitive.name not in _MOVES and any(np.prod(o.aval.shape) > 1 for o in e.outvars)
+        if costly or any(o in want for o in e.outvars):
+            moved.append(e)
+            want.update(a for a in e.invars if not _literal(a))
+    if not any(e.primitive.name not in _MOVES for e in moved):
+        raise _Unsupported("no costly work independent of the carries")
+    moved.reverse()
+    moved_ids = {id(e) for e in moved}
+    moved_out = {o for e in moved for o in e.outvars}
+    ny = len(outvars) - nk
+    ahead_ys = [p for p in range(ny) if outvars[nk + p] in moved_out]
+    loop_ys = [p for p in range(ny) if p not in ahead_ys]
+    results = list(outvars[:nk]) + [outvars[nk + p] for p in loop_ys]
+    rest = _needed(jaxpr.eqns, results, moved_ids | hoisted_ids, set())
+    read_by_rest = {a for e in rest for a in e.invars if not _literal(a)} | set(results)
+    frontier = list(dict.fromkeys(o for e in moved for o in e.outvars if o in read_by_rest))
+    ahead_bytes = sum(length * math.prod(v.aval.shape) * np.dtype(v.aval.dtype).itemsize
+                      for v in frontier + [outvars[nk + p] for p in ahead_ys])
+    if ahead_bytes > MAX_SPLIT_BYTES:
+        raise _Unsupported(f"{ahead_bytes} bytes computed ahead")
+    scalars = _counter_scalars(jaxpr, {kvars[j]: vals for j, vals in counters.items()}, length)
+    reads = {}
+    for e in moved:   # contiguous row reads of invariants are slices, not gathers
+        rows = _row_read(e, scalars) if e.primitive.name == "dynamic_slice" and e.invars[0] in invariant else None
+        if rows is not None and _contiguous(rows, e.invars[0].aval.shape[0]):
+            reads[id(e)] = _RowRead(e.invars[0], rows)
+    ahead = _needed(moved, frontier + [outvars[nk + p] for p in ahead_ys], set(), set(reads))
+
+    def run(*operands):
+        consts, inits, xs = operands[:nc], operands[nc:nc + nk], operands[nc + nk:]
+        shared = dict(zip(jaxpr.constvars, closed.consts))
+        shared.update(zip(invars[:nc], consts))
+        shared.update({kvars[j]: inits[j] for j in kept})
+        _evaluate(hoisted, shared)        # once
+        rows = [_in_order(jax.lax.slice_in_dim(shared[r.source], int(r.rows.min()), int(r.rows.min()) + length,
+                                               axis=0), r.rows)[:, None] for r in reads.values()]
+        counts = [jnp.asarray(vals, kvars[j].aval.dtype) for j, vals in counters.items()]
+
+        def one(count, x, row):   # one iteration's work ahead
+            env = dict(shared)
+            env.update(zip([kvars[j] for j in counters], count))
+            env.update(zip(xvars, x))
+            read = _evaluate(ahead, env, dict(zip(reads, row)))
+            return [read(v) for v in frontier], [read(outvars[nk + p]) for p in ahead_ys]
+
+        values, ys_ahead = jax.vmap(one, axis_size=length)(counts, list(xs), rows)
+
+        def step(carry, x):
+            env = dict(shared)
+            env.update(zip(kvars, carry))
+            env.update(zip(xvars, x[:len(xvars)]))
+            env.update(zip(frontier, x[len(xvars):]))
+            read = _evaluate(rest, env)
+            return [read(v) for v in outvars[:nk]], [read(outvars[nk + p]) for p in loop_ys]
+
+        carry, ys_loop = jax.lax.scan(step, list(inits), list(xs) + list(values), length=length,
+                                      reverse=params["reverse"], unroll=params.get("unroll", 1))
+        ys = dict(zip(ahead_ys, ys_ahead)) | dict(zip(loop_ys, ys_loop))
+        return list(carry) + [ys[p] for p in range(ny)]
+
+    return run
+
+
+def _evaluate(eqns, env: dict, given: dict | None = None):
+    """`eqns` evaluated in order into `env` (var -> value), each equation whose id is in `given` taking its
+    value from there; returns the reader of atoms (a literal's value, else env's)."""
+    read = lambda a: a.val if _literal(a) else env[a]   # noqa: E731
+    for e in eqns:
+        if given and id(e) in given:
+            env[e.outvars[0]] = given[id(e)]
+            continue
+        out = _bind(e, [read(a) for a in e.invars])
+        env.update(zip(e.outvars, out if e.primitive.multiple_results else [out]))
+    return read
 
 
 def _bind(e, args: list):
@@ -646,9 +763,12 @@ def _one_pass(graph: Graph) -> tuple[Graph, list[str]]:
                 lifted, kind = _unrolled(op.params, known), "unrolled"
             else:
                 try:
-                    lifted, kind = _hoisted(op.params), "hoisted"
+                    lifted, kind = _split(op.params, known), "split"
                 except _Unsupported:
-                    continue
+                    try:
+                        lifted, kind = _hoisted(op.params), "hoisted"
+                    except _Unsupported:
+                        continue
         avals = tuple(jax.ShapeDtypeStruct(graph.nodes[j].shape, graph.nodes[j].dtype) for j in node.inputs)
         try:
             sub = capture(lifted, avals, keep_whole=False).graph
@@ -725,9 +845,10 @@ def _inline(out: Graph, sub: Graph, ins: list, opaque_index: dict, graph: Graph)
 def vectorized_note(kinds: list[str]) -> str:
     """The report's words for what was done to the program's loops before the search."""
     batched, unrolled, hoisted = kinds.count("batched"), kinds.count("unrolled"), kinds.count("hoisted")
-    fused = kinds.count("fused")
+    fused, split = kinds.count("fused"), kinds.count("split")
     parts = ([f"{batched} with independent iterations batched"] if batched else []) + \
         ([f"{unrolled} short one{'s' if unrolled != 1 else ''} written out"] if unrolled else []) + \
+        ([f"{split} with the work independent of their carries done ahead, batched"] if split else []) + \
         ([f"{hoisted} with loop-invariant work moved out"] if hoisted else []) + \
         ([f"{fused} pair{'s' if fused != 1 else ''} over one range fused"] if fused else [])
     return f"loops before the search: {'; '.join(parts)}"

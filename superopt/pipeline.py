@@ -480,14 +480,15 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
                     guarded, on_xla=guard and runs_here(tgt))
     reusable = sizes is not None and memory_budget is None and not (captured.kept_whole or
                                                                     captured.graph.hidden_outputs)
+    fingerprint = search.fingerprint() if reusable else None
     if reusable:
-        match = sizes.find(captured.in_avals, captured.graph, search.fingerprint())
+        match = sizes.find(captured.in_avals, captured.graph, fingerprint)
         spec = match and timer("sizes", _at_other_sizes, captured, search, timer, match)
         if spec:
             return spec
     spec = _searched(captured, search, store, executor, timer, call)
     if reusable and spec.report.kind in REUSED_OUTCOMES:
-        sizes.remember(Decision(captured.in_avals, captured.graph, search.fingerprint(), spec.report.kind,
+        sizes.remember(Decision(captured.in_avals, captured.graph, fingerprint, spec.report.kind,
                                 spec.report.reason, spec.term if spec.report.optimized else None, spec.report.run))
     return spec
 
@@ -561,7 +562,7 @@ def _at_other_sizes(captured: Captured, search: Search, timer: Stages, match) ->
                             f"{decision.sizes_text()}, renamed to these sizes" + (f"; guarded: runs where {words} "
                                                                                  "(else the original)" if words else ""))
         worth_it(chosen, costs[0], (), None)
-        if search.check_results and not _holds_here(graph, captured, original, search.numerics):
+        if search.check_results and not _holds_here(graph, check, captured, original, search.numerics):
             return None
     except Kept:
         return None   # no longer a gain at these sizes: searched at them
@@ -580,24 +581,36 @@ def _guard_again(chosen: Graph, guard: Guard | None, captured: Captured, origina
         return chosen, ""
     program, words, exponent, args = captured.graph, [], None, ()
     if guard.exponent is not None:
-        changed = guarding.changed_results(program, chosen)
-        parts = [guarding.results_only(g, changed) for g in (original, program, chosen)]
-        exponent = guarding.exponent(*parts[1:]) if captured.traced is not None else guarding.exponent(*parts)
-        if exponent is None:
+        bound = _range_bound(captured, original, chosen, guarding.changed_results(program, chosen))
+        if bound is None:
             raise Kept(Outcome.NO_GAIN, "the bound does not hold at these sizes")
-        args = guarding.checked_args(parts[0], parts[2])
-        words.append(f"every element of arguments {', '.join(map(str, args))} is finite and at most 2**{exponent} "
-                     "in magnitude")
+        exponent, args, said = bound
+        words.append(said)
     if guard.conditions:
         words.append(guarding.describe_conditions(program, guard.conditions))
     return dataclasses.replace(chosen, guard=Guard(exponent, args, program, guard.conditions)), "; and ".join(words)
 
 
-def _holds_here(graph: Graph, captured: Captured, original: Graph, numerics: str) -> bool:
-    """Whether `graph` (a renamed program) agrees with `original` on verification's first random input set,
-    both by the reference evaluator, as a cache entry is checked (`_rechecked`), and, where it is guarded, on
-    the first set its check passes (a domain set, where it has conditions): its rewritten side must run."""
-    check = guard_check(graph)
+def _range_bound(captured: Captured, original: Graph, chosen: Graph, changed) -> tuple[int, tuple, str] | None:
+    """A guard's bound on the arguments under which no intermediate of `original` or `chosen` overflows, for the
+    results `changed` (the others are the same ops in both): (the exponent of the bound, the arguments
+    checked, the report's words), or None where no bound holds. The program the search started from computes
+    the original's intermediates (a loop batched or written out, rows re-rolled: the same values, sums in
+    another order), which the bound reads where the original's loops are opaque to it."""
+    parts = [guarding.results_only(g, changed) for g in (original, captured.graph, chosen)]
+    exponent = guarding.exponent(*parts[1:]) if captured.traced is not None else guarding.exponent(*parts)
+    if exponent is None:
+        return None
+    args = guarding.checked_args(parts[0], parts[2])
+    return exponent, args, (f"every element of arguments {', '.join(map(str, args))} is finite and at most "
+                            f"2**{exponent} in magnitude")
+
+
+def _holds_here(graph: Graph, check: Graph | None, captured: Captured, original: Graph, numerics: str) -> bool:
+    """Whether `graph` (a renamed program; `check`, its guard's check) agrees with `original` on verification's
+    first random input set, both by the reference evaluator, as a cache entry is checked (`_rechecked`), and,
+    where it is guarded, on the first set its check passes (a domain set, where it has conditions): its
+    rewritten side must run."""
     sets = [verification.random_args(captured.in_avals, 0)]
     if graph.guard is not None and graph.guard.conditions:
         sets += [verification.domain_args(captured.in_avals, 0, s) for s in verification.DOMAIN_SCALES]
@@ -851,16 +864,11 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
         return strict
     exponent, args, words, rules_used = None, (), [], []
     if fired:
-        # the program the search started from computes the original's intermediates (a loop batched or written
-        # out, rows re-rolled: the same values, sums in another order), which the bound reads where the
-        # original's loops are opaque to it
-        parts = [guarding.results_only(g, changed) for g in (original, program, fast.graph)]
-        exponent = guarding.exponent(*parts[1:]) if captured.traced is not None else guarding.exponent(*parts)
-        if exponent is None:
+        bound = _range_bound(captured, original, fast.graph, changed)
+        if bound is None:
             return strict
-        args = guarding.checked_args(parts[0], parts[2])
-        words.append(f"every element of arguments {', '.join(map(str, args))} is finite and at most 2**{exponent} "
-                     "in magnitude")
+        exponent, args, said = bound
+        words.append(said)
         rules_used.append(f"with rules equal over the reals: {', '.join(sorted(fired))}")
     if conditions:
         assuming = sorted(name for name, n in saturated.run.fired.items() if n and name in

@@ -848,6 +848,8 @@ def _guarded(captured: Captured, search: Search, strict: Extraction, deadline: D
         saturated = saturate(captured, schedule, search.limits, looking, timer, origins=domain)
     except Kept:
         return strict
+    if saturated.frozen is None:   # the second search failed or ran out of time: the strict program stands
+        return strict
     fired = numerics_mode.overflow_rewrites(schedule, saturated.run.fired) if search.numerics == "strict" else {}
     conditions = timer("guard", guarding.unproven, program, saturated.frozen.assumed) if domain else ()
     if not (fired or conditions):   # the strict search's e-graph again: its extraction would choose the same

@@ -421,3 +421,25 @@ def test_no_search_assumes_a_condition_whose_least_check_could_not_fit(monkeypat
     fast = superopt(lambda x: x ** 1.5, cache=False)   # a pow costs several exps and logs: its check fits
     fast(x)
     assert len(searches) == 2 and searches[1] is True and fast.report.guarded, fast.report.extraction
+
+
+def test_a_second_search_that_fails_or_runs_out_of_time_leaves_the_strict_program(monkeypatch):
+    from superopt import pipeline
+    from superopt.egraph import isolate
+    calls = []
+    real = isolate.saturate_isolated
+
+    def second_fails(*a, **k):   # the guarded search's child dies (a time limit on a busy machine, a crash)
+        calls.append(1)
+        run, frozen = real(*a, **k)
+        return run, (frozen if len(calls) == 1 else None)
+    monkeypatch.setattr(isolate, "saturate_isolated", second_fails)
+    rng = np.random.default_rng(0)
+    u, v = (jnp.asarray(rng.standard_normal(1000), jnp.float32) for _ in range(2))
+    x = jnp.asarray(np.abs(rng.standard_normal((256, 256))) + 0.1, jnp.float32)
+    # a guarded search on the arguments' range, and one assuming a domain condition (x positive)
+    for fn, args in ((sum_of_outer, (u, v)), (lambda x: x ** 1.5, (x,))):
+        calls.clear()
+        fast = superopt(fn, cache=False)
+        np.testing.assert_allclose(fast(*args), fn(*args), rtol=1e-5)
+        assert len(calls) == 2 and not fast.report.guarded, fast.report.extraction

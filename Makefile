@@ -25,9 +25,10 @@ demo: $(STAMP)
 	$(PY) -m superopt.demo
 
 # pytest exits 5 when no test ran; make treats that as a failure, as it should. The suite runs on one
-# worker per core, at most 4 (each worker loads JAX; tests are independent and write only to tmp dirs).
+# worker per core, at most 4 (each worker loads JAX; tests are independent and write only to tmp dirs). The 25
+# slowest tests are listed at the end: where the suite's time goes (issue 59).
 test: $(TESTED)
-	$(PY) -m pytest -q -n auto --maxprocesses=4
+	$(PY) -m pytest -q -n auto --maxprocesses=4 --durations=25
 
 # The inner loop: everything but the tests marked slow (whole models, worker processes, long searches) and
 # timing (measurements of this machine); pyproject.toml lists the markers. Under 90 s on two idle cores.

@@ -409,7 +409,8 @@ class _Builder:
         """A loop or a branch (`_LOOP_FORMS`) whose body is elementwise ops of its carry and what it reads:
         a scan with a carry and ys (reversed or not), a fori_loop carrying a value from one iteration to the
         next, a row loop writing `.at[i].set`, a while loop with a counter, a fori_loop carrying a float and
-        an integer, a cond, a switch of three branches, and a loop nested in a loop. Trip counts of 1, 3, 9
+        an integer, a cond, a switch of three branches, a loop nested in a loop, and a scan over x's rows
+        12 times whose carry reads work that reads no carry (a loop to split). Trip counts of 1, 3, 9
         and 12 (short loops are written out, long ones stay loops whose bodies are searched)."""
         form = self.draw(st.sampled_from(_LOOP_FORMS))
         x = self.operand(min_rank=1 if form in ("scan", "rows") else 0)
@@ -433,6 +434,16 @@ class _Builder:
             text = (f"lax.scan(lambda c, r: ({bi('c', un('r'))}, {un('c')}), {init.name}, {x.name}{reverse})"
                     f"[{self.draw(st.integers(0, 1))}]")
             operands = [x, init]
+        elif form == "fission":   # a recurrence beside work that reads no carry, 12 times x's rows: split
+            init = self.new_arg(x.shape[1:], x.dtype)
+            free = un("r")
+            operands = [x, init]
+            if floats and len(x.shape) >= 2 and self.draw(st.booleans()):
+                w = self.new_arg((x.shape[-1], x.shape[-1]), x.dtype)
+                free, operands = un(f"(r @ {w.name})"), [x, init, w]
+            reps = ", ".join(["12"] + ["1"] * (len(x.shape) - 1))
+            text = (f"lax.scan(lambda c, r: ({bi('c', free)}, {bi(un('c'), free)}), {init.name}, "
+                    f"jnp.tile({x.name}, ({reps},)))[{self.draw(st.integers(0, 1))}]")
         elif form == "fori":
             text = f"lax.fori_loop(0, {trips}, lambda i, c: {bi(un('c'), y.name)}, {x.name})"
         elif form == "rows":
@@ -568,7 +579,7 @@ _HISTOGRAM_OPS = (("histogram", 6), ("unary", 2), ("binary", 3), ("literal", 2),
                   ("reduce", 2), ("reshape", 1), ("slice", 1), ("concat", 1), ("convert", 1), ("opaque", 1))
 _LOOP_OPS = (("loop", 6), ("unary", 2), ("binary", 3), ("literal", 2), ("select", 1), ("matmul", 1),
              ("reduce", 2), ("reshape", 1), ("convert", 1))
-_LOOP_FORMS = ("scan", "fori", "rows", "while", "carries", "cond", "switch", "nested")
+_LOOP_FORMS = ("scan", "fori", "rows", "while", "carries", "cond", "switch", "nested", "fission")
 _CUSTOM_OPS = (("custom", 6), ("unary", 3), ("binary", 3), ("literal", 2), ("select", 1), ("matmul", 2),
                ("reduce", 2), ("transpose", 1), ("reshape", 1), ("broadcast", 1), ("slice", 1), ("concat", 1),
                ("convert", 1), ("opaque", 1))

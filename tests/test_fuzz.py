@@ -276,8 +276,12 @@ def check_derivatives(program, target: str, backend: str, draw, inputs: tuple | 
         if order == "called first":
             fast.compile(*args)
         for inputs, label in ((args, f"{KINDS[program.kind].first} inputs (seed 11)"), (drawn, where)):
-            want = derivatives(original, inputs, wrt, shapes, seed_, program.forward_mode, False)
-            got = derivatives(fast, inputs, wrt, shapes, seed_, program.forward_mode, order.endswith("jit"))
+            # the original differentiated as superopt's program is: under an outer jit, XLA compiles the
+            # derivative whole, and where an output is NaN it may give another NaN or 0 than op by op
+            # (RELIABILITY.md, the loops kind's runs with loop fission)
+            under_jit = order.endswith("jit")
+            want = derivatives(original, inputs, wrt, shapes, seed_, program.forward_mode, under_jit)
+            got = derivatives(fast, inputs, wrt, shapes, seed_, program.forward_mode, under_jit)
             problem = compare_outputs(want, got)
             assert problem is None, f"{problem}, on {label}, {order} ({len(shapes)} float outputs first, " \
                                     f"then the vjp, then the jvp)\n{fast.report}"

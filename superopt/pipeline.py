@@ -202,12 +202,13 @@ def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: D
     alternatives, the benchmarks' probes: they need the time more than the isolation). `origins`: each node's
     class records its id, for rules that assume a domain condition (a speculative search: `_guarded`)."""
     try:
-        enc = timer("encode", encoding.encode, captured.graph, deadline, origins)
-        if isolated:
-            run, frozen = timer("saturate", isolate.saturate_isolated, enc.egraph, schedule, limits, deadline)
-        else:
-            run = timer("saturate", runner.saturate, enc.egraph, schedule, limits)
-            frozen = freezing.freeze(enc.egraph)
+        with encoding.scratch() as empty:   # the process's template e-graph, restored when the search is done
+            enc = timer("encode", encoding.encode, captured.graph, deadline, origins, empty)
+            if isolated:
+                run, frozen = timer("saturate", isolate.saturate_isolated, enc.egraph, schedule, limits, deadline)
+            else:
+                run = timer("saturate", runner.saturate, enc.egraph, schedule, limits)
+                frozen = freezing.freeze(enc.egraph)
     except TimeLimit as exc:
         raise Kept(Outcome.TIME_LIMIT, ran_out(exc, limits)) from None
     return Saturated(run, frozen, enc)

@@ -1,0 +1,81 @@
+"""The e-graph a search encodes its program on (egraph/encode.py, `scratch`): the main thread's template, which
+holds the analyses' facts and the analysis rule set, pushed for one search and popped after it."""
+import gc
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from superopt import superopt
+from superopt.core.ir import pretty
+from superopt.egraph import egglog_api as api
+from superopt.egraph.analysis import analysis
+from superopt.egraph.capture import capture
+from superopt.egraph.encode import encode, scratch
+from superopt.egraph.frozen import count
+from superopt.egraph.limits import Limits
+from superopt.egraph.runner import saturate
+from superopt.extract.greedy import extract
+from superopt.extract.target import load_target
+from superopt.egraph.frozen import freeze
+from superopt.pipeline import schedule_of
+from superopt.rulesets import DEFAULT
+
+@pytest.fixture(autouse=True)
+def _collected_here():
+    """The e-graphs these tests leave are dropped on this (the main) thread, not by a later test's worker."""
+    yield
+    gc.collect()
+
+
+X = jnp.asarray(np.random.default_rng(0).standard_normal((16, 16)), jnp.float32)
+PROGRAMS = (lambda a: jnp.abs(jnp.exp(a)) + 1.0,
+            lambda a: (a @ a.T) @ a + jnp.sum(a, axis=1, keepdims=True),
+            lambda a: jnp.max(a, axis=0) - jnp.mean(a))
+
+
+def chosen(graph, egraph=None):
+    """(e-nodes, e-classes, the program greedy extraction chooses) of `graph` saturated by the default rule sets."""
+    enc = encode(graph, egraph=egraph)
+    run = saturate(enc.egraph, schedule_of(DEFAULT, "strict", "cpu")[0], Limits())
+    frozen = freeze(enc.egraph)
+    return run.enodes, run.eclasses, pretty(extract(frozen, enc, load_target("cpu")).graph)
+
+
+def test_a_search_on_the_template_finds_what_it_finds_on_a_new_e_graph_and_leaves_it_empty():
+    for fn in PROGRAMS:
+        graph = capture(fn, (X,)).graph
+        with scratch() as empty:
+            assert count(empty) == (0, 0) and api.is_registered(empty, analysis())
+            on_template = chosen(graph, empty)
+        assert on_template == chosen(graph)
+    with scratch() as empty:
+        assert count(empty) == (0, 0)   # popped: no term of the programs above is left
+
+
+def test_a_nested_or_concurrent_search_gets_an_e_graph_of_its_own(monkeypatch):
+    with scratch() as outer:
+        with scratch() as inner:
+            assert inner is not outer and not api.is_registered(inner, analysis())
+
+    class Made:   # a stand-in: a real e-graph made on the worker thread would be dropped on another one
+        def register(self, *facts):
+            pass
+    import superopt.egraph.encode as encoding
+    monkeypatch.setattr(encoding, "EGraph", Made)
+    seen = []
+
+    def search():   # a worker thread (background=True's) makes its own: an e-graph is dropped where it was made
+        with scratch() as eg:
+            seen.append(type(eg))
+    thread = threading.Thread(target=search)
+    thread.start()
+    thread.join()
+    assert seen == [Made]
+
+
+def test_superopt_gives_the_same_program_with_the_template():
+    fast = superopt(PROGRAMS[1], cache=False)
+    np.testing.assert_allclose(np.asarray(fast(X)), np.asarray(PROGRAMS[1](X)), rtol=1e-5, atol=1e-5)
+    assert fast.report.run.enodes == chosen(capture(PROGRAMS[1], (X,)).graph)[0]

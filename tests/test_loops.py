@@ -240,6 +240,7 @@ def matches_under_grad_vmap_and_export(fast, fn):
     np.testing.assert_allclose(np.asarray(exported.call(A)), np.asarray(jax.jit(fn)(A)), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow   # two optimizations, then grad, vmap and export: the full suite's (the split itself: above)
 def test_a_split_rnn_is_chosen_under_fast_and_matches_jax_jit_under_grad_vmap_and_export():
     wx = jnp.asarray(RNG.standard_normal((32, 32)) / 6, jnp.float32)
     wh = jnp.asarray(RNG.standard_normal((32, 32)) / 6, jnp.float32)

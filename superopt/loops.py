@@ -164,12 +164,7 @@ def _plan(params: dict, known: list) -> _Plan:
                 raise _Unsupported(f"carry {j} is read by {use.primitive.name}")
     # contiguous row reads of loop invariants (consts, invariant carries) are slices, not gathers
     invariant_vars = set(jaxpr.invars[:nc]) | {kvars[j] for j in invariant}
-    for e in jaxpr.eqns:
-        if id(e) in reads or e.primitive.name != "dynamic_slice" or e.invars[0] not in invariant_vars:
-            continue
-        rows = _row_read(e, scalars)
-        if rows is not None and _contiguous(rows, e.invars[0].aval.shape[0]):
-            reads[id(e)] = _RowRead(e.invars[0], rows)
+    reads.update(_slice_reads((e for e in jaxpr.eqns if id(e) not in reads), invariant_vars, scalars))
     hoisted, invariant_vars = _invariant_equations(jaxpr, invariant_vars)
     segments = {id(e): seg for e in jaxpr.eqns if id(e) not in skip
                 for seg in [_masked_sum(e, producer, scalars, invariant_vars)] if seg is not None}
@@ -343,6 +338,25 @@ def _row_read(e, scalars: dict):
     return _index_rows(e.invars[1:], scalars)
 
 
+def _slice_reads(eqns, invariant: set, scalars: dict) -> dict:
+    """Eqn id -> `_RowRead` for each of `eqns` that reads one row of a loop invariant at contiguous rows, one
+    per iteration: given as the slice of those rows (`_rows`), not batched into a gather."""
+    reads = {}
+    for e in eqns:
+        if e.primitive.name != "dynamic_slice" or e.invars[0] not in invariant:
+            continue
+        rows = _row_read(e, scalars)
+        if rows is not None and _contiguous(rows, e.invars[0].aval.shape[0]):
+            reads[id(e)] = _RowRead(e.invars[0], rows)
+    return reads
+
+
+def _rows(read: _RowRead, env: dict, length: int):
+    """The rows `read` reads, one per iteration in the order of xs, as the `dynamic_slice` gives each: (1, ...)."""
+    lo = int(read.rows.min())
+    return _in_order(jax.lax.slice_in_dim(env[read.source], lo, lo + length, axis=0), read.rows)[:, None]
+
+
 def _written_rows(e, scalars: dict):
     """The rows a one-row write writes per iteration (a `dynamic_update_slice` of a (1, ...) update, or a
     `scatter` of one row at index [i] along axis 0), or None."""
@@ -388,8 +402,7 @@ def _lifted(plan: _Plan):
             out = _bind(e, [a.val if _literal(a) else shared[a] for a in e.invars])
             shared.update(zip(e.outvars, out if e.primitive.multiple_results else [out]))
         sources = {**shared, **{kvars[j]: inits[j] for j in plan.written}}
-        rows = [_in_order(jax.lax.slice_in_dim(sources[r.source], int(r.rows.min()), int(r.rows.min()) + plan.length,
-                                               axis=0), r.rows)[:, None] for _, r in reads]
+        rows = [_rows(r, sources, plan.length) for _, r in reads]
         rows += [_segment_sum(seg, shared, plan.length) for _, seg in segments]
         counters = [jnp.asarray(vals, kvars[j].aval.dtype) for j, vals in plan.counters.items()]
 
@@ -570,11 +583,7 @@ def _split(params: dict, known: list):
     if ahead_bytes > MAX_SPLIT_BYTES:
         raise _Unsupported(f"{ahead_bytes} bytes computed ahead")
     scalars = _counter_scalars(jaxpr, {kvars[j]: vals for j, vals in counters.items()}, length)
-    reads = {}
-    for e in moved:   # contiguous row reads of invariants are slices, not gathers
-        rows = _row_read(e, scalars) if e.primitive.name == "dynamic_slice" and e.invars[0] in invariant else None
-        if rows is not None and _contiguous(rows, e.invars[0].aval.shape[0]):
-            reads[id(e)] = _RowRead(e.invars[0], rows)
+    reads = _slice_reads(moved, invariant, scalars)
     ahead = _needed(moved, frontier + [outvars[nk + p] for p in ahead_ys], set(), set(reads))
 
     def run(*operands):
@@ -583,8 +592,7 @@ def _split(params: dict, known: list):
         shared.update(zip(invars[:nc], consts))
         shared.update({kvars[j]: inits[j] for j in kept})
         _evaluate(hoisted, shared)        # once
-        rows = [_in_order(jax.lax.slice_in_dim(shared[r.source], int(r.rows.min()), int(r.rows.min()) + length,
-                                               axis=0), r.rows)[:, None] for r in reads.values()]
+        rows = [_rows(r, shared, length) for r in reads.values()]
         counts = [jnp.asarray(vals, kvars[j].aval.dtype) for j, vals in counters.items()]
 
         def one(count, x, row):   # one iteration's work ahead

@@ -48,7 +48,7 @@ def warm_up() -> None:
     on which rules an earlier program happened to reach."""
     import jax.numpy as jnp
     from superopt import superopt
-    from superopt.pipeline import schedule_of
+    from superopt.stages import schedule_of
     from superopt.rulesets import DEFAULT
     x = jnp.ones((8, 8), jnp.float32)
     superopt(lambda a: jnp.exp(a) * 2.0 + a @ a, cache=False)(x)

@@ -34,7 +34,7 @@ from superopt.extract.greedy import program_cost
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
 from superopt.lowering.npu.lower import NpuExecutable
-from superopt.pipeline import Stages, choose, saturate, schedule_of
+from superopt.stages import Stages, choose, saturate, schedule_of
 from superopt.rulesets import DEFAULT
 from superopt.timing import interleaved_medians
 

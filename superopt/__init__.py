@@ -26,7 +26,7 @@ def __getattr__(name: str):
         spec = find_spec(f"superopt.{name}")
         if spec is not None and spec.submodule_search_locations is None:
             # a module of the package (`from superopt import numerics`): itself, never the API first, which
-            # imports it back (a worker that unpickles a job from superopt.pipeline imports that first)
+            # imports it back (a worker that unpickles a job from superopt.segmented imports that first)
             return import_module(f"superopt.{name}")
         # what `import superopt` loaded when it imported the API: `superopt.core.progress` after it
         import_module("superopt.api")

@@ -21,7 +21,8 @@ from superopt.core.ir import pretty
 from superopt.egraph.limits import Limits
 from superopt.extract.memory import parse_bytes
 from superopt.extract.target import load_target
-from superopt.pipeline import EXTRACTORS, Specialization, is_key as _is_key, optimize
+from superopt.pipeline import EXTRACTORS, optimize
+from superopt.stages import Specialization, is_key as _is_key
 from superopt.report import Report
 from superopt.rewrites.rule import RuleSet
 from superopt.rewrites.schedule import Schedule

@@ -5,7 +5,7 @@
     reference(spec) -> callable                         what the backend's program is checked against
     tolerance(expected, actual, spec, args) -> str|None  None where the outputs agree as the backend promises
 
-jax runs the lowered JAX program itself (verified by the pipeline: `pipeline.check`); pallas runs one
+jax runs the lowered JAX program itself (verified by the pipeline: `stages.check`); pallas runs one
 Pallas kernel per kernel of the term (`lowering/pallas`), checked against the JAX program; the NPU
 emulator runs cube and vector programs (`lowering/npu`), checked against the user's program.
 """

@@ -3,7 +3,7 @@ model's price of every launch before and after, the fusions it declined, and the
 e-graph held with their prices.
 
 Every figure is the report's: a launch is a node the cost model prices (`program_cost`, from which the
-pipeline's costs come), a guarded program's launches include its check's (`pipeline.guard_check`), so the
+pipeline's costs come), a guarded program's launches include its check's (`stages.guard_check`), so the
 tables total the report's costs before and after, and the list of programs starts with the chosen one at
 that cost.
 
@@ -24,7 +24,7 @@ from superopt.extract.candidates import candidates, program_key
 from superopt.extract.cost import op_breakdown
 from superopt.extract.extraction import program_cost
 from superopt.extract.target import load_target
-from superopt.pipeline import Stages, guard_check, saturate, schedule_of
+from superopt.stages import Stages, guard_check, saturate, schedule_of
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 from superopt.rulesets import DEFAULT, RULESETS
 

@@ -58,7 +58,7 @@ def overflow_rewrites(schedule: Schedule, fired: dict) -> dict[str, int]:
 
 def speculative(schedule: Schedule) -> Schedule:
     """`schedule` with each rule that has domain conditions (`given`) replaced by its copy that assumes them
-    where the analysis cannot prove them, for a guarded program's search (superopt/pipeline.py `_guarded`)."""
+    where the analysis cannot prove them, for a guarded program's search (superopt/speculation.py, `guarded`)."""
     return Schedule(tuple(Phase(ph.name, tuple(speculating(r) for r in ph.rules), ph.limits, ph.backoff)
                           for ph in schedule.phases))
 
@@ -89,7 +89,7 @@ def could_fire(schedule: Schedule, frozen, which) -> bool:
     e-class of `frozen`, a saturated e-graph, a variable the same class wherever it appears (conditions and
     other attributes are not looked at). A search that adds those rules to the ones that saturated `frozen`
     starts from a part of it, and it grows beyond `frozen` only through them: where none matches, it ends
-    where `frozen` is (`pipeline._guarded`)."""
+    where `frozen` is (`speculation.guarded`)."""
     by_fn: dict[str, list] = {}
     for cls, nodes in frozen.classes.items():
         for n in nodes:

@@ -10,7 +10,7 @@ A result in the persistent cache (`superopt/cache.py`) is keyed by everything th
 
 A change to any of them is a miss. An entry read back is not trusted: it must decode
 (`serial.from_data` checks every node), its arguments and results must have the program's types, and its
-program must trace at the program's argument types to its result types (`pipeline._traced_like`); anything
+program must trace at the program's argument types to its result types (`entries.traced_like`); anything
 else is a miss, and the program is optimized again.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ captured program is an earlier one with its sizes renamed takes that decision at
   `reuse_sizes=False` searches every size); a changed program is renamed the same way, priced again at the
   new sizes (kept unless it is still predicted `MIN_PREDICTED_GAIN` cheaper) and checked against the
   captured program on verification's first random input set at the new sizes, by the reference evaluator,
-  as a cache entry is (`pipeline._rechecked`): the full verification ran on it at the earlier sizes. A
+  as a cache entry is (`entries.rechecked`): the full verification ran on it at the earlier sizes. A
   guarded program is not renamed (its check's bound depends on the sizes): it is searched again.
 
 A decision that depends on the machine's load (a time limit, a failed worker) is not reused. The same
@@ -124,7 +124,7 @@ class Decision:
     """What optimizing one program at one set of sizes decided."""
     avals: tuple          # the arguments' (shape, dtype)
     program: Graph        # the program searched (the capture after the loop passes)
-    fingerprint: str      # the search's options (pipeline.Search.fingerprint)
+    fingerprint: str      # the search's options (stages.Search.fingerprint)
     outcome: object       # report.Outcome
     reason: str
     chosen: Graph | None  # the program chosen, where it is changed

@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 
 from custom_rules import clip_gradient, safe_norm, straight_through_round
 from superopt import superopt
-from superopt import pipeline
+from superopt import stages
 from superopt.egraph.capture import capture
 
 CHANGED = "gpu-h100"   # on cpu these small programs run as the original; a GPU target's model changes them
@@ -139,7 +139,7 @@ def test_rules_hold_with_a_debug_print_which_runs_as_under_jit(capfd):
 
 @pytest.mark.slow   # a 90-row loop re-rolled and differentiated: 13 s, make test, not test-fast
 def test_a_long_rerolled_loop_is_optimized_and_differentiated_with_its_rules(tmp_path):
-    """A Python loop over 90 rows (630 ops traced, past pipeline.EVALUATED_REFERENCE_OPS), re-rolled
+    """A Python loop over 90 rows (630 ops traced, past stages.EVALUATED_REFERENCE_OPS), re-rolled
     (superopt/reroll.py), is verified against superopt's own evaluator (XLA takes seconds to compile the
     loop as traced); the program's derivative reference must still be the user's program as JAX runs it:
     tracing the evaluator raised TracerArrayConversionError."""
@@ -151,7 +151,7 @@ def test_a_long_rerolled_loop_is_optimized_and_differentiated_with_its_rules(tmp
     a = rng.standard_normal((90, 200)).astype(np.float32)
     a[:, :5] = 0.0                                             # relu's kink
     v = rng.standard_normal((200,)).astype(np.float32)
-    assert len(capture(f, (a, v)).graph.live()) > pipeline.EVALUATED_REFERENCE_OPS
+    assert len(capture(f, (a, v)).graph.live()) > stages.EVALUATED_REFERENCE_OPS
     fast = superopt(f, target="cpu", cache=tmp_path)
     np.testing.assert_allclose(np.asarray(fast(a, v)), np.asarray(jax.jit(f)(a, v)), rtol=1e-5, atol=1e-5)
     assert fast.report.optimized, fast.report.outcome

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from superopt import superopt
-from superopt import pipeline
+from superopt import speculation
 from superopt.core.ir import DOMAIN_CHECKS, Graph, Guard, Node
 from superopt.core.serial import from_data, to_data
 from superopt.egraph.capture import capture
@@ -126,7 +126,7 @@ def sum_of_logs(a, b):
 @pytest.fixture
 def any_check(monkeypatch):
     """Guards taken whatever their check costs: the tests of their mechanics need one on a small program."""
-    monkeypatch.setattr(pipeline, "MAX_CHECK_SHARE", 10.0)
+    monkeypatch.setattr(speculation, "MAX_CHECK_SHARE", 10.0)
 
 
 def test_by_default_a_check_that_costs_more_than_its_share_is_not_taken():

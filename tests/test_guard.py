@@ -362,7 +362,7 @@ def test_a_result_the_guard_cannot_bound_does_not_turn_the_guard_off(beside):
 def _one_rule(name: str):
     from superopt.api import _schedule
     from superopt.numerics import speculative
-    from superopt.pipeline import schedule_of
+    from superopt.stages import schedule_of
     from superopt.rewrites.schedule import Phase, Schedule
     schedule = speculative(schedule_of(_schedule(("algebra",)), "fast", "cpu")[0])
     rule = next(r for ph in schedule.phases for r in ph.rules if r.name == name)
@@ -389,10 +389,10 @@ def test_the_screen_matches_ops_and_binds_a_variable_to_one_class():
 
 
 def test_the_second_search_is_not_run_where_no_rule_it_adds_matches(monkeypatch):
-    from superopt import pipeline
+    from superopt import stages
     searches = []
-    real = pipeline.saturate
-    monkeypatch.setattr(pipeline, "saturate", lambda *a, **k: searches.append(a[1]) or real(*a, **k))
+    real = stages.saturate
+    monkeypatch.setattr(stages, "saturate", lambda *a, **k: searches.append(a[1]) or real(*a, **k))
     rng = np.random.default_rng(0)
     x, w = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((256, 256), (256, 256)))
     fast = superopt(lambda x, w: (x @ w) * x, cache=False)   # a product, but no rule the second search adds matches
@@ -406,14 +406,14 @@ def test_the_second_search_is_not_run_where_no_rule_it_adds_matches(monkeypatch)
 
 
 def test_no_search_assumes_a_condition_whose_least_check_could_not_fit(monkeypatch):
-    from superopt import pipeline
+    from superopt import stages
     searches = []
-    real = pipeline.saturate
-    monkeypatch.setattr(pipeline, "saturate", lambda *a, **k: searches.append(k.get("origins")) or real(*a, **k))
+    real = stages.saturate
+    monkeypatch.setattr(stages, "saturate", lambda *a, **k: searches.append(k.get("origins")) or real(*a, **k))
     rng = np.random.default_rng(0)
     x, y = (jnp.asarray(np.abs(rng.standard_normal((256, 256))) + 0.1, jnp.float32) for _ in range(2))
     # log(x) + log(y) = log(x * y) for positive x, y saves one log: a check of x's sign reads as much as a
-    # log costs a fifth of, past the 5% a failing call may pay (pipeline.MAX_CHECK_SHARE)
+    # log costs a fifth of, past the 5% a failing call may pay (speculation.MAX_CHECK_SHARE)
     fast = superopt(lambda x, y: jnp.log(x) + jnp.log(y), cache=False)
     np.testing.assert_allclose(fast(x, y), jnp.log(x) + jnp.log(y), rtol=1e-6)
     assert len(searches) == 1 and not fast.report.guarded   # the strict search alone
@@ -424,7 +424,6 @@ def test_no_search_assumes_a_condition_whose_least_check_could_not_fit(monkeypat
 
 
 def test_a_second_search_that_fails_or_runs_out_of_time_leaves_the_strict_program(monkeypatch):
-    from superopt import pipeline
     from superopt.egraph import isolate
     calls = []
     real = isolate.saturate_isolated

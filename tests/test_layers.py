@@ -75,12 +75,12 @@ def test_the_check_catches_an_upward_lazy_import():
 
 
 def test_each_top_module_imports_first_in_a_fresh_interpreter():
-    """A worker process unpickles its job from superopt.pipeline, so that module is the first it imports.
+    """A worker process unpickles its job from superopt.segmented, so that module is the first it imports.
     `from superopt import numerics` there went through the package's lazy names, which imported the API
     first, which imports the pipeline back: every worker died of the circular import."""
     import subprocess
     import sys
-    for module in ("superopt.pipeline", "superopt.segments", "superopt.backends"):
+    for module in ("superopt.segmented", "superopt.pipeline", "superopt.stages", "superopt.segments", "superopt.backends"):
         done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 0, f"import {module}: {done.stderr[-1500:]}"

@@ -246,7 +246,7 @@ def test_a_tiny_limit_keeps_the_original_and_says_so():
 
 @pytest.mark.slow
 def test_a_program_verified_after_the_deadline_is_not_returned(monkeypatch):
-    import superopt.pipeline as api
+    from superopt import stages
 
     def fn(a, b):
         return jnp.diag(a @ b)   # the diagonal of a product, without the product: a cheaper program
@@ -264,7 +264,7 @@ def test_a_program_verified_after_the_deadline_is_not_returned(monkeypatch):
         time.sleep(max(0.0, start + seconds + 0.1 - time.perf_counter()))
         return None
 
-    monkeypatch.setattr(api.verification, "verify", slow_verify)
+    monkeypatch.setattr(stages.verification, "verify", slow_verify)
     fast = superopt(fn, limits=Limits(seconds=seconds))
     start = time.perf_counter()
     fast.compile(X, W)

@@ -77,7 +77,7 @@ def test_no_gradient_line_for_a_forward_model_with_a_residual_input():
     def block(x, w1, w2):
         return x + jax.nn.relu(x @ w1) @ w2     # returns x as an elementwise function of x: not a parameter
     args = (jnp.ones((16, 32)), jnp.ones((32, 64)), jnp.ones((64, 32)))
-    from superopt.pipeline import gradient_traffic as _gradient_traffic
+    from superopt.reporting import gradient_traffic as _gradient_traffic
     graph = capture(block, args).graph
     assert _gradient_traffic(graph, graph) == ()
     fast = superopt(block)
@@ -90,7 +90,7 @@ def test_gradient_traffic_still_counts_a_training_step():
         g = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
         return w - 0.1 * g
     args = (jnp.ones((32, 8)), jnp.ones((16, 32)), jnp.ones((16, 8)))
-    from superopt.pipeline import gradient_traffic as _gradient_traffic
+    from superopt.reporting import gradient_traffic as _gradient_traffic
     graph = capture(sgd, args).graph
     before, _ = _gradient_traffic(graph, graph)
     assert before.tensors >= 1 and before.passes >= 2

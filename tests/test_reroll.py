@@ -87,10 +87,10 @@ def test_superopt_searches_the_rerolled_loop_and_reports_it():
 def test_a_long_unrolled_loop_is_verified_against_the_evaluated_original(monkeypatch):
     """A program traced past EVALUATED_REFERENCE_OPS is checked against superopt's own evaluation of it, not
     jax.jit's compile of it (seconds of XLA for a long loop); a wrong candidate is still refused."""
-    import superopt.pipeline as pipeline
+    from superopt import stages
     fn = lambda a: jnp.stack([jnp.exp(a[i]) * 2.0 for i in range(24)])   # noqa: E731   (24 * 6 ops)
-    monkeypatch.setattr(pipeline, "EVALUATED_REFERENCE_OPS", 50)
-    compiled, real = [], pipeline.reference_program
+    monkeypatch.setattr(stages, "EVALUATED_REFERENCE_OPS", 50)
+    compiled, real = [], stages.reference_program
 
     def counting(captured):   # the JAX reference, run on arrays (not traced) only where it is compiled
         program = real(captured)
@@ -100,7 +100,7 @@ def test_a_long_unrolled_loop_is_verified_against_the_evaluated_original(monkeyp
                 compiled.append(1)
             return program(*args)
         return run
-    monkeypatch.setattr(pipeline, "reference_program", counting)
+    monkeypatch.setattr(stages, "reference_program", counting)
     fast = superopt(fn, cache=False)
     np.testing.assert_array_equal(np.asarray(fast(A)), np.asarray(jax.jit(fn)(A)))
     assert fast.report.kind is Outcome.OPTIMIZED and not compiled
@@ -108,7 +108,7 @@ def test_a_long_unrolled_loop_is_verified_against_the_evaluated_original(monkeyp
     captured = capture(fn, (A,))
     rolled, _ = reroll(captured.graph)
     import dataclasses
-    checking = pipeline.checking_reference(dataclasses.replace(captured, graph=rolled, traced=captured.graph))
+    checking = stages.checking_reference(dataclasses.replace(captured, graph=rolled, traced=captured.graph))
     wrong = lambda a: [jnp.exp(a) * 2.0 + 1e-2]   # noqa: E731
-    problem = pipeline.verification.verify(checking, wrong, captured.in_avals, captured.graph)
+    problem = stages.verification.verify(checking, wrong, captured.in_avals, captured.graph)
     assert problem is not None

@@ -13,7 +13,7 @@ from superopt.core.ir import pretty
 from superopt.egraph import saved
 from superopt.egraph.egglog_api import RewriteOrRule
 from superopt.egraph.egglog_api import declarations as D
-from superopt.pipeline import schedule_of
+from superopt.stages import schedule_of
 from superopt.rewrites.schedule import Schedule
 
 
@@ -91,7 +91,7 @@ def test_the_cache_keeps_every_rule_a_process_built_and_a_later_one_builds_only_
     np.testing.assert_allclose(np.asarray(scaled(a, a)), np.asarray((a @ a) @ a * 2.0 + a), rtol=1e-5)
     assert built and "lift-binary" in built and not kept & set(built)
     grown = set(Store(tmp_path).get(reuse.rules_key(ran), reuse.RULES_KIND)["names"])
-    # the strict rules under the strict schedule's key (a guarded search, pipeline._guarded, built "reals" ones too)
+    # the strict rules under the strict schedule's key (a guarded search, speculation.guarded, built "reals" ones too)
     assert grown == kept | (set(built) & {r.name for r in reuse._rules(ran)})
     no_compiling(monkeypatch)
     again = superopt(lambda x, y: (x @ y) @ y * 3.0 + y, rulesets=fresh(schedule), cache=tmp_path, target="gpu-h100")

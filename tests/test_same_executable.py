@@ -1,5 +1,5 @@
 """A rewrite XLA would make itself is not a gain: where XLA compiles the chosen program to the original's
-executable, superopt keeps the original, says so, and spends no verification on it (pipeline.same_executable,
+executable, superopt keeps the original, says so, and spends no verification on it (stages.same_executable,
 lowering/hlo.py)."""
 import jax
 import jax.numpy as jnp

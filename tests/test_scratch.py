@@ -19,7 +19,7 @@ from superopt.egraph.runner import saturate
 from superopt.extract.greedy import extract
 from superopt.extract.target import load_target
 from superopt.egraph.frozen import freeze
-from superopt.pipeline import schedule_of
+from superopt.stages import schedule_of
 from superopt.rulesets import DEFAULT
 
 @pytest.fixture(autouse=True)

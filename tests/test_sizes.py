@@ -141,7 +141,7 @@ def test_a_size_that_enters_the_program_another_way_is_searched_again():
 
 
 def test_a_renamed_program_that_computes_something_else_is_not_taken():
-    from superopt import pipeline
+    from superopt import pipeline, stages
     from superopt.sizes import Match
     fast = superopt(log_and_root, cache=False)
     fast(_x(32), V)
@@ -156,16 +156,16 @@ def test_a_renamed_program_that_computes_something_else_is_not_taken():
     captured = capture(log_and_root, (jax.ShapeDtypeStruct((48, 64), jnp.float32), V))
     sizes = renaming(decision.avals, captured.in_avals)
     search = _search_of(fast)
-    assert pipeline._at_other_sizes(captured, search, pipeline.Stages(),
+    assert pipeline._at_other_sizes(captured, search, stages.Stages(),
                                     Match(decision, sizes, renamed_graph(wrong, sizes))) is None
-    assert pipeline._at_other_sizes(captured, search, pipeline.Stages(),
+    assert pipeline._at_other_sizes(captured, search, stages.Stages(),
                                     Match(decision, sizes, renamed_graph(decision.chosen, sizes))).report.optimized
 
 
 def _search_of(fast):
-    from superopt import pipeline
-    schedule, left_out = pipeline.schedule_of(fast.rulesets, fast.numerics, fast._target.kind)
-    return pipeline.Search(fast._target, schedule, left_out, fast.limits, True, fast.extractor, None, fast.numerics)
+    from superopt import stages
+    schedule, left_out = stages.schedule_of(fast.rulesets, fast.numerics, fast._target.kind)
+    return stages.Search(fast._target, schedule, left_out, fast.limits, True, fast.extractor, None, fast.numerics)
 
 
 def test_reuse_sizes_false_searches_every_size_and_is_checked():

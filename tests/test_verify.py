@@ -246,14 +246,14 @@ def test_a_zero_sum_changing_sign_is_caught():
 def test_an_optimized_program_that_fails_to_run_is_not_returned(monkeypatch):
     """A program XLA cannot run on this machine (the fuzzer found a bf16 x bf16 = f32 dot that XLA's CPU
     runtime refuses) keeps the original, with the error in the outcome, instead of raising."""
-    import superopt.pipeline as api
+    from superopt import recipe
 
     def failing(graph):
         def run(*args):
             raise RuntimeError("UNIMPLEMENTED: Unsupported element type for DotThunk::Execute")
         return run
 
-    monkeypatch.setattr(api, "lower", failing)
+    monkeypatch.setattr(recipe, "lower", failing)
     fn = lambda a, b: jnp.diag(a @ b)        # noqa: E731   (a cheaper program: row sums of a * b.T)
     a, b = np.ones((128, 128), np.float32), np.ones((128, 128), np.float32)
     with pytest.warns(VerificationWarning, match="failed to run"):

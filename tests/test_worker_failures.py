@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from superopt import superopt
-from superopt import pipeline
+from superopt import segmented
 from superopt.workers import Failed, JobError, run_all
 
 pytestmark = pytest.mark.slow   # worker processes import JAX and superopt: seconds each
@@ -124,7 +124,7 @@ def killed(job):
 def test_a_segment_whose_worker_dies_runs_as_captured(monkeypatch):
     """Every segment's worker is killed (as the OOM killer would): the call still returns jax.jit's values,
     and the report says why the segments run as captured."""
-    monkeypatch.setattr(pipeline, "optimize_segment", killed)
+    monkeypatch.setattr(segmented, "optimize_segment", killed)
     ws, x = chain_args()
     fast = superopt(chain, "gpu-h100", cache=False)
     got = np.asarray(fast(ws, x))

@@ -24,6 +24,7 @@ from superopt import superopt
 from superopt.core import progress
 from superopt.extract.cost import one_op_body, tiling_options
 from superopt.extract.models.chimera import optimal_dv_clamped, optimal_dv_mlkn, optimal_dv_tiles
+from superopt.extract.models.registry import model_of
 from superopt.extract.target import load_target
 
 TARGETS = ("npu-910", "gpu-a100")
@@ -59,7 +60,7 @@ def rows(chains=None) -> list[dict]:
     out = []
     for target_name in TARGETS:
         target = load_target(target_name)
-        mc, a = target.tile_bytes // ITEMSIZE, target.tile_granule
+        mc, a = target.tile_bytes // ITEMSIZE, model_of(target).tile_granule
         for name in chains or GEMM_CHAIN_SHAPES:
             b, m, n, k, l = GEMM_CHAIN_SHAPES[name]
             progress.note(f"[tiling] {name.upper()} on {target_name}")

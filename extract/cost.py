@@ -13,9 +13,8 @@ import numpy as np
 from superopt.core.formats import as_matmul
 from superopt.core.ir import Node
 from superopt.core.ops import FREE, LAYOUT_OPS, MATRIX_OPS, MOVEMENT, REDUCTIONS, lookup
-from superopt.extract.models import cpu as cpu_model, gpu as gpu_model, npu as npu_model
-from superopt.extract.models.boxes import BoxError, smallest_footprint, vector_stages
 from superopt.extract.models.breakdown import FREE as NOTHING_RUNS, Breakdown
+from superopt.extract.models.registry import model_of
 from superopt.extract.target import Target
 from superopt.extract.tiling import Tiling, Untileable, nest_of, npu_tilings, tilings
 
@@ -51,34 +50,13 @@ def flops(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> 
     return work
 
 
-MATRIX_DTYPES = frozenset({"float16", "bfloat16"})  # what tensor cores and the cube take at their peak
-
-
-def matrix_share(work: float, target: Target) -> float:
-    """The share of `target.matrix_flops` a matmul of `work` FLOPs reaches: on a CPU, XLA's GEMM runs a small
-    product at a fraction of a large one's rate ((work / matrix_full_work) ** 0.25, at least
-    matrix_least_share); elsewhere 1."""
-    if not target.matrix_full_work or work >= target.matrix_full_work:
-        return 1.0
-    return max(target.matrix_least_share, (work / target.matrix_full_work) ** 0.25)
-
-
 def compute_rate(op: str, ins: list[Type], target: Target) -> float:
-    """FLOP/s this op gets: the matrix unit for matmul/conv where the target has one (on a GPU only for
-    f16/bf16 operands; the NPU's cube is the only place a matmul runs well), the general units otherwise."""
-    if op in MATRIX_OPS and target.matrix_flops:
-        if target.kind == "npu" or (target.kind == "gpu" and ins and ins[0][1] in MATRIX_DTYPES):
-            return target.matrix_flops
-        if target.kind == "cpu":
-            return target.matrix_flops
+    """FLOP/s this op gets: the matrix unit for matmul/conv where the target has one and its model runs these
+    operands there (a GPU's tensor cores only f16/bf16; the NPU's cube is the only place a matmul runs well),
+    the general units otherwise."""
+    if op in MATRIX_OPS and target.matrix_flops and model_of(target).matrix_unit(ins):
+        return target.matrix_flops
     return target.peak_flops
-
-
-# Vector kernels on an NPU stream tiles of about this many bytes per buffer, whole rows at least.
-NPU_VECTOR_TILE = 16 * 1024
-NPU_CUBE_TILE = (128, 128, 64)
-STRIDED_CPU_FACTOR = 2      # a transposed f32 read inside an XLA CPU loop fusion: cache lines re-read (estimate)
-GPU_MATMUL_REGISTERS = 96    # a 128x128 tile over 256 threads: 64 fp32 accumulators + operand fragments (estimate)
 
 
 def one_op_body(op: str, attrs: tuple, ins: list[Type], out: Type) -> tuple:
@@ -220,7 +198,7 @@ def tiling_options(body: tuple, ins: list[Type], out: Type, target: Target) -> t
     if target.npu is not None:      # the NPU model's own choice: cycles of the busiest core (models/npu.py)
         options = npu_tilings(nest, target)
         return options, "" if options else f"no tiling of the {nest.kind} fits the buffers of {target.name}"
-    options = tilings(nest, target.tile_bytes, target.tile_granule)
+    options = tilings(nest, target.tile_bytes, model_of(target).tile_granule)
     return options, "" if options else f"no tiling of the {nest.kind} fits {target.tile_bytes} bytes on chip"
 
 
@@ -229,104 +207,31 @@ def kernel_breakdown(body: tuple, ins: list[Type], out: Type, target: Target, ti
     """One kernel on `target`: FLOPs, bytes and time, plus the target model's own factors (GPU:
     registers, occupancy, penalties; NPU: unit, UB bytes, whether the tiles fit, TransData). A kernel
     with matrix ops moves what its `tiling` moves (the best one when not given; `extract/tiling.py`).
-    `packed`: the matrix operands and result are in the cube's own formats already (a fractal_matmul)."""
+    `packed`: the matrix operands and result are in the cube's own formats already (a fractal_matmul).
+    The kernel is described here once (`describe`); the target kind's model (extract/models) prices it."""
     if all(n.op in FREE for n in body):
         return NOTHING_RUNS
+    model = model_of(target)
     k = describe(body, ins, out, target)
     moved = k.bytes_in + k.bytes_out
     l2_moved = 0.0
-    if k.matrix_flops:
-        if tiling is None:
-            options, why = tiling_options(body, ins, out, target)
-            if why:
-                return Breakdown(math.inf, k.flops, moved, why)
-            tiling = options[0] if options else None
+    if k.matrix_flops and tiling is None:
+        options, why = tiling_options(body, ins, out, target)
+        if why:
+            return Breakdown(math.inf, k.flops, moved, why)
+        tiling = options[0] if options else None
     if tiling is not None:
         k.flops += tiling.extra_flops
-        if target.kind == "gpu":
-            # Shared-memory tiles are refilled from L2; global memory sees the re-reads that L2 (tiled
-            # the same way, at its own capacity) cannot hold.
-            l2_moved = tiling.moved_bytes
-            outer = tilings(nest_of(body, tuple(ins), out), target.gpu.l2_bytes, target.tile_granule)
-            moved = outer[0].moved_bytes if outer else tiling.moved_bytes
-        else:
-            moved = tiling.moved_bytes
-    other = k.flops - k.matrix_flops
+        moved, l2_moved = model.tiled_bytes(tiling, body, ins, out, target)
     matrix_rate = compute_rate("matmul", [ins[0]] if ins else [], target) if k.matrix_flops else 1.0
-    if k.matrix_flops and target.kind == "cpu":
-        matrix_rate *= matrix_share(k.matrix_flops, target)
-    if target.kind == "gpu":
-        per_thread = math.ceil(k.row_elements / 256) if k.row_reduction else 1
-        regs_values = k.live_values * per_thread + (GPU_MATMUL_REGISTERS if k.matrix_flops else 0)
-        # A tiled transpose stages through shared memory and stays coalesced; inside a kernel that also
-        # computes, the permuted side is accessed with a stride.
-        strided = 0.0 if k.pure_movement or (k.matrix_flops and not k.epilogue_ops) else k.strided_bytes
-        kernel = gpu_model.GpuKernel(k.flops, moved, live_values=regs_values, value_bytes=k.value_bytes,
-                                     uncoalesced_bytes=min(strided, moved),
-                                     tensor_cores=bool(k.matrix_flops) and matrix_rate == target.matrix_flops,
-                                     smem_per_block=8192 if k.pure_movement and k.strided_bytes else 0,
-                                     l2_bytes=l2_moved)
-        return gpu_model.breakdown(kernel, target)
-    if target.kind == "npu":
-        row_bytes = (out[0][-1] if out[0] else 1) * k.value_bytes
-        if k.row_reduction:
-            row_bytes = max(row_bytes, k.row_elements * k.value_bytes)
-        row_bytes = max(row_bytes, 1)   # the rows of an empty tensor hold no bytes
-        tile = max(row_bytes, (NPU_VECTOR_TILE // row_bytes) * row_bytes)
-        # A tile per computed value and per operand the vector unit reads; an operand smaller than a
-        # tile (a per-channel scale) needs only its own bytes. Matmul operands live in L1/L0, not the UB.
-        ub = max(1, k.live_intermediates) * tile + sum(min(tile, b) for b in k.staged_bytes)
-        # Where the code generator can run the body's vector work in boxes, what must fit is its smallest
-        # box, counted as the generator allocates it (extract/models/boxes.py): the model then never
-        # chooses a kernel the generator cannot place, nor refuses one it can (a long elementwise row is
-        # cut into chunks).
-        boxed = smallest_box_bytes(body)
-        buffers = dict(ub_live_bytes=ub) if boxed is None else dict(ub_live_bytes=boxed, double_buffer=False)
-        if k.matrix_flops:
-            # A reduction behind the cube needs its fractal output in ND, and a permuted write is a
-            # format conversion too: both are TransData passes on the vector unit.
-            # A target that converts no ND matrix on copy (the 910) packs the cube's operands and unpacks
-            # its result with TransData too, on every call.
-            nd = not packed and not target.npu.nd_on_copy
-            if nd:
-                converted, launches = k.cube_gm_bytes, k.cube_gm_tensors
-            else:
-                converted, launches = (k.matmul_bytes if k.reduce_after_matmul else 0.0), 0
-            extra = dict(transdata_bytes=converted + k.strided_bytes, transdata_launches=launches,
-                         gm_exchange_bytes=k.matmul_bytes if k.epilogue_ops else 0.0)
-            if boxed is None and not k.epilogue_ops:
-                buffers = {}
-            kernel = npu_model.NpuKernel("cube", k.matrix_flops, moved, vector_flops=other, int8=k.int8_matrix,
-                                         **buffers,
-                                         **{**npu_model.matmul_tiles(*NPU_CUBE_TILE),
-                                            **({"l1_bytes": tiling.tile_bytes} if tiling else {})}, **extra,
-                                         estimate=tiling.estimate if tiling is not None else None,
-                                         side_bytes=nest_of(body, tuple(ins), out).extra_bytes
-                                         if tiling is not None else 0.0)
-        else:
-            kernel = npu_model.NpuKernel("vector", k.flops, moved, **buffers, transdata_bytes=k.strided_bytes)
-        return npu_model.breakdown(kernel, target)
-    # On a CPU (`models/cpu.py`): a prologue and an epilogue of a dot are written out and read back, and
-    # an elementwise loop reading a transposed operand re-reads it `STRIDED_CPU_FACTOR` times.
-    unfused = 2 * (k.prologue_bytes + (k.matmul_bytes if k.epilogue_compute else 0.0)) if k.matrix_flops else 0.0
-    strided = 0.0 if k.pure_movement else k.loop_strided_bytes * STRIDED_CPU_FACTOR
-    return cpu_model.breakdown(k.flops, k.matrix_flops, moved, unfused, strided, matrix_rate, target,
-                               k.reduced_bytes)
-
-
-def smallest_box_bytes(body: tuple) -> int | None:
-    """UB bytes the vector code generator needs for the smallest boxes of `body`'s vector work (the largest
-    over its vector stages: a prologue or epilogue of a cube kernel; 0 where it has none), or None where
-    the body's vector work does not run in boxes as such (the lowering places it otherwise)."""
-    try:
-        return max((smallest_footprint(sub, roots) for sub, roots in vector_stages(body)), default=0)
-    except BoxError:
-        return None
+    return model.kernel(k, moved, matrix_rate, body, ins, out, target, tiling=tiling, l2_moved=l2_moved,
+                        packed=packed)
 
 
 def reduces_by_rows(op: str, attrs: tuple, shape: tuple) -> bool:
-    """Whether the NPU runs this one-op reduction as two stages (`row_stages`): it reduces several axes,
-    the last among them, and one stage would need every reduced axis in the UB at once."""
+    """Whether a target whose model runs reductions `rows_first` (the NPU) runs this one-op reduction as two
+    stages (`row_stages`): it reduces several axes, the last among them, and one stage would need every
+    reduced axis in the UB at once."""
     return op in REDUCTIONS and len(attrs[0]) > 1 and len(shape) - 1 in attrs[0]
 
 
@@ -372,7 +277,7 @@ def op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Targ
 def _op_breakdown(op: str, attrs: tuple, ins: list[Type], out: Type, target: Target) -> Breakdown:
     if op in FREE:
         return NOTHING_RUNS
-    if target.kind == "npu" and op in REDUCTIONS and reduces_by_rows(op, attrs, ins[0][0]):
+    if model_of(target).rows_first and op in REDUCTIONS and reduces_by_rows(op, attrs, ins[0][0]):
         parts = [kernel_breakdown(body, [x], y, target) for body, x, y in row_stages(op, attrs, ins[0], out)]
         return Breakdown(sum(p.time for p in parts), sum(p.flops for p in parts), sum(p.bytes for p in parts),
                          "; ".join(p.overflow for p in parts if p.overflow))

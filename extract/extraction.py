@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from superopt.core.ir import Graph
 from superopt.extract.cost import op_cost
 from superopt.extract.loops import loop_costs
+from superopt.extract.models.registry import model_of
 from superopt.extract.target import Target
-from superopt.extract.xla import xla_cost
 
 
 @dataclass
@@ -23,12 +23,14 @@ class Extraction:
 
 
 def program_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
-    """Cost of a program under the same model (constant sub-terms hoisted), per live node. On a CPU, as
-    XLA runs it, in its own fusions (extract/xla.py); elsewhere each op or kernel node as one kernel. A loop
+    """Cost of a program under the same model (constant sub-terms hoisted), per live node. Where the target's
+    model `fuses` (the cpu: as XLA runs it, in its own fusions, extract/xla.py), as that model prices it;
+    elsewhere each op or kernel node as one kernel. A loop
     (scan, fori_loop, while_loop) is priced as its trips times its body, a cond as its costliest branch
     (extract/loops.py)."""
-    if target.kind == "cpu":
-        return xla_cost(graph, target)
+    model = model_of(target)
+    if model.fuses:
+        return model.program_cost(graph, target)
     constant = graph.constant_nodes()
     live = graph.live()
     loops = loop_costs(graph, live, target)
@@ -42,8 +44,8 @@ def program_cost(graph: Graph, target: Target) -> tuple[float, list[float]]:
 
 
 def as_run(chosen: Extraction, target: Target) -> Extraction:
-    """`chosen` with its cost as the program runs (`program_cost`): on a CPU, where XLA fuses what
-    extraction's kernels fuse and more, the price the decision to change the program compares."""
-    if target.kind == "cpu":
+    """`chosen` with its cost as the program runs (`program_cost`): where the model `fuses` (on a CPU, XLA
+    fuses what extraction's kernels fuse and more), the price the decision to change the program compares."""
+    if model_of(target).fuses:
         chosen.cost = program_cost(chosen.graph, target)[0]
     return chosen

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from superopt.core import jax_compat
 from superopt.core.ir import Graph, Node, Opaque
 from superopt.extract.cost import op_cost
+from superopt.extract.models.registry import model_of
 from superopt.extract.target import Target
 
 # A while loop's trip count is unknown until it runs: it is priced as this many iterations.
@@ -247,8 +248,8 @@ def _invariant_nodes(graph: Graph, invariant: frozenset) -> set[int]:
 def _in_place_cost(graph: Graph, inside: Target, invariant: frozenset = frozenset()) -> tuple[float, float]:
     """`program_cost` of a body as (per iteration, once: `_body_cost`), with each row read or write priced as
     moving the row (module doc): such an opaque op is a kernel of its own in either path of program_cost,
-    so its price is replaced whole. Off a CPU (where program_cost prices each op as a kernel) a scalar op is
-    free: XLA computes a body's scalar index arithmetic (a fori_loop's `i < 0 ? i + n : i`) in the kernels
+    so its price is replaced whole. Where the model does not price fusions (`KindModel.fuses`: program_cost
+    prices each op as a kernel) a scalar op is free: XLA computes a body's scalar index arithmetic (a fori_loop's `i < 0 ? i + n : i`) in the kernels
     that read it."""
     from superopt.extract.extraction import program_cost
     total, costs = program_cost(graph, inside)
@@ -262,7 +263,7 @@ def _in_place_cost(graph: Graph, inside: Target, invariant: frozenset = frozense
             total -= cost
             once += cost
             continue
-        if inside.kind != "cpu" and not node.shape and node.op not in ("opaque", "kernel"):
+        if not model_of(inside).fuses and not node.shape and node.op not in ("opaque", "kernel"):
             total -= cost
             continue
         if node.op != "opaque":

@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from superopt.core.kinds import check_kind
 from superopt.extract.calibrate import cached_calibration
 
 _DIR = Path(__file__).parent / "targets"
@@ -53,7 +54,7 @@ class NpuSpec:
 @dataclass(frozen=True)
 class Target:
     name: str
-    kind: str                 # "cpu", "gpu" or "npu"
+    kind: str                 # one of core/kinds.py's KINDS: the cost model that prices it (extract/models)
     peak_flops: float         # FLOP/s of the general (vector / non-tensor) units, f32
     mem_bandwidth: float      # bytes/s between global memory and the compute units
     launch_overhead: float    # seconds per kernel
@@ -91,23 +92,21 @@ class Target:
             return self.npu.l1_bytes
         return self.cache_bytes
 
-    @property
-    def tile_granule(self) -> int:
-        """The micro-kernel's edge `a` of the Chimera optimum: a 16x16 fractal on tensor cores and the
-        cube, one element on a CPU (thesis ch. 3)."""
-        return 1 if self.kind == "cpu" else 16
-
 
 def available_targets() -> list[str]:
     return sorted(p.stem for p in _DIR.glob("*.toml"))
 
 
 def load_target(name: str) -> Target:
-    path = _DIR / f"{name}.toml"
+    """The target named `name` (`extract/targets/<name>.toml`), or the one a TOML file of that form at the path
+    `name` describes (a chip of one's own, of a registered kind)."""
+    path = Path(name) if name.endswith(".toml") else _DIR / f"{name}.toml"
     if not path.exists():
-        raise ValueError(f"superopt: unknown target {name!r}; valid targets: {', '.join(available_targets())}")
+        raise ValueError(f"superopt: unknown target {name!r}; valid targets: {', '.join(available_targets())} "
+                         "(or the path of a target's .toml file)")
     with path.open("rb") as f:
         data = tomllib.load(f)
+    check_kind(data.get("kind", ""), f"target {name!r}")
     gpu, npu = data.pop("gpu", None), data.pop("npu", None)
     target = Target(**data, gpu=GpuSpec(**gpu) if gpu else None, npu=NpuSpec(**npu) if npu else None)
     if name == "cpu":

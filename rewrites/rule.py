@@ -42,14 +42,13 @@ import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from superopt.core import lazy
+from superopt.core import kinds, lazy
 from superopt.rewrites.functions import PREDICATES, Given, given, when
 from superopt.rewrites.pattern import SCALAR, TENSOR, Pattern, variables
 
 compiler = lazy.module("superopt.rewrites.compile")   # egglog: imported where a rule is first compiled
 
 NUMERICS = ("exact", "rounding", "order", "reals")
-TARGET_KINDS = ("cpu", "gpu", "npu")
 _NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -87,9 +86,9 @@ class Rule:
             if free:
                 raise ValueError(f"rule {self.name!r}: two-way, but its left-hand side uses {free}, which the "
                                  "right-hand side does not bind")
-        unknown = [k for k in self.targets if k not in TARGET_KINDS]
+        unknown = [k for k in self.targets if k not in kinds.KINDS]
         if unknown:
-            raise ValueError(f"rule {self.name!r}: unknown target kinds {unknown}; valid: {', '.join(TARGET_KINDS)}")
+            raise ValueError(f"rule {self.name!r}: unknown target kinds {unknown}; valid: {', '.join(kinds.KINDS)}")
         for name, _ in self.when:
             if name not in PREDICATES:
                 raise KeyError(f"rule {self.name!r}: unknown predicate {name!r}")

@@ -20,19 +20,20 @@ from superopt.core import lazy
 from superopt.core.ir import pretty
 from superopt.egraph.limits import Limits
 from superopt.extract.memory import parse_bytes
+from superopt.extract.models.registry import model_of
 from superopt.extract.target import load_target
 from superopt.pipeline import EXTRACTORS, optimize
-from superopt.stages import Specialization, is_key as _is_key
 from superopt.report import Report
 from superopt.rewrites.rule import RuleSet
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT, RULESETS
 from superopt.sizes import Sizes
+from superopt.stages import Specialization, is_key as _is_key
 from superopt.workers import executor_name
 
 npu = lazy.module("superopt.npu_backend")   # the NPU's lowering and emulator: loaded for an NPU target
 
-BACKENDS = ("jax",)          # plus "emulator" on an NPU target (its default there), "pallas" on a GPU target
+BACKENDS = ("jax",)          # plus the target kind's own (its KindModel.backends): the NPU emulator, Pallas on a GPU
 
 
 def _array_like(x) -> bool:
@@ -121,9 +122,9 @@ class Optimized:
         self.precision = None if precision is None else npu.check_precision(precision, tgt)
         if extractor not in EXTRACTORS:
             raise ValueError(f"superopt: unknown extractor {extractor!r}; valid: {', '.join(EXTRACTORS)}")
-        backends = BACKENDS + (("emulator",) if tgt.npu is not None else ()) \
-            + (("pallas",) if tgt.kind == "gpu" else ())
-        backend = backend or ("emulator" if tgt.npu is not None else "jax")
+        model = model_of(tgt)
+        backends = BACKENDS + model.backends
+        backend = backend or model.default_backend
         if backend not in backends:
             raise ValueError(f"superopt: backend {backend!r} is not available for target {target!r}; "
                              f"valid: {', '.join(backends)}")
@@ -588,6 +589,8 @@ def superopt(fn: Callable | None = None, target: str = "cpu", *, rulesets: Seque
              donate_argnames=(), npu_under_trace: str = "jax", filter: bool = False, cache=None,
              executor: str | None = None, tune: bool = False, background: bool = False, reuse_sizes: bool = True):
     """Optimize `fn` for `target`; usable as `superopt(fn, ...)` or as a decorator `@superopt(target=...)`.
+    `target` names a target (`superopt.available_targets()`) or is the path of a target's `.toml` file (a chip
+    of one's own, of a registered kind: docs/design.md, "Costs and extraction").
 
     The result is a JAX transformation of `fn` (`Optimized`): call it eagerly, or inside `jax.jit`,
     `jax.grad`, `jax.vmap` or `jax.export`, with `fn`'s positional and keyword arguments.

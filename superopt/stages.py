@@ -32,6 +32,7 @@ from superopt.egraph.limits import Limits, RunReport, StopReason
 from superopt.extract import guard as guarding
 from superopt.extract.errors import ExtractionError
 from superopt.extract.extraction import Extraction
+from superopt.extract.models.registry import model_of
 from superopt.lowering.hlo import executable
 from superopt.lowering.jax import guard_test, inlined, lower
 from superopt.report import Outcome, Report
@@ -245,8 +246,7 @@ def worth_it(chosen: Extraction, cost_before: float, peaks: tuple, memory_budget
 def runs_here(tgt) -> bool:
     """Whether this process's JAX compiles for the target's kind of device (a cpu target on a CPU, a GPU target
     on a GPU): only then is what XLA compiles here the program the target runs (`same_executable`)."""
-    platform = jax.default_backend()
-    return tgt.kind == {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    return jax.default_backend() in model_of(tgt).platforms
 
 
 def same_executable(reference: Callable, graph: Graph, captured: Captured) -> bool:

@@ -13,6 +13,7 @@ from superopt import superopt
 from superopt.core.ir import Node
 from superopt.extract.cost import op_breakdown, op_cost
 from superopt.extract.models.chimera import gemm_chain_mlkn, optimal_dv_clamped, optimal_dv_mlkn, optimal_dv_tiles
+from superopt.extract.models.registry import model_of
 from superopt.extract.target import load_target
 from superopt.extract.tiling import Nest, Untileable, legal_orders, nest_of, tilings
 
@@ -109,8 +110,9 @@ def test_chain_tiles_fit_and_come_within_ten_percent_of_the_optimum(target_name,
     b, m, n, k, l = GEMM_CHAIN_SHAPES[chain]
     target = load_target(target_name)
     body, ins, out = chain_body(b, m, n, k, l)
-    best = tilings(nest_of(body, ins, out), target.tile_bytes, target.tile_granule)[0]
-    mc, a = target.tile_bytes // 2, target.tile_granule
+    granule = model_of(target).tile_granule
+    best = tilings(nest_of(body, ins, out), target.tile_bytes, granule)[0]
+    mc, a = target.tile_bytes // 2, granule
     assert best.tile_bytes <= target.tile_bytes
     dv = best.moved_bytes / 2
     assert dv <= 1.1 * b * optimal_dv_tiles(m, n, k, l, mc, a)[0]

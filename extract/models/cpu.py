@@ -11,8 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from superopt.core import lazy
+from superopt.extract.models.base import KindModel
 from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import Target
+
+xla = lazy.module("superopt.extract.xla")   # XLA's fusions, priced by this model's kernels (it imports them back)
+
+STRIDED_CPU_FACTOR = 2      # a transposed f32 read inside an XLA CPU loop fusion: cache lines re-read (estimate)
 
 
 @dataclass(frozen=True)
@@ -41,3 +47,34 @@ def breakdown(flops: float, matrix_flops: float, moved: float, unfused: float, s
         bandwidth = max(bandwidth, target.dot_read_bandwidth)
     return CpuBreakdown(max(compute, moved / bandwidth) + target.launch_overhead, flops, moved,
                         unfused_bytes=unfused, strided_bytes=strided, cached=cached)
+
+
+def matrix_share(work: float, target: Target) -> float:
+    """The share of `target.matrix_flops` a matmul of `work` FLOPs reaches: XLA's GEMM runs a small product at a
+    fraction of a large one's rate ((work / matrix_full_work) ** 0.25, at least matrix_least_share)."""
+    if not target.matrix_full_work or work >= target.matrix_full_work:
+        return 1.0
+    return max(target.matrix_least_share, (work / target.matrix_full_work) ** 0.25)
+
+
+class CpuModel(KindModel):
+    """A CPU running XLA's program: priced in XLA's own fusions (extract/xla.py), each a roofline kernel."""
+    kind = "cpu"
+    platforms = ("cpu",)
+    tile_granule = 1
+    fuses = True
+
+    def kernel(self, k, moved, matrix_rate, body, ins, out, target, tiling=None, l2_moved=0.0, packed=False):
+        # A prologue and an epilogue of a dot are written out and read back, and an elementwise loop reading a
+        # transposed operand re-reads it `STRIDED_CPU_FACTOR` times.
+        if k.matrix_flops:
+            matrix_rate *= matrix_share(k.matrix_flops, target)
+        unfused = 2 * (k.prologue_bytes + (k.matmul_bytes if k.epilogue_compute else 0.0)) if k.matrix_flops else 0.0
+        strided = 0.0 if k.pure_movement else k.loop_strided_bytes * STRIDED_CPU_FACTOR
+        return breakdown(k.flops, k.matrix_flops, moved, unfused, strided, matrix_rate, target, k.reduced_bytes)
+
+    def program_cost(self, graph, target):
+        return xla.xla_cost(graph, target)
+
+
+MODEL = CpuModel()

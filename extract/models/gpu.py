@@ -14,13 +14,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from superopt.extract.models.base import KindModel
 from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import GpuSpec, Target
+from superopt.extract.tiling import nest_of, tilings
 
 BASE_REGISTERS = 16        # thread/block indices, addresses, loop counters: an estimate for simple kernels
 HIDING_OCCUPANCY = 0.5     # occupancy a memory-bound kernel needs to hide DRAM latency (estimate)
 SECTOR_BYTES = 32          # DRAM transaction granule: a strided 4-byte access wastes the rest of the sector
 REG_GRANULE = 256          # registers are allocated per warp in units of 256
+MATMUL_REGISTERS = 96      # a 128x128 tile over 256 threads: 64 fp32 accumulators + operand fragments (estimate)
+MATRIX_DTYPES = frozenset({"float16", "bfloat16"})  # what tensor cores take at their peak
 
 
 @dataclass(frozen=True)
@@ -103,3 +107,35 @@ def breakdown(k: GpuKernel, target: Target) -> GpuBreakdown:
 
 def kernel_time(k: GpuKernel, target: Target) -> float:
     return breakdown(k, target).time
+
+
+class GpuModel(KindModel):
+    """A GPU: each kernel a roofline with register pressure, occupancy, spills and uncoalesced access; a
+    matmul on tensor cores for f16/bf16 operands; a tiled kernel's re-reads served by L2."""
+    kind = "gpu"
+    platforms = ("gpu", "cuda", "rocm")
+    backends = ("pallas",)
+
+    def matrix_unit(self, ins):
+        return bool(ins) and ins[0][1] in MATRIX_DTYPES
+
+    def tiled_bytes(self, tiling, body, ins, out, target):
+        # Shared-memory tiles are refilled from L2; global memory sees the re-reads that L2 (tiled the same
+        # way, at its own capacity) cannot hold.
+        outer = tilings(nest_of(body, tuple(ins), out), target.gpu.l2_bytes, self.tile_granule)
+        return (outer[0].moved_bytes if outer else tiling.moved_bytes), tiling.moved_bytes
+
+    def kernel(self, k, moved, matrix_rate, body, ins, out, target, tiling=None, l2_moved=0.0, packed=False):
+        per_thread = math.ceil(k.row_elements / 256) if k.row_reduction else 1
+        regs_values = k.live_values * per_thread + (MATMUL_REGISTERS if k.matrix_flops else 0)
+        # A tiled transpose stages through shared memory and stays coalesced; inside a kernel that also
+        # computes, the permuted side is accessed with a stride.
+        strided = 0.0 if k.pure_movement or (k.matrix_flops and not k.epilogue_ops) else k.strided_bytes
+        kernel = GpuKernel(k.flops, moved, live_values=regs_values, value_bytes=k.value_bytes,
+                           uncoalesced_bytes=min(strided, moved),
+                           tensor_cores=bool(k.matrix_flops) and matrix_rate == target.matrix_flops,
+                           smem_per_block=8192 if k.pure_movement and k.strided_bytes else 0, l2_bytes=l2_moved)
+        return breakdown(kernel, target)
+
+
+MODEL = GpuModel()

@@ -28,10 +28,19 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from superopt.core import lazy
 from superopt.core.formats import CUBE_K_PER_CYCLE, CUBE_L0_BLOCK, FRACTAL
 from superopt.core.serial import register
+from superopt.extract.models.base import KindModel
+from superopt.extract.models.boxes import BoxError, smallest_footprint, vector_stages
 from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.target import Target
+
+tiling_module = lazy.module("superopt.extract.tiling")   # which ranks tilings by this model's estimates
+
+# Vector kernels stream tiles of about this many bytes per buffer, whole rows at least.
+VECTOR_TILE = 16 * 1024
+CUBE_TILE = (128, 128, 64)
 
 TRANSDATA_EFFICIENCY = 0.25   # fraction of bandwidth a fractal<->ND conversion reaches (strided 32 B rows; estimate)
 ALIGN = 32                    # UB allocations are 32-byte aligned (reference facts)
@@ -618,3 +627,60 @@ def apart(first: CubeEstimate, second: CubeEstimate, product_bytes: float, targe
     return CubeEstimate(first.bytes_moved + second.bytes_moved, first.cube_cycles + second.cube_cycles,
                         first.dma_cycles + second.dma_cycles, first.mte1_cycles + second.mte1_cycles,
                         max(first.cores, second.cores), int(first.cycles + second.cycles + convert))
+
+
+def smallest_box_bytes(body: tuple) -> int | None:
+    """UB bytes the vector code generator needs for the smallest boxes of `body`'s vector work (the largest
+    over its vector stages: a prologue or epilogue of a cube kernel; 0 where it has none), or None where
+    the body's vector work does not run in boxes as such (the lowering places it otherwise)."""
+    try:
+        return max((smallest_footprint(sub, roots) for sub, roots in vector_stages(body)), default=0)
+    except BoxError:
+        return None
+
+
+class NpuModel(KindModel):
+    """An Ascend-style NPU (module doc): a kernel on the cube or the vector unit, its buffers hard limits, its
+    format conversions priced; programs run on the emulator by default."""
+    kind = "npu"
+    backends = ("emulator",)
+    default_backend = "emulator"
+    rows_first = True
+
+    def kernel(self, k, moved, matrix_rate, body, ins, out, target, tiling=None, l2_moved=0.0, packed=False):
+        row_bytes = (out[0][-1] if out[0] else 1) * k.value_bytes
+        if k.row_reduction:
+            row_bytes = max(row_bytes, k.row_elements * k.value_bytes)
+        row_bytes = max(row_bytes, 1)   # the rows of an empty tensor hold no bytes
+        tile = max(row_bytes, (VECTOR_TILE // row_bytes) * row_bytes)
+        # A tile per computed value and per operand the vector unit reads; an operand smaller than a
+        # tile (a per-channel scale) needs only its own bytes. Matmul operands live in L1/L0, not the UB.
+        ub = max(1, k.live_intermediates) * tile + sum(min(tile, b) for b in k.staged_bytes)
+        # Where the code generator can run the body's vector work in boxes, what must fit is its smallest
+        # box, counted as the generator allocates it (extract/models/boxes.py): the model then never
+        # chooses a kernel the generator cannot place, nor refuses one it can (a long elementwise row is
+        # cut into chunks).
+        boxed = smallest_box_bytes(body)
+        buffers = dict(ub_live_bytes=ub) if boxed is None else dict(ub_live_bytes=boxed, double_buffer=False)
+        if not k.matrix_flops:
+            return breakdown(NpuKernel("vector", k.flops, moved, **buffers, transdata_bytes=k.strided_bytes), target)
+        # A reduction behind the cube needs its fractal output in ND, and a permuted write is a format
+        # conversion too: both are TransData passes on the vector unit. A target that converts no ND matrix on
+        # copy (the 910) packs the cube's operands and unpacks its result with TransData too, on every call.
+        if not packed and not target.npu.nd_on_copy:
+            converted, launches = k.cube_gm_bytes, k.cube_gm_tensors
+        else:
+            converted, launches = (k.matmul_bytes if k.reduce_after_matmul else 0.0), 0
+        extra = dict(transdata_bytes=converted + k.strided_bytes, transdata_launches=launches,
+                     gm_exchange_bytes=k.matmul_bytes if k.epilogue_ops else 0.0)
+        if boxed is None and not k.epilogue_ops:
+            buffers = {}
+        tiles = {**matmul_tiles(*CUBE_TILE), **({"l1_bytes": tiling.tile_bytes} if tiling else {})}
+        side = tiling_module.nest_of(body, tuple(ins), out).extra_bytes if tiling is not None else 0.0
+        kernel = NpuKernel("cube", k.matrix_flops, moved, vector_flops=k.flops - k.matrix_flops, int8=k.int8_matrix,
+                           **buffers, **tiles, **extra, estimate=tiling.estimate if tiling is not None else None,
+                           side_bytes=side)
+        return breakdown(kernel, target)
+
+
+MODEL = NpuModel()

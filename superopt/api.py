@@ -14,14 +14,15 @@ import jax
 import numpy as np
 from jax.sharding import SingleDeviceSharding
 
-from superopt import numerics as numerics_mode
 from superopt.cache import open_store, refused
 from superopt.core import lazy
+from superopt.core.modes import Numerics
 from superopt.core.ir import pretty
 from superopt.egraph.limits import Limits
 from superopt.extract.memory import parse_bytes
 from superopt.extract.models.registry import model_of
 from superopt.extract.target import load_target
+from superopt.options import Options
 from superopt.pipeline import EXTRACTORS, optimize
 from superopt.report import Report
 from superopt.rewrites.rule import RuleSet
@@ -112,14 +113,13 @@ class Optimized:
         tgt = load_target(target)  # an unknown target fails here, listing the valid ones
         if not isinstance(tune, bool):
             raise TypeError(f"superopt: tune must be True or False, got {tune!r}")
-        self.tune = tune
         if not isinstance(background, bool):
             raise TypeError(f"superopt: background must be True or False, got {background!r}")
         if not isinstance(reuse_sizes, bool):
             raise TypeError(f"superopt: reuse_sizes must be True or False, got {reuse_sizes!r}")
         self._sizes = Sizes() if reuse_sizes else None   # decisions a call at other sizes may take
-        self.numerics = numerics_mode.check_mode(numerics)
-        self.precision = None if precision is None else npu.check_precision(precision, tgt)
+        numerics = Numerics.of(numerics)
+        precision = None if precision is None else npu.check_precision(precision, tgt)
         if extractor not in EXTRACTORS:
             raise ValueError(f"superopt: unknown extractor {extractor!r}; valid: {', '.join(EXTRACTORS)}")
         model = model_of(tgt)
@@ -131,15 +131,16 @@ class Optimized:
         if npu_under_trace not in UNDER_TRACE:
             raise ValueError(f"superopt: npu_under_trace must be one of {', '.join(UNDER_TRACE)}, "
                              f"got {npu_under_trace!r}")
-        self.extractor, self.backend, self.npu_under_trace = extractor, backend, npu_under_trace
-        self.memory_budget = None if memory_budget is None else parse_bytes(memory_budget)
-        if self.memory_budget is not None and extractor != "greedy":
+        self.npu_under_trace = npu_under_trace
+        memory_budget = None if memory_budget is None else parse_bytes(memory_budget)
+        if memory_budget is not None and extractor != "greedy":
             raise ValueError(f"superopt: memory_budget works with the greedy extractor, not {extractor!r}")
-        self.fn, self.target, self.verify = fn, target, verify
-        self._target = tgt   # loaded once: every specialization and its report use this one
+        self.fn, self.target = fn, target
         self.cache, self.executor = _cache_option(cache), executor
         executor_name(executor)   # an unknown executor fails here, listing the valid ones
-        self.rulesets, self.limits = _schedule(rulesets), _limits(limits)
+        # validated once, the target loaded once: every specialization and its report use these
+        self.options = Options(tgt, _schedule(rulesets), _limits(limits), verify, extractor, backend, memory_budget,
+                               numerics, precision, tune)
         self._cache: dict[tuple, Specialization] = {}
         self._last: Specialization | None = None
         self.__wrapped__ = fn
@@ -400,9 +401,7 @@ class Optimized:
         if not any(isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)) for x in leaves):
             example = [jax.random.key_data(leaves[k]) if n in in_keys else leaves[k] for n, k in enumerate(positions)]
         store = open_store(self.cache)   # JAX's own compilation cache is the user's to turn on (superopt/cache.py)
-        spec = optimize(program, tuple(abstract), self._target, self.rulesets, self.limits, self.verify,
-                        self.extractor, self.backend, self.memory_budget, self.numerics, self.precision,
-                        example=example, store=store, executor=self.executor, tune=self.tune,
+        spec = optimize(program, tuple(abstract), self.options, example=example, store=store, executor=self.executor,
                         sizes=self._sizes)
         if store is None and refused(self.cache):
             spec.report.cache = f"not used ({refused(self.cache)})"

@@ -1,7 +1,8 @@
 """Backends: what runs a specialization's chosen program. One protocol for all of them:
 
-    lower(spec, target, check, ...) -> Specialization   the program on this backend, or `spec` unchanged
-                                                         (JAX running) with the reason in report.backend
+    lower(spec, options, example=None) -> Specialization   the program on this backend under the call's
+                                                         `Options` (its target, verify, precision), or `spec`
+                                                         unchanged (JAX running), the reason in report.backend
     reference(spec) -> callable                         what the backend's program is checked against
     tolerance(expected, actual, spec, args) -> str|None  None where the outputs agree as the backend promises
 
@@ -35,7 +36,7 @@ npu = lazy.module("superopt.npu_backend")
 class Backend(Protocol):
     name: str
 
-    def lower(self, spec, target, check: bool, *, precision: str | None = None, example=None): ...
+    def lower(self, spec, options, *, example=None): ...
 
     def reference(self, spec) -> Callable: ...
 
@@ -45,26 +46,27 @@ class Backend(Protocol):
 class JaxBackend:
     name = "jax"
 
-    def lower(self, spec, target, check: bool, *, precision=None, example=None):
-        return with_derivatives(spec, check)   # the pipeline's program is the JAX program, verified there
+    def lower(self, spec, options, *, example=None):
+        return with_derivatives(spec, options.verify)   # the pipeline's program is the JAX program, verified there
 
     def reference(self, spec) -> Callable:
         return spec.reference    # the user's program from the captured jaxpr, debug prints left out
 
     def tolerance(self, expected, actual, spec, args) -> str | None:
         return verification.judge(expected, actual, lambda: evaluate(spec.original, args, precise=True),
-                                  spec.report.numerics)
+                                  spec.options.numerics)
 
 
 class PallasBackend:
     name = "pallas"
 
-    def lower(self, spec, target, check: bool, *, precision=None, example=None):
+    def lower(self, spec, options, *, example=None):
         if spec.report.kind is not Outcome.OPTIMIZED:
             # the original runs as the user wrote it: its own kernels would be a change nothing priced or verified
             spec.report.backend = "jax (the original runs: Pallas runs only a program superopt changed)"
             return spec
-        return with_derivatives(_on_pallas(spec, target, check), check, differentiable=spec.run)
+        return with_derivatives(_on_pallas(spec, options.target, options.verify), options.verify,
+                                differentiable=spec.run)
 
     def reference(self, spec) -> Callable:
         return spec.run      # the verified JAX program of the same term
@@ -76,7 +78,8 @@ class PallasBackend:
 class NpuEmulatorBackend:
     name = "emulator"
 
-    def lower(self, spec, target, check: bool, *, precision=None, example=None):
+    def lower(self, spec, options, *, example=None):
+        target, check, precision = options.target, options.verify, options.precision
         if spec.pieces is not None:   # each distinct segment lowered and checked once, on its own shapes
             return npu.on_emulator_in_segments(spec, target, check, precision=precision)
         return npu.on_emulator(spec, target, spec.avals, check, precision=precision, example=example)
@@ -151,7 +154,7 @@ def _checked(spec, differentiable: Callable) -> Callable:
     try:
         with jax.core.eval_context():   # superopt's own arrays stay concrete under the caller's trace
             problem = derivatives.check(_listed(spec.reference), _listed(differentiable), spec.avals,
-                                        report.numerics)
+                                        spec.options.numerics)
     except Exception as exc:  # a derivative superopt cannot compute is one it does not stand behind
         problem = f"they could not be compared ({type(exc).__name__}: {exc})"
     report.stage_seconds["verify-derivatives"] = time.perf_counter() - start
@@ -267,7 +270,7 @@ def _pallas_problem(spec, program) -> str | None:
     included (`verify.judge` against the program's float64 value): a kernel adds a product's terms in its
     own order, and where they pass the range a NaN must not reach an output as a number."""
     reference = BACKENDS["pallas"].reference(spec)
-    for where, args in verification.input_sets(spec.avals, spec.report.numerics, trials=1):
+    for where, args in verification.input_sets(spec.avals, spec.options.numerics, trials=1):
         expected = [np.asarray(o) for o in reference(*args)]
         actual = [np.asarray(o) for o in program(*args)]
         if where.startswith("random"):
@@ -277,7 +280,7 @@ def _pallas_problem(spec, program) -> str | None:
             truth = evaluate(spec.original, args, precise=True)
             problem = next((f"output {k}{p.removeprefix('output 0')}" for k, (e, a, n, t)
                             in enumerate(zip(expected, actual, narrow, truth))
-                            for p in [verification.judge([e], [a], [t], spec.report.numerics, as_dtype=n)] if p),
+                            for p in [verification.judge([e], [a], [t], spec.options.numerics, as_dtype=n)] if p),
                            None)
         if problem:
             return f"{problem}, on {where}"

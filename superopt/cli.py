@@ -548,7 +548,8 @@ def _optimize(args) -> int:
 def _explain(args) -> int:
     fast, spec, example, name, seconds = _compile(args, timed=True)
     # the alternatives saturate again; they get as long as optimizing took, so explain costs about twice optimize
-    alts = explaining.alternatives(fast.fn, example, args.target, rulesets=fast.rulesets, limits=fast.limits,
+    options = fast.options
+    alts = explaining.alternatives(fast.fn, example, options.target, rulesets=options.rulesets, limits=options.limits,
                                    limit=args.alternatives, numerics=args.numerics, budget=max(seconds, 1.0)) \
         if args.alternatives else []
     text = explaining.explain(spec, alts)
@@ -570,8 +571,7 @@ def _emulate(args) -> int:
     timeline = args.timeline or f"{name.replace('.', '-')}-{args.target}.png"
     _timeline(spec, example, timeline)
     run = spec.npu.last
-    before = npu_lower.NpuExecutable(spec.original, targets.load_target(args.target),
-                                     precision=spec.npu.precision).estimate().cycles
+    before = npu_lower.NpuExecutable(spec.original, spec.options.target, precision=spec.npu.precision).estimate().cycles
     print(f"superopt emulate ({args.target}): {name}, {spec.report.outcome}")
     print(f"  runs on: {spec.report.backend}")
     print("\n".join(spec.npu.describe(run, before)))

@@ -23,7 +23,7 @@ from superopt.egraph.limits import Limits
 from superopt.extract.candidates import candidates, program_key
 from superopt.extract.cost import op_breakdown
 from superopt.extract.extraction import program_cost
-from superopt.extract.target import load_target
+from superopt.extract.target import Target, load_target
 from superopt.stages import Stages, guard_check, saturate, schedule_of
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 from superopt.rulesets import DEFAULT, RULESETS
@@ -106,17 +106,18 @@ def _ops(rows: list[Launch]) -> str:
     return ", ".join(f"{op} x{n}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int = 4,
+def alternatives(fn, args, target: "Target | str", rulesets=None, limits=None, limit: int = 4,
                  numerics: str = "strict", budget: float | None = None) -> list[Alternative]:
     """Up to `limit` distinct programs of the saturated e-graph (the greedy choice first, then the ones
     obtained by forcing alternatives: `extract/candidates.py`; programs that print the same are one),
     cheapest first, each priced as the pipeline prices a program (`launches`). This saturates again, with
     the rules the numerics mode runs (a guarded program's search is not repeated); with a `budget` in
     seconds, saturation and the search for alternatives together take about that long at most (the
-    greedy choice is always found)."""
+    greedy choice is always found). `target`: a `Target` (an `Optimized`'s `options.target`) or a name."""
     start = time.perf_counter()
+    tgt = target if isinstance(target, Target) else load_target(target)
     rulesets = DEFAULT if rulesets is None else rulesets
-    schedule, _ = schedule_of(rulesets, numerics, load_target(target).kind)
+    schedule, _ = schedule_of(rulesets, numerics, tgt.kind)
     limits = limits or Limits()
     if budget is not None:
         limits = dataclasses.replace(limits, seconds=max(min(limits.seconds, budget), 1e-3))
@@ -125,7 +126,6 @@ def alternatives(fn, args, target: str, rulesets=None, limits=None, limit: int =
     # gives saturation half the time left and spends some on its child process, which leaves this search
     # too little to find alternatives.
     saturated = saturate(capture(fn, args), schedule, limits, Deadline.never(), Stages(), isolated=False)
-    tgt = load_target(target)
     found = candidates(saturated.frozen, saturated.encoding, tgt, limit=limit,
                        deadline=None if budget is None else start + budget)
     out = []
@@ -149,7 +149,7 @@ def _launch_lines(rows: list[Launch], width: int = 90) -> list[str]:
 def programs(spec, alts: list[Alternative]) -> list[tuple[str, Alternative]]:
     """The list `explain` prints: the program that runs first (the chosen one, or the original where it was
     kept), priced as its table is, then the other programs of `alts` cheapest first, each with its label."""
-    target = spec.report.target_spec or load_target(spec.report.target)
+    target = spec.options.target   # as superopt() loaded it
     rows = launches(spec.term, target)
     runs = Alternative(sum(r.seconds for r in rows), len(rows), spec.term, _ops(rows))
     label = "the original, kept" if not spec.report.optimized else \
@@ -161,7 +161,7 @@ def programs(spec, alts: list[Alternative]) -> list[tuple[str, Alternative]]:
 def explain(spec, alts: list[Alternative] = ()) -> str:
     """The explanation of one specialization (`Optimized.compile(...)`'s result) as text."""
     report = spec.report
-    target = report.target_spec or load_target(report.target)
+    target = spec.options.target   # as superopt() loaded it
     before, after = launches(spec.original, target), launches(spec.term, target)
     lines = [f"superopt explain (target {report.target})",
              f"  outcome     : {report.outcome}",

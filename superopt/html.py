@@ -17,7 +17,6 @@ from html.parser import HTMLParser
 from superopt.core.ir import Graph, body_str, pretty, type_str
 from superopt.core.ops import flagged
 from superopt.explain import launches, priced_title, rules_by_phase
-from superopt.extract.target import load_target
 from superopt.report import _fmt_time, fusion_lines, plural, stop_phrase
 
 _LEAVES = flagged("leaf")
@@ -183,7 +182,7 @@ def render(spec, title: str, timeline_png: str | None = None, note: str = "", us
            explanation: str = "") -> str:
     """The page for one specialization (`Optimized.compile(...)`'s result) as an HTML string."""
     report = spec.report
-    target = report.target_spec or load_target(report.target)
+    target = spec.options.target   # as superopt() loaded it
     before, after = launches(spec.original, target), launches(spec.term, target)
     svg_before, how = graph_svg(spec.original, use_dot, "before")
     svg_after, _ = graph_svg(spec.term, use_dot, "after")

@@ -17,20 +17,15 @@ each one that fired.
 """
 from __future__ import annotations
 
+from superopt.core.modes import Numerics
 from superopt.egraph.signatures import CONSTRUCTORS, LIST
 from superopt.rewrites.pattern import TENSOR, App, Const, Var
 from superopt.rewrites.rule import speculating
 from superopt.rewrites.schedule import Phase, Schedule
 
-MODES = ("strict", "fast")
-LEGAL = {"strict": ("exact", "rounding", "order"), "fast": ("exact", "rounding", "order", "reals")}
-
-
-def check_mode(numerics) -> str:
-    """The mode, or a one-line error naming the bad value and the valid ones."""
-    if numerics not in MODES:
-        raise ValueError(f"superopt: unknown numerics mode {numerics!r}; valid: {', '.join(MODES)}")
-    return numerics
+MODES = tuple(mode.value for mode in Numerics)   # core/modes.py declares them
+LEGAL = {Numerics.STRICT: ("exact", "rounding", "order"), Numerics.FAST: ("exact", "rounding", "order", "reals")}
+check_mode = Numerics.of   # the mode, or a one-line error naming the bad value and the valid ones
 
 
 def legal(rule, numerics: str) -> bool:

@@ -20,13 +20,13 @@ import jax
 from superopt import numerics as numerics_mode, regions, speculation
 from superopt.backends import BACKENDS
 from superopt.core.deadline import Deadline
+from superopt.core.modes import Numerics
 from superopt.core.serial import NotSerializable
 from superopt.egraph.capture import Captured, capture, custom_calls
-from superopt.egraph.limits import Limits
 from superopt.entries import cached, rechecked, traced_like
 from superopt.extract.extraction import Extraction, program_cost
-from superopt.extract.target import Target, load_target
 from superopt.loops import vectorize, vectorized_note
+from superopt.options import Options
 from superopt.recipe import whole
 from superopt.report import Outcome
 from superopt.reporting import as_captured, specialization
@@ -44,45 +44,39 @@ EXTRACTORS = ("greedy", "ilp")
 
 # ---- the pipeline ----
 
-def optimize(fn: Callable, args: tuple, target: "Target | str", rulesets, limits: Limits, check_results: bool,
-             extractor: str = "greedy", backend: str = "jax", memory_budget: int | None = None,
-             numerics: str = "strict", precision: str | None = None, example=None, store=None,
-             executor: str | None = None, tune: bool = False, sizes: Sizes | None = None) -> Specialization:
-    """The pipeline for one specialization; never returns a program that disagrees with `fn`. `args` may
-    be abstract (`jax.ShapeDtypeStruct` leaves); `example`, the call's concrete flat arguments where
-    there are some, is one more input the NPU program is checked on. `store` is the persistent cache
-    (superopt/cache.py; None: none), `executor` where distinct segments are optimized (superopt/workers.py).
-    `tune`: a verified program is also timed against the original on this machine (`measured`). `target`: as
-    `superopt()` loaded it, or a name. `sizes`: the function's decisions at other argument sizes
-    (superopt/sizes.py), which this one may take and adds to."""
-    tgt = target if isinstance(target, Target) else load_target(target)
-    spec = _jax_specialization(fn, args, tgt, rulesets, limits, check_results, extractor, memory_budget, numerics,
-                               store, executor, tune, guard=backend == "jax", sizes=sizes)
+def optimize(fn: Callable, args: tuple, options: Options, example=None, store=None, executor: str | None = None,
+             sizes: Sizes | None = None) -> Specialization:
+    """The pipeline for one specialization under `options` (superopt/options.py, as `superopt()` validated
+    them); never returns a program that disagrees with `fn`. `args` may be abstract (`jax.ShapeDtypeStruct`
+    leaves); `example`, the call's concrete flat arguments where there are some, is one more input the NPU
+    program is checked on. `store` is the persistent cache (superopt/cache.py; None: none), `executor` where
+    distinct segments are optimized (superopt/workers.py). `sizes`: the function's decisions at other argument
+    sizes (superopt/sizes.py), which this one may take and adds to."""
+    backend = options.backend
+    spec = _jax_specialization(fn, args, options, store, executor, guard=backend == "jax", sizes=sizes)
     if backend != "jax" and (spec.original.hidden_outputs or spec.report.kind is Outcome.KEPT_WHOLE):
         # Effects run in the user's order only in the JAX program; the other backends check their program on
         # inputs of their own, which the user's callbacks must not see.
         what = "effects (debug prints or callbacks)" if spec.original.hidden_outputs else "a program kept whole"
         spec.report.backend = f"jax (the program has {what}, which run only on the jax backend)"
         return spec
-    return BACKENDS[backend].lower(spec, tgt, check_results, precision=precision, example=example)
+    return BACKENDS[backend].lower(spec, options, example=example)
 
 
-def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits, check_results: bool,
-                        extractor: str, memory_budget: int | None, numerics: str, store=None,
-                        executor: str | None = None, tune: bool = False, guard: bool = False,
-                        sizes: Sizes | None = None) -> Specialization:
+def _jax_specialization(fn: Callable, args: tuple, options: Options, store=None, executor: str | None = None,
+                        guard: bool = False, sizes: Sizes | None = None) -> Specialization:
     """Capture, then the specialization every backend starts from: an earlier decision at other sizes
     (`sizes`), optimized whole, from the cache, or in segments (superopt/segments.py), each distinct one once.
     `guard`: under strict numerics, a guarded program may be chosen (`guarded`; the JAX backend's only)."""
+    tgt, numerics = options.target, options.numerics
     timer = Stages()
-    call = Deadline(limits.seconds)   # the whole call's, where it is in segments (each whole run keeps its own)
+    call = Deadline(options.limits.seconds)   # the whole call's, in segments (each whole run keeps its own)
     captured = timer("capture", capture, fn, args)
     symbolic = sorted({str(d) for shape, _ in captured.in_avals for d in shape if not isinstance(d, int)})
     if symbolic:   # the cost model, the cache key and the checker's inputs all need sizes
-        again = functools.partial(_jax_specialization, fn, tgt=tgt, rulesets=rulesets, limits=limits,
-                                  check_results=check_results, extractor=extractor, memory_budget=memory_budget,
-                                  numerics=numerics, store=store, executor=executor, tune=tune, guard=guard)
-        return _symbolic(captured, args, again, tgt, numerics, timer, symbolic)
+        again = functools.partial(_jax_specialization, fn, options=options, store=store, executor=executor,
+                                  guard=guard)
+        return _symbolic(captured, args, again, options, timer, symbolic)
     if not (captured.kept_whole or captured.graph.hidden_outputs) and any(op.name == "scan"
                                                                           for op in captured.graph.opaque):
         lifted, done = timer("vectorize", vectorize, captured.graph)
@@ -91,7 +85,7 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
                                            vectorized=vectorized_note(done))
     if not (captured.kept_whole or captured.graph.hidden_outputs) and any(op.name in regions.BODIES
                                                                           for op in captured.graph.opaque):
-        body = _body_optimizer(tgt, rulesets, limits, check_results, extractor, numerics, store, executor, guard)
+        body = _body_optimizer(options, store, executor, guard)
         searched = timer("bodies", regions.optimized_bodies, captured.graph, body)
         note = "; ".join(filter(None, [captured.vectorized, searched.note()]))
         if searched.changed:
@@ -103,16 +97,15 @@ def _jax_specialization(fn: Callable, args: tuple, tgt, rulesets, limits: Limits
         if loops:
             captured = dataclasses.replace(captured, graph=rolled, traced=traced(captured),
                                            rerolled=rerolled_note(captured.graph, rolled))
-    schedule, left_out = schedule_of(rulesets, numerics, tgt.kind)
+    schedule, left_out = schedule_of(options.rulesets, numerics, tgt.kind)
     # a guarded program's search adds the rules strict leaves out (the "reals" ones) and assumes the domain
     # conditions the analysis cannot prove (numerics.speculative)
-    guarded = numerics_mode.speculative(schedule_of(rulesets, "fast", tgt.kind)[0]) if guard else None
-    if guarded is not None and not (left_out and numerics == "strict") and not numerics_mode.assumes(guarded):
+    guarded = numerics_mode.speculative(schedule_of(options.rulesets, Numerics.FAST, tgt.kind)[0]) if guard else None
+    if guarded is not None and not (left_out and numerics == Numerics.STRICT) and not numerics_mode.assumes(guarded):
         guarded = None
-    search = Search(tgt, schedule, left_out, limits, check_results, extractor, memory_budget, numerics, tune,
-                    guarded, on_xla=guard and runs_here(tgt))
-    reusable = sizes is not None and memory_budget is None and not (captured.kept_whole or
-                                                                    captured.graph.hidden_outputs)
+    search = Search(options, schedule, left_out, guarded, on_xla=guard and runs_here(tgt))
+    reusable = sizes is not None and options.memory_budget is None and not (captured.kept_whole or
+                                                                            captured.graph.hidden_outputs)
     fingerprint = search.fingerprint() if reusable else None
     if reusable:
         match = sizes.find(captured.in_avals, captured.graph, fingerprint)
@@ -146,7 +139,7 @@ def _searched(captured: Captured, search: Search, store, executor: str | None, t
     dropped = ""
     if key is not None:
         found = timer("cache", cached, store, key, "program", captured.graph, captured.graph.consts)
-        if found is not None and search.check_results:
+        if found is not None and search.verify:
             found = timer("verify (cache)", rechecked, found, store, key, "program", captured,
                           search.numerics)
             dropped = "" if found is not None else "; the entry failed its check and was dropped"
@@ -195,7 +188,7 @@ def _at_other_sizes(captured: Captured, search: Search, timer: Stages, match) ->
         chosen = Extraction(graph, cost + extra, node_costs, f"the program chosen at argument shapes "
                             f"{decision.sizes_text()}, renamed to these sizes{guarded}")
         worth_it(chosen, costs[0], (), None)
-        if search.check_results and not speculation.holds_here(graph, check, captured, original, search.numerics):
+        if search.verify and not speculation.holds_here(graph, check, captured, original, search.numerics):
             return None
     except Kept:
         return None   # no longer a gain at these sizes: searched at them
@@ -207,7 +200,7 @@ def _at_other_sizes(captured: Captured, search: Search, timer: Stages, match) ->
     return spec
 
 
-def _symbolic(captured: Captured, args: tuple, again: Callable, tgt, numerics: str, timer: Stages,
+def _symbolic(captured: Captured, args: tuple, again: Callable, options: Options, timer: Stages,
               symbols: list) -> Specialization:
     """A program with symbolic argument extents (`jax.export` with a symbolic batch): optimized at stand-in
     extents, taken at second stand-ins as a decision at other sizes is (which checks it there, so that no
@@ -217,8 +210,8 @@ def _symbolic(captured: Captured, args: tuple, again: Callable, tgt, numerics: s
     second = first and stand_ins(captured.in_avals, captured.graph, skip=set(first.values()))
     kept = f"symbolic dimensions ({', '.join(symbols)}): "
     if not (first and second):
-        return as_captured(captured, tgt, numerics, timer, kept + "an extent is an expression of them, so the "
-                            "program runs as captured")
+        return as_captured(captured, options, timer, kept + "an extent is an expression of them, so the "
+                           "program runs as captured")
 
     def at(stand):
         return tuple(jax.ShapeDtypeStruct(tuple(stand.get(d, d) for d in a.shape), a.dtype,
@@ -231,26 +224,26 @@ def _symbolic(captured: Captured, args: tuple, again: Callable, tgt, numerics: s
         decided = Sizes()
         spec = again(at(first), sizes=decided, guard=False)
     if spec.report.kind not in REUSED_OUTCOMES:
-        return as_captured(captured, tgt, numerics, timer, kept + f"at stand-in sizes it was {spec.report.outcome}")
+        return as_captured(captured, options, timer, kept + f"at stand-in sizes it was {spec.report.outcome}")
     if spec.report.optimized:
         checked = again(at(second), sizes=decided)
         if not checked.report.sizes or not checked.report.optimized:
-            return as_captured(captured, tgt, numerics, timer, kept + "the program chosen at stand-in sizes does not "
-                                "hold at other ones, so the program runs as captured")
+            return as_captured(captured, options, timer, kept + "the program chosen at stand-in sizes does not "
+                               "hold at other ones, so the program runs as captured")
     match = decided.find(captured.in_avals, captured.graph)
     if match is None:
-        return as_captured(captured, tgt, numerics, timer, kept + "the program is not the same at every size, "
-                            "so it runs as captured")
+        return as_captured(captured, options, timer, kept + "the program is not the same at every size, "
+                           "so it runs as captured")
     stand = ", ".join(f"{s}={v}" for s, v in first.items())
     if match.chosen is None:
-        return as_captured(captured, tgt, numerics, timer, f"{spec.report.reason} (decided at {stand} for the "
-                            f"symbolic dimensions {', '.join(symbols)})", spec.report.kind)
+        return as_captured(captured, options, timer, f"{spec.report.reason} (decided at {stand} for the "
+                           f"symbolic dimensions {', '.join(symbols)})", spec.report.kind)
     try:
         graph, _ = speculation.guard_again(match.chosen, match.decision.chosen.guard, captured, captured.graph)
         program = traced_like(graph, captured.graph)
     except Exception as exc:   # noqa: BLE001
-        return as_captured(captured, tgt, numerics, timer, kept + "the program chosen at stand-in sizes does not "
-                            f"trace with them ({type(exc).__name__})")
+        return as_captured(captured, options, timer, kept + "the program chosen at stand-in sizes does not "
+                           f"trace with them ({type(exc).__name__})")
     report = dataclasses.replace(spec.report, stage_seconds=timer.seconds,
                                  sizes=f"symbolic dimensions {', '.join(symbols)}: the program chosen at {stand} "
                                        "(and checked at other stand-ins), renamed to them; the cost line is at "
@@ -258,18 +251,19 @@ def _symbolic(captured: Captured, args: tuple, again: Callable, tgt, numerics: s
     reference = reference_program(captured)
     return Specialization(program, report, graph, captured.graph, captured.out_tree, captured.in_avals,
                           reference=reference, custom_calls=custom_calls(captured.jaxpr),
-                          differentiated=differentiated_program(captured, reference))
+                          differentiated=differentiated_program(captured, reference), options=options)
 
 
-def _body_optimizer(tgt, rulesets, limits: Limits, check_results: bool, extractor: str, numerics: str, store,
-                    executor: str | None, guard: bool) -> Callable:
+def _body_optimizer(options: Options, store, executor: str | None, guard: bool) -> Callable:
     """What optimizes a loop's or branch's body (superopt/regions.py): the pipeline of the program around it,
     on the body as a program of its own (its own cache entry, its own verification), with no memory budget
     (a budget is the whole program's): the body's program traced back to a jaxpr (None where it is kept), and
     the rules that fired."""
+    whole_program_only = dataclasses.replace(options, memory_budget=None)
+
     def optimize(closed):
-        spec = _jax_specialization(regions.as_function(closed), regions.avals_of(closed), tgt, rulesets, limits,
-                                   check_results, extractor, None, numerics, store, executor, guard=guard)
+        spec = _jax_specialization(regions.as_function(closed), regions.avals_of(closed), whole_program_only, store,
+                                   executor, guard=guard)
         fired = tuple(spec.report.run.fired)
         if spec.report.kind is not Outcome.OPTIMIZED:
             return None, fired

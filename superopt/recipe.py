@@ -86,7 +86,7 @@ def optimize_program(captured: Captured, reference: Callable, search: Search, ti
         if search.on_xla and timer("compare", same_executable, reference, chosen.graph, captured):
             raise Kept(Outcome.SAME_EXECUTABLE, "XLA compiles the chosen program to the original's executable: "
                                                 "nothing to gain, nothing verified")
-        if search.check_results:   # on superopt's own inputs: the program's debug prints stay silent
+        if search.verify:   # on superopt's own inputs: the program's debug prints stay silent
             timer("verify", check, reference, on_own_inputs(chosen.graph, program), captured, numerics, run.fired,
                   segment, chosen.graph)
             if deadline.expired():

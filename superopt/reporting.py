@@ -17,6 +17,7 @@ from superopt.extract.memory import peak_memory
 from superopt.extract.models.breakdown import Breakdown
 from superopt.extract.traffic import gradient_traffic as traffic
 from superopt.lowering.jax import lower
+from superopt.options import Options
 from superopt.report import Outcome, Report
 from superopt.rewrites.schedule import Schedule
 from superopt.stages import (Search, Specialization, Stages, differentiated_program, guard_check, reference_program,
@@ -40,20 +41,22 @@ def specialization(captured: Captured, search: Search, timer: Stages, run: RunRe
         program = program or timer("lower", lower, chosen.graph)
         return Specialization(program, report, chosen.graph, original, captured.out_tree, captured.in_avals,
                               reference=reference, custom_calls=custom_calls(captured.jaxpr),
-                              differentiated=differentiated_program(captured, reference))
+                              differentiated=differentiated_program(captured, reference), options=search.options)
     return Specialization(user_program(captured), report, original, original, captured.out_tree,
-                          captured.in_avals, reference=reference, custom_calls=custom_calls(captured.jaxpr))
+                          captured.in_avals, reference=reference, custom_calls=custom_calls(captured.jaxpr),
+                          options=search.options)
 
 
-def as_captured(captured: Captured, tgt, numerics: str, timer: Stages, reason: str,
+def as_captured(captured: Captured, options: Options, timer: Stages, reason: str,
                 kind: Outcome = Outcome.KEPT_WHOLE) -> Specialization:
     """The user's program as captured, unpriced and unsearched, with `reason` in its report."""
     ops = captured.graph.op_counts()
+    tgt = options.target
     report = Report(tgt.name, RunReport(StopReason.SATURATED), kind=kind, reason=reason, target_spec=tgt,
-                    numerics=numerics, ops_before=ops, ops_after=ops, stage_seconds=timer.seconds)
+                    numerics=options.numerics, ops_before=ops, ops_after=ops, stage_seconds=timer.seconds)
     return Specialization(user_program(captured), report, captured.graph, captured.graph, captured.out_tree,
                           captured.in_avals, reference=reference_program(captured),
-                          custom_calls=custom_calls(captured.jaxpr))
+                          custom_calls=custom_calls(captured.jaxpr), options=options)
 
 
 def build_report(tgt, captured: Captured, run: RunReport, outcome: Outcome, reason: str, chosen: Extraction | None,

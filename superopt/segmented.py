@@ -80,7 +80,7 @@ def _optimize_distinct(distinct: dict, search: Search, store, executor: str | No
             for key, seg in distinct.items():
                 entry = digest(fp, key)
                 found = cached(store, entry, "segment", seg.graph)
-                if found is not None and search.check_results:
+                if found is not None and search.verify:
                     found = rechecked(found, store, entry, "segment", _segment_captured(seg.graph), search.numerics)
                 if found is not None:
                     results[key] = found
@@ -91,7 +91,7 @@ def _optimize_distinct(distinct: dict, search: Search, store, executor: str | No
     call.check("cache" if store is not None else label)
     # Limits.seconds bounds the whole call: the segments share what is left of it, and one that runs out of
     # it runs as captured, beside the others' results (the best found in the time).
-    each = dataclasses.replace(search, limits=dataclasses.replace(search.limits, seconds=max(call.left(), 1e-3)))
+    each = search.with_limits(dataclasses.replace(search.limits, seconds=max(call.left(), 1e-3)))
     rules = None
     if store is not None:   # workers get the compiled rules from here, rather than each building them
         timer("rules", prepare_rules, search.schedule, store)

@@ -13,6 +13,7 @@ these stages for one program is superopt/recipe.py; superopt/pipeline.py runs it
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from superopt.extract.extraction import Extraction
 from superopt.extract.models.registry import model_of
 from superopt.lowering.hlo import executable
 from superopt.lowering.jax import guard_test, inlined, lower
+from superopt.options import Options
 from superopt.report import Outcome, Report
 from superopt.reuse import fingerprint
 from superopt.rewrites.schedule import Schedule
@@ -69,6 +71,7 @@ class Specialization:
     #                                         what runs in a changed program's place under differentiation
     _traced: Any = None    # the program bound under a trace, when `run` is not a JAX computation
     pieces: Any = None     # `Pieces`, where the program was optimized in segments
+    options: Any = None    # the call's `Options` (superopt/options.py): what the backends judge by
 
     @property
     def program(self) -> Callable:
@@ -372,24 +375,30 @@ def user_program(captured: Captured) -> Callable:
 
 @dataclass(frozen=True)
 class Search:
-    """The options of one optimization that decide its result besides the program."""
-    target: Any
+    """What decides one optimization's result besides the program: the call's options, and the schedules
+    they give for the program's target (the rules its numerics mode runs, and those it leaves out)."""
+    options: Options
     schedule: Schedule
     left_out: list
-    limits: Limits
-    check_results: bool
-    extractor: str
-    memory_budget: int | None
-    numerics: str
-    tune: bool = False
     guarded: Schedule | None = None   # strict numerics on the JAX backend: the schedule a guarded program's search runs
     on_xla: bool = False   # the program runs as XLA compiles it here (the jax backend, on the target's kind of
     #                        device): one XLA compiles to the original's executable is no gain (`same_executable`);
     #                        Pallas and the NPU emulator run programs of their own, and a GPU target's program
     #                        compiled for this CPU says nothing of what XLA compiles for the GPU
 
+    target = property(lambda self: self.options.target)
+    limits = property(lambda self: self.options.limits)
+    verify = property(lambda self: self.options.verify)
+    extractor = property(lambda self: self.options.extractor)
+    memory_budget = property(lambda self: self.options.memory_budget)
+    numerics = property(lambda self: self.options.numerics)
+    tune = property(lambda self: self.options.tune)
+
+    def with_limits(self, limits: Limits) -> "Search":
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, limits=limits))
+
     def fingerprint(self) -> str:
-        return fingerprint(self.target, self.schedule, limits=self.limits, check=self.check_results,
+        return fingerprint(self.target, self.schedule, limits=self.limits, verify=self.verify,
                            extractor=self.extractor, memory_budget=self.memory_budget, numerics=self.numerics,
                            **({"tune": True} if self.tune else {}), **({"on_xla": True} if self.on_xla else {}),
                            **({"guarded": repr(self.guarded)} if self.guarded is not None else {}))

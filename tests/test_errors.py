@@ -152,7 +152,7 @@ def test_fn_must_be_callable():
 
 def test_one_rule_set_name_is_one_rule_set():
     fast = superopt(chain, rulesets="algebra")
-    assert [ph.name for ph in fast.rulesets.phases] == ["algebra"]
+    assert [ph.name for ph in fast.options.rulesets.phases] == ["algebra"]
     with pytest.raises(ValueError) as exc:
         superopt(chain, rulesets="nope")
     assert "unknown rule set 'nope'; known: algebra, casts, fusion, layout, quant" in _message(exc)
@@ -162,7 +162,7 @@ def test_one_rule_set_name_is_one_rule_set():
 
 
 def test_limits_may_be_a_dict_of_its_fields():
-    assert superopt(chain, limits={"seconds": 1}).limits == Limits(seconds=1)
+    assert superopt(chain, limits={"seconds": 1}).options.limits == Limits(seconds=1)
     with pytest.raises(ValueError) as exc:
         superopt(chain, limits={"secs": 1})
     assert _message(exc) == ("superopt: unknown limit 'secs'; valid: iterations, nodes, seconds, saturation_seconds, "

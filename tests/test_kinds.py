@@ -62,7 +62,7 @@ def test_a_toy_kind_is_a_toml_a_model_and_a_registry_line(toy):
     assert report.optimized, report.outcome
     assert report.target == "toy-chip" and report.target_spec.kind == "toy"
     assert report.cost_after < report.cost_before
-    assert fast.backend == "jax"                   # the kind declares no backend of its own
+    assert fast.options.backend == "jax"   # the kind declares no backend of its own
 
 
 def test_a_rule_may_name_a_registered_kind_and_no_other(toy):

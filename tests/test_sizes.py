@@ -164,8 +164,8 @@ def test_a_renamed_program_that_computes_something_else_is_not_taken():
 
 def _search_of(fast):
     from superopt import stages
-    schedule, left_out = stages.schedule_of(fast.rulesets, fast.numerics, fast._target.kind)
-    return stages.Search(fast._target, schedule, left_out, fast.limits, True, fast.extractor, None, fast.numerics)
+    schedule, left_out = stages.schedule_of(fast.options.rulesets, fast.options.numerics, fast.options.target.kind)
+    return stages.Search(fast.options, schedule, left_out)
 
 
 def test_reuse_sizes_false_searches_every_size_and_is_checked():

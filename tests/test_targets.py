@@ -83,18 +83,19 @@ def test_superopt_loads_its_target_once_and_the_report_keeps_it(monkeypatch):
     """The target travels as the Target `superopt()` loaded: no specialization loads it again, and the
     report holds it for explain and html."""
     import numpy as np
-    from superopt import api, pipeline, superopt as so
+    from superopt import api, superopt as so
     from superopt.extract import target as target_module
-    loads = []
+    loads, load = [], target_module.load_target
 
     def counting(name):
         loads.append(name)
-        return target_module.load_target(name)
+        return load(name)
     monkeypatch.setattr(api, "load_target", counting)
-    monkeypatch.setattr(pipeline, "load_target", counting)
+    monkeypatch.setattr(target_module, "load_target", counting)   # and any module that would look it up there
     fast = so(lambda x: x * 2.0 + 1.0, target="cpu", cache=False)
     fast(np.ones(4, np.float32))
     first = fast.report.target_spec
     fast(np.ones((2, 3), np.float32))
     assert loads == ["cpu"]
-    assert first is fast.report.target_spec and first.name == fast.report.target == "cpu"
+    assert first is fast.report.target_spec is fast.options.target
+    assert first.name == fast.report.target == "cpu"

@@ -11,6 +11,7 @@ import numpy as np
 
 from superopt.core.dtypes import is_float
 from superopt.core.ir import Graph, Node, unfused
+from superopt.core.modes import Numerics
 from superopt.core.reference import evaluate
 
 # Floating-point outputs pass two checks (integers and bools must be equal):
@@ -253,7 +254,6 @@ MAX_PATTERNS = 8
 CALIBRATION_STEPS = 5          # bisection steps on s: a factor of max**(1/32) (f16: 1.4x, f32: 16x)
 STRICT_SETS = ("zeros", "specials")
 FAST_SETS = ("zeros",)
-MODES = ("strict", "fast")
 
 
 def _finfo(dtype):
@@ -755,8 +755,7 @@ def verify(reference, candidate, avals, original, numerics: str = "strict", tria
     (`judge`). NaN positions, zeros, subnormals and finite values are still compared. With `remember`
     (a key of the original program), its outputs on the random sets are kept for `remembered`. `extra`: more
     (where, arguments) sets, checked before those (a guarded program's domain sets: `domain_args`)."""
-    if numerics not in MODES:
-        raise ValueError(f"unknown numerics mode {numerics!r}; valid: {', '.join(MODES)}")
+    numerics = Numerics.of(numerics)
 
     def check(where: str, args, expected=None) -> str | None:
         expected = _outputs(reference, args) if expected is None else expected

@@ -38,7 +38,7 @@ import functools
 
 from egglog import String, Vec, eq, f64, i64, rule, ruleset, set_, var, vars_
 
-from superopt.core.ops import BINARY_OPS, UNARY_OPS, flagged
+from superopt.core.ops import BINARY_OPS, UNARY_OPS, flagged, knowing
 from superopt.core.formats import FORMATS
 from superopt.egraph.terms import (
     Tensor, TList, argreduce, binary, bool_result_op, broadcast, float_dtype, same_dtype_op, concat, concat_demand, concat_extent, conv,
@@ -169,13 +169,15 @@ def _concat_rules():
                eq(s).to(shape(x)), eq(d).to(dtype(x))).then(set_(shape(z)).to(s.set(k, e)), set_(dtype(z)).to(d))
 
 
-# The sign analysis's op tables. Unary ops whose every result is >= -0 or NaN (sqrt(-0) is -0, of a negative
-# NaN); unary ops that keep such a value so (log1p(-0) = -0, tanh(+inf) = 1); binary ops of two such
-# operands that give one (a sum, a product: 0 * inf is NaN; not a quotient, x / -0 is -inf).
-NONNEG_OPS = ("exp", "exp2", "abs", "sqrt", "square", "logistic", "cosh")
-KEEPS_NONNEG_OPS = ("log1p", "tanh", "sinh", "expm1", "floor", "ceil", "round", "sign", "erf", "atan", "asinh")
-PAIR_NONNEG_OPS = ("add", "mul")   # (and max, min: their own rules, for integers too)
-SIGN_REDUCTIONS = ("reduce_sum", "reduce_prod", "reduce_min")   # not reduce_max: its empty reduction is -inf
+# The sign analysis's op tables, from the op table's facts (core/ops.py, FACTS). Unary ops whose every result
+# is >= -0 or NaN (sqrt(-0) is -0, of a negative NaN); unary ops that keep such a value so (log1p(-0) = -0,
+# tanh(+inf) = 1); binary ops of two such operands that give one (a sum, a product: 0 * inf is NaN; not a
+# quotient, x / -0 is -inf; max and min have their own rules, for integers too); reductions that do (not
+# reduce_max: its empty reduction is -inf).
+NONNEG_OPS = knowing("nonneg", "unary")
+KEEPS_NONNEG_OPS = knowing("keeps_nonneg", "unary")
+PAIR_NONNEG_OPS = knowing("keeps_nonneg", "binary")
+SIGN_REDUCTIONS = knowing("keeps_nonneg", "reduce")
 
 
 def _sign_rules():
@@ -231,12 +233,13 @@ def _kept_by_views(fact):
         yield rule(nan_guarded(z, x), fact(x)).then(fact(z))
 
 
-# The integer analysis's op tables: unary ops whose every result is an integer, +-inf or NaN; unary ops
-# that keep such a value so; binary ops of two such operands that give one (not a quotient: 1 / 2).
-INTEGRAL_OPS = ("floor", "ceil", "round", "round_even", "sign")
-KEEPS_INTEGRAL_OPS = ("neg", "abs", "square")
-PAIR_INTEGRAL_OPS = ("add", "sub", "mul", "max", "min")
-INTEGRAL_REDUCTIONS = ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min")
+# The integer analysis's op tables (the op table's facts): unary ops whose every result is an integer, +-inf
+# or NaN; unary ops that keep such a value so; binary ops of two such operands that give one (not a quotient:
+# 1 / 2); reductions that do.
+INTEGRAL_OPS = knowing("integral", "unary")
+KEEPS_INTEGRAL_OPS = knowing("keeps_integral", "unary")
+PAIR_INTEGRAL_OPS = knowing("keeps_integral", "binary")
+INTEGRAL_REDUCTIONS = knowing("keeps_integral", "reduce")
 INTEGER_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
@@ -258,9 +261,8 @@ def _integral_rules():
 # unary ops whose every result is at most one or NaN (logistic(+inf) = 1, sin(+inf) is NaN): XLA's CPU
 # approximations of these stay at most 1 on 5 million float32 values near and past saturation; its erf
 # does not (1.0000001 on 217 of them), so it is not one.
-KEEPS_FINITE_OPS = ("neg", "abs", "sign", "floor", "ceil", "round", "round_even", "logistic", "tanh", "sin",
-                    "cos", "erf", "atan")
-AT_MOST_ONE_OPS = ("logistic", "tanh", "sin", "cos")
+KEEPS_FINITE_OPS = knowing("keeps_finite", "unary")
+AT_MOST_ONE_OPS = knowing("at_most_one", "unary")
 
 
 def _range_rules():
@@ -387,7 +389,7 @@ def _row_sum_rules():
 
 # Unary ops whose result is real where the operand is complex (abs of complex64 is float32; jnp.angle is
 # atan2 of imag and real): of any other dtype, the operand's own.
-REAL_RESULT_OPS = ("abs", "real", "imag")
+REAL_RESULT_OPS = knowing("real_result", "unary")
 # Each dtype the e-graph may hold, and the dtype of its real part.
 REAL_DTYPES = tuple((t, t) for t in INTEGER_DTYPES + ("float8_e4m3fn", "float8_e5m2", "float16", "bfloat16",
                                                      "float32", "float64")) + (

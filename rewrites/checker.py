@@ -40,7 +40,7 @@ from hypothesis.internal.conjecture import providers as _providers
 
 from superopt.core.dtypes import exp_moderate_bound, is_float, smallest_normal
 from superopt.core.formats import FORMATS, LayoutError, packed_shape
-from superopt.core.ops import SCANS, flagged
+from superopt.core.ops import SCANS, flagged, knowing
 from superopt.core.reference import evaluate_node
 from superopt.core.verify import TOLERANCES, as_accurate, integer_edges as _verification_edges, mismatch
 from superopt.egraph.encode import decode
@@ -1010,12 +1010,7 @@ WOBBLE_ULPS, WOBBLE_TRIALS = 4, 8
 # Ops whose value moves by little when their operands move by little: `_wobble` measures only patterns made
 # of these (a floor, a comparison or a cast to integers jumps by a whole step at a boundary, and a slack of
 # a step would excuse a wrong rule that differs only there).
-CONTINUOUS = frozenset({
-    "add", "sub", "mul", "div", "neg", "abs", "max", "min", "exp", "exp2", "expm1", "log", "log1p", "sqrt",
-    "rsqrt", "cbrt", "square", "pow", "integer_pow", "logistic", "tanh", "sinh", "cosh", "sin", "cos", "tan",
-    "asin", "acos", "atan", "atan2", "asinh", "acosh", "atanh", "erf", "erfc", "reduce_sum", "reduce_max",
-    "reduce_min", "reduce_prod", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_window_sum",
-    "reduce_window_max", "reduce_window_min", "stop_gradient"}) | set(FLOAT_DTYPES) | set(FORMATS)
+CONTINUOUS = frozenset(knowing("continuous")) | set(FLOAT_DTYPES) | set(FORMATS)   # the op table's facts
 
 
 def _continuous(pattern, env: dict) -> bool:

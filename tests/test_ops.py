@@ -48,6 +48,78 @@ def test_op_sets_are_derived_from_the_table():
     assert "erf" in ops.TRANSCENDENTAL and "add" not in ops.TRANSCENDENTAL
 
 
+def test_the_analyses_facts_are_read_from_the_table():
+    from superopt.egraph import analysis
+    assert analysis.NONNEG_OPS == ops.knowing("nonneg", "unary") and "exp" in analysis.NONNEG_OPS
+    assert analysis.PAIR_NONNEG_OPS == ("add", "mul")
+    assert "reduce_max" not in analysis.SIGN_REDUCTIONS   # its empty reduction is -inf
+    assert analysis.INTEGRAL_REDUCTIONS == ops.knowing("keeps_integral", "reduce")
+    assert set(ops.knowing("continuous")) <= checker.CONTINUOUS and "floor" not in checker.CONTINUOUS
+    assert all(op.facts <= ops.FACTS for op in OPS.values())
+
+
+_REDUCE_DTYPES = ("bool", "int8", "uint8", "int32", "float32")
+# what lax takes: no bitwise reduction of floats, no sum or product of bools, no window reduction of bools
+_REDUCED = [(name, dtype) for name in sorted(ops.REDUCTIONS | ops.WINDOW_REDUCTIONS) for dtype in _REDUCE_DTYPES
+            if not (name in ("reduce_and", "reduce_or") and dtype == "float32"
+                    or name in ("reduce_sum", "reduce_prod") and dtype == "bool"
+                    or name in ops.WINDOW_REDUCTIONS and dtype == "bool")]
+
+
+def _reduced_operand(dtype: str):
+    x = np.array([[-3.5, 0.0, 2.0, -0.25], [1.0, 7.0, -1.0, 0.5], [0.0, 0.0, 0.0, 0.0]])
+    if dtype == "bool":
+        return x > 0
+    if dtype == "uint8":
+        return (np.abs(x) * 3).astype(dtype)
+    return (x * 3).astype(dtype) if dtype != "float32" else x.astype(dtype)
+
+
+@pytest.mark.parametrize("name,dtype", [(n, d) for n, d in _REDUCED if n in ops.REDUCTIONS])
+def test_a_reductions_numpy_semantics_and_jax_lowering_agree(name, dtype):
+    """The reductions' two meanings in the table (the reference evaluator's numpy, the JAX lowering), on bool,
+    integer and float operands, over each axis and both (reduce_max of bool was True everywhere in numpy)."""
+    op = OPS[name]
+    x = _reduced_operand(dtype)
+    for axes in ((0,), (1,), (0, 1)):
+        shape = tuple(n for k, n in enumerate(x.shape) if k not in axes)
+        want = evaluate_node(name, (axes,), [x], shape, dtype)
+        got = np.asarray(op.jax(Node(name, (), (axes,), shape, dtype), x))
+        np.testing.assert_array_equal(got, want, err_msg=f"{name} over {axes} of {dtype}")
+
+
+@pytest.mark.parametrize("name,dtype", _REDUCED)
+def test_a_reductions_identity_changes_no_result_and_combine_joins_partial_results(name, dtype):
+    """Padding an operand with the table's identity (what Pallas blocks pad a partial tile with) leaves every
+    reduction as it was, and `combine` of the reductions of two halves is the reduction of the whole."""
+    op = OPS[name]
+    x = _reduced_operand(dtype)
+    pad = np.full((x.shape[0], 3), op.identity(np.dtype(dtype)), dtype)
+    assert pad.dtype == np.dtype(dtype)
+    if op.family == "pool":   # a window over the whole of axis 1, with the padding inside it
+        attrs = ((1, x.shape[1]), (1, 1), (0, 0), (0, 0))
+        whole = evaluate_node(name, attrs, [x], (x.shape[0], 1), dtype)
+        padded_attrs = ((1, x.shape[1] + 3), (1, 1), (0, 0), (0, 0))
+        padded = evaluate_node(name, padded_attrs, [np.concatenate([x, pad], 1)], (x.shape[0], 1), dtype)
+        np.testing.assert_array_equal(padded, whole)
+        return
+    whole = evaluate_node(name, ((1,),), [x], (x.shape[0],), dtype)
+    padded = evaluate_node(name, ((1,),), [np.concatenate([x, pad], 1)], (x.shape[0],), dtype)
+    np.testing.assert_array_equal(padded, whole)
+    halves = [evaluate_node(name, ((1,),), [part], (x.shape[0],), dtype) for part in (x[:, :2], x[:, 2:])]
+    joined = evaluate_node(op.combine, (), halves, (x.shape[0],), dtype)
+    np.testing.assert_array_equal(joined, whole)
+
+
+def test_a_pallas_block_pads_with_the_tables_identity_and_refuses_a_reduction_without_one():
+    from superopt.lowering.pallas import blocks
+    from superopt.lowering.pallas.labels import NoTemplate
+    assert blocks._identity("reduce_and", "int8") == -1      # every bit set: it was 1, which masks all but one
+    assert not blocks._identity("reduce_max", "bool") and blocks._identity("reduce_min", "bool")
+    with pytest.raises(NoTemplate, match="no padding identity for 'reduce_logsumexp'"):
+        blocks._identity("reduce_logsumexp", "float32")
+
+
 def test_an_unknown_op_is_an_error_naming_it_not_zero_cost():
     with pytest.raises(NotImplementedError, match="unknown op 'frobnicate'"):
         cost.flops("frobnicate", (), [((4,), "float32")], ((4,), "float32"), load_target("cpu"))

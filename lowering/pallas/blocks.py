@@ -39,7 +39,7 @@ from jax.experimental import pallas as pl
 
 from superopt.core.ir import Node
 
-from superopt.core.ops import REDUCTIONS
+from superopt.core.ops import OPS, REDUCTIONS
 from superopt.lowering.jax import _LOWER as JAX_OPS   # the per-op table this backend shares with lowering/jax.py
 from superopt.lowering.pallas.labels import ELEMENTWISE, MAT, Labelled, NoTemplate
 
@@ -148,17 +148,12 @@ def plural(n: int, what: str) -> str:
 # ---- the body on blocks ----
 
 def _identity(op: str, dtype) -> object:
-    dt = np.dtype(dtype)
-    if op in ("reduce_sum", "reduce_or"):
-        return False if dt == np.bool_ else 0
-    if op in ("reduce_prod", "reduce_and"):
-        return True if dt == np.bool_ else 1
-    low = op == "reduce_max"
-    if dt == np.bool_:
-        return not low
-    if dt.kind in "iu":
-        return np.iinfo(dt).min if low else np.iinfo(dt).max
-    return -np.inf if low else np.inf
+    """The value a padded element of a reduction's operand holds: the reduction's identity (its op table
+    entry's), so that the padding changes no result. A reduction without one has no block template."""
+    identity = OPS[op].identity if op in OPS else None
+    if identity is None:
+        raise NoTemplate(f"no padding identity for {op!r} (its op table entry, superopt/core/ops.py, has none)")
+    return identity(np.dtype(dtype))
 
 
 def valid(plan: Plan, i: int, axes: list[int], shape: tuple, starts: dict):

@@ -133,21 +133,33 @@ def _shift(kind: str) -> Callable:
 # ---- reductions ----
 
 def _lowest(dt: np.dtype, highest: bool = False):
+    """The dtype's lowest value (its highest, with `highest`): the identity of max (of min)."""
     if dt.kind == "b":
-        return not highest
+        return highest
     if dt.kind == "f":
         return np.inf if highest else -np.inf
     info = np.iinfo(dt)
     return info.max if highest else info.min
 
 
+def _zero(dt: np.dtype):
+    return np.zeros((), dt)[()]
+
+
+def _one(dt: np.dtype):
+    return np.ones((), dt)[()]
+
+
+def _all_ones(dt: np.dtype):
+    """Every bit set: the identity of a bitwise and (True for bool)."""
+    dt = np.dtype(dt)
+    return True if dt.kind == "b" else np.array(-1).astype(dt)[()]
 
 
 def _np_pool(op: str, x, window, strides, low, high):
-    """reduce_window: pad with the reduction's identity, take every window, keep every stride-th one."""
-    identity = {"reduce_window_max": _lowest(x.dtype), "reduce_window_min": _lowest(x.dtype, True),
-                "reduce_window_sum": 0}[op]
-    padded = _pad(x, np.asarray(identity, dtype=x.dtype), low, high, (0,) * x.ndim)
+    """reduce_window: pad with the reduction's identity (its table entry's), take every window, keep every
+    stride-th one."""
+    padded = _pad(x, np.asarray(OPS[op].identity(x.dtype), dtype=x.dtype), low, high, (0,) * x.ndim)
     windows = np.lib.stride_tricks.sliding_window_view(padded, window)[tuple(slice(None, None, t) for t in strides)]
     axes = tuple(range(x.ndim, 2 * x.ndim))
     reduce = {"reduce_window_max": np.max, "reduce_window_min": np.min, "reduce_window_sum": np.sum}[op]
@@ -314,6 +326,19 @@ FLAGS = frozenset({
     "step",            # a step function of its float operands: a rounding-level change to one moves the result by
                        # a whole step (comparisons, floor, float->int convert, argmax; extract/cone.py)
 })
+# What the analyses may assume of an op (egraph/analysis.py's sign, integer and range facts; the soundness
+# checker's perturbation test). "keeps_*" is of a unary op's operand, each of a binary op's operands (both must
+# hold), a reduction's operand.
+FACTS = frozenset({
+    "nonneg",          # every result is >= 0 or NaN, whatever the operands (exp, abs, square)
+    "keeps_nonneg",    # operands >= 0 give results >= 0 (a reduction's empty result too: not reduce_max, -inf)
+    "integral",        # every result is a whole number (floor, round, sign)
+    "keeps_integral",  # whole-number operands give whole-number results
+    "keeps_finite",    # finite operands give finite results: it never overflows
+    "at_most_one",     # every result is at most 1 or NaN (as XLA computes it: not erf, 1.0000001 near saturation)
+    "real_result",     # a real result of a complex operand (abs, real, imag): its dtype is the real one
+    "continuous",      # moves by little where its operands move by little (no step, no cast to integers)
+})
 
 
 def _size(t: Type) -> int:
@@ -336,6 +361,9 @@ class Op:
     flops: Callable | None = None
     npu: str = "host"
     pallas: str = "between"
+    facts: frozenset = frozenset()    # what the analyses know of it (FACTS): egraph/analysis.py, rewrites/checker.py
+    identity: Callable | None = None  # a reduction's: (np.dtype) -> the value a padded element must hold
+    combine: str | None = None        # a reduction's: the binary op that joins two partial results
 
     def has(self, flag: str) -> bool:
         return flag in self.flags
@@ -355,30 +383,32 @@ def _plain_params(name):
     return lambda params: (name, ()) if all(v is None for v in params.values()) else None
 
 
-def _unary(name, fn, lax_fn=None, flags=(), npu="vector"):
+def _unary(name, fn, lax_fn=None, flags=(), npu="vector", facts=()):
     lax_fn = lax_fn or getattr(lax, name)
     return Op(name, "unary", (), frozenset({"elementwise", *flags}), (name,), _plain_params(name),
               numpy=lambda a, s, d, x: fn(x), jax=lambda n, x: lax_fn(x), flops=_per_element, npu=npu,
-              pallas="body")
+              pallas="body", facts=frozenset(facts))
 
 
-def _binary(name, fn, lax_fn=None, flags=()):
+def _binary(name, fn, lax_fn=None, flags=(), facts=()):
     lax_fn = lax_fn or getattr(lax, name)
     return Op(name, "binary", (), frozenset({"elementwise", *flags}), (name,), _plain_params(name),
               numpy=lambda a, s, d, x, y: fn(x, y), jax=lambda n, x, y: lax_fn(x, y), flops=_per_element,
-              npu="vector", pallas="body")
+              npu="vector", pallas="body", facts=frozenset(facts))
 
 
 def _reduce_capture(name):
     return lambda params: (name, (tuple(sorted(int(a) for a in params["axes"])),))
 
 
-def _reduce(name, fn, lax_fn):
+def _reduce(name, fn, lax_fn, identity, combine, facts=()):
     """A reduction over the sorted axes attrs[0]; `fn(x, axes)` in numpy, `lax_fn(x, axes)` in lax (the
-    public function: it supplies every param the primitive's transpose and batching rules need)."""
+    public function: it supplies every param the primitive's transpose and batching rules need); `identity`
+    (np.dtype -> value) and `combine` (a binary op) as `Op` says."""
     return Op(name, "reduce", ("axes",), frozenset({"reduction"}), (name,), _reduce_capture(name),
               numpy=lambda a, s, d, x: fn(x, tuple(a[0])), jax=lambda n, x: lax_fn(x, tuple(n.attrs[0])),
-              flops=lambda a, ins, out: float(_size(ins[0])), npu="vector", pallas="body")
+              flops=lambda a, ins, out: float(_size(ins[0])), npu="vector", pallas="body", facts=frozenset(facts),
+              identity=identity, combine=combine)
 
 
 def _argreduce_capture(name):
@@ -404,7 +434,7 @@ def _pool_capture(name):
     return capture
 
 
-def _pool(name, primitive):
+def _pool(name, primitive, identity, combine, facts=()):
     """A window reduction (pooling) without dilation; attrs (window, strides, low padding, high padding).
     Lowered with every param its primitive has, as `lax.reduce_window` binds it: the primitive's JVP,
     transpose and batching rules read them all."""
@@ -415,14 +445,15 @@ def _pool(name, primitive):
                               padding=tuple(zip(low, high)), base_dilation=ones, window_dilation=ones)
     return Op(name, "pool", ("window", "strides", "low", "high"), frozenset({"reduction"}), (name,),
               _pool_capture(name), numpy=lambda a, s, d, x: _np_pool(name, x, *a), jax=lower,
-              flops=lambda a, ins, out: float(_size(out) * math.prod(a[0])))
+              flops=lambda a, ins, out: float(_size(out) * math.prod(a[0])), facts=frozenset(facts),
+              identity=identity, combine=combine)
 
 
 def _scan_capture(name):
     return lambda params: (name, (int(params["axis"]), int(bool(params["reverse"]))))
 
 
-def _scan(name, fn, lax_fn, flags=()):
+def _scan(name, fn, lax_fn, flags=(), facts=()):
     """A cumulative op along one axis: attrs (axis, reverse) with reverse 0 or 1; the result has the
     operand's shape and dtype. `fn` is numpy's accumulation along an axis (from the start)."""
     def reference(a, s, d, x):
@@ -431,11 +462,12 @@ def _scan(name, fn, lax_fn, flags=()):
             return fn(x, axis)
         return np.flip(fn(np.flip(x, axis), axis), axis)
     return Op(name, "scan", ("axis", "reverse"), frozenset(flags), (name,), _scan_capture(name), numpy=reference,
-              jax=lambda n, x: lax_fn(x, axis=n.attrs[0], reverse=bool(n.attrs[1])), flops=_per_element)
+              jax=lambda n, x: lax_fn(x, axis=n.attrs[0], reverse=bool(n.attrs[1])), flops=_per_element,
+              facts=frozenset(facts))
 
 
-def _structural(name, attrs, numpy, jax, flops=_none, flags=(), npu="host", pallas="between"):
-    return Op(name, "structural", attrs, frozenset(flags), (), None, numpy, jax, flops, npu, pallas)
+def _structural(name, attrs, numpy, jax, flops=_none, flags=(), npu="host", pallas="between", facts=()):
+    return Op(name, "structural", attrs, frozenset(flags), (), None, numpy, jax, flops, npu, pallas, frozenset(facts))
 
 
 def _graph(name, attrs, flags=()):
@@ -481,39 +513,64 @@ _ENTRIES = [
                 flags=("leaf", "const_leaf")),
 
     # ---- elementwise of one operand (names follow lax primitives) ----
-    _unary("neg", np.negative), _unary("abs", np.abs), _unary("sign", np.sign, flags=_STEP),
-    _unary("floor", np.floor, flags=_STEP), _unary("ceil", np.ceil, flags=_STEP),
+    _unary("neg", np.negative, facts=("keeps_integral", "keeps_finite", "continuous")),
+    _unary("abs", np.abs, facts=("nonneg", "keeps_integral", "keeps_finite", "real_result", "continuous")),
+    _unary("sign", np.sign, flags=_STEP, facts=("keeps_nonneg", "integral", "keeps_finite")),
+    _unary("floor", np.floor, flags=_STEP, facts=("keeps_nonneg", "integral", "keeps_finite")),
+    _unary("ceil", np.ceil, flags=_STEP, facts=("keeps_nonneg", "integral", "keeps_finite")),
     # lax.round's two methods: half away from zero (its default) and half to even (jnp.round's)
     Op("round", "unary", (), frozenset({"elementwise", "step"}), ("round",),
        lambda params: {0: ("round", ()), 1: ("round_even", ())}.get(int(params.get("rounding_method", 0))),
        numpy=lambda a, s, d, x: _round(x), jax=lambda n, x: lax.round(x), flops=_per_element, npu="vector",
-       pallas="body"),
+       pallas="body", facts=frozenset(("keeps_nonneg", "integral", "keeps_finite"))),
     Op("round_even", "unary", (), frozenset({"elementwise", "step"}), (), None, numpy=lambda a, s, d, x: np.rint(x),
        jax=lambda n, x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN), flops=_per_element, npu="vector",
-       pallas="body"),
-    _unary("exp", np.exp, flags=_TRANSCENDENTAL), _unary("exp2", np.exp2, flags=_TRANSCENDENTAL),
-    _unary("log", np.log, flags=_TRANSCENDENTAL), _unary("log1p", np.log1p, flags=_TRANSCENDENTAL),
-    _unary("expm1", np.expm1, flags=_TRANSCENDENTAL), _unary("tanh", np.tanh, flags=_TRANSCENDENTAL),
-    _unary("logistic", _logistic, flags=_TRANSCENDENTAL), _unary("sqrt", np.sqrt, flags=_TRANSCENDENTAL),
-    _unary("rsqrt", lambda x: 1 / np.sqrt(x), flags=_TRANSCENDENTAL), _unary("cbrt", np.cbrt, flags=_TRANSCENDENTAL),
-    _unary("erf", _erf, flags=_TRANSCENDENTAL), _unary("erfc", _erfc, flags=_TRANSCENDENTAL),
+       pallas="body", facts=frozenset(("integral", "keeps_finite"))),
+    _unary("exp", np.exp, flags=_TRANSCENDENTAL, facts=("nonneg", "continuous")),
+    _unary("exp2", np.exp2, flags=_TRANSCENDENTAL, facts=("nonneg", "continuous")),
+    _unary("log", np.log, flags=_TRANSCENDENTAL, facts=("continuous",)),
+    _unary("log1p", np.log1p, flags=_TRANSCENDENTAL, facts=("keeps_nonneg", "continuous")),
+    _unary("expm1", np.expm1, flags=_TRANSCENDENTAL, facts=("keeps_nonneg", "continuous")),
+    _unary("tanh", np.tanh, flags=_TRANSCENDENTAL,
+           facts=("keeps_nonneg", "keeps_finite", "at_most_one", "continuous")),
+    _unary("logistic", _logistic, flags=_TRANSCENDENTAL,
+           facts=("nonneg", "keeps_finite", "at_most_one", "continuous")),
+    _unary("sqrt", np.sqrt, flags=_TRANSCENDENTAL, facts=("nonneg", "continuous")),
+    _unary("rsqrt", lambda x: 1 / np.sqrt(x), flags=_TRANSCENDENTAL, facts=("continuous",)),
+    _unary("cbrt", np.cbrt, flags=_TRANSCENDENTAL, facts=("continuous",)),
+    _unary("erf", _erf, flags=_TRANSCENDENTAL, facts=("keeps_nonneg", "keeps_finite", "continuous")),
+    _unary("erfc", _erfc, flags=_TRANSCENDENTAL, facts=("continuous",)),
     _unary("erf_inv", _erf_inv, flags=_TRANSCENDENTAL), _unary("lgamma", _lgamma, flags=_TRANSCENDENTAL),
-    _unary("sin", np.sin, flags=_TRANSCENDENTAL), _unary("cos", np.cos, flags=_TRANSCENDENTAL),
-    _unary("tan", np.tan, flags=_TRANSCENDENTAL), _unary("asin", np.arcsin, flags=_TRANSCENDENTAL),
-    _unary("acos", np.arccos, flags=_TRANSCENDENTAL), _unary("atan", np.arctan, flags=_TRANSCENDENTAL),
-    _unary("sinh", np.sinh, flags=_TRANSCENDENTAL), _unary("cosh", np.cosh, flags=_TRANSCENDENTAL),
-    _unary("asinh", np.arcsinh, flags=_TRANSCENDENTAL), _unary("acosh", np.arccosh, flags=_TRANSCENDENTAL),
-    _unary("atanh", np.arctanh, flags=_TRANSCENDENTAL),
+    _unary("sin", np.sin, flags=_TRANSCENDENTAL, facts=("keeps_finite", "at_most_one", "continuous")),
+    _unary("cos", np.cos, flags=_TRANSCENDENTAL, facts=("keeps_finite", "at_most_one", "continuous")),
+    _unary("tan", np.tan, flags=_TRANSCENDENTAL, facts=("continuous",)),
+    _unary("asin", np.arcsin, flags=_TRANSCENDENTAL, facts=("continuous",)),
+    _unary("acos", np.arccos, flags=_TRANSCENDENTAL, facts=("continuous",)),
+    _unary("atan", np.arctan, flags=_TRANSCENDENTAL, facts=("keeps_nonneg", "keeps_finite", "continuous")),
+    _unary("sinh", np.sinh, flags=_TRANSCENDENTAL, facts=("keeps_nonneg", "continuous")),
+    _unary("cosh", np.cosh, flags=_TRANSCENDENTAL, facts=("nonneg", "continuous")),
+    _unary("asinh", np.arcsinh, flags=_TRANSCENDENTAL, facts=("keeps_nonneg", "continuous")),
+    _unary("acosh", np.arccosh, flags=_TRANSCENDENTAL, facts=("continuous",)),
+    _unary("atanh", np.arctanh, flags=_TRANSCENDENTAL, facts=("continuous",)),
     # is_finite is no step: it moves only where a value crosses the dtype's largest finite value, the
     # contract's range edge (README), and the loss scale's overflow check of every gradient would pin it
     _unary("not", np.invert, lax.bitwise_not), _unary("is_finite", np.isfinite, flags=("bool_result",)),
-    _unary("square", lambda x: x * x), _unary("stop_gradient", lambda x: x, lax.stop_gradient),
-    _unary("real", np.real), _unary("imag", np.imag), _unary("conj", np.conj),
+    _unary("square", lambda x: x * x, facts=("nonneg", "keeps_integral", "continuous")),
+    _unary("stop_gradient", lambda x: x, lax.stop_gradient, facts=("continuous",)),
+    _unary("real", np.real, facts=("real_result",)),
+    _unary("imag", np.imag, facts=("real_result",)),
+    _unary("conj", np.conj),
 
     # ---- elementwise of two operands (a rank-0 operand broadcasts, as in jaxprs) ----
-    _binary("add", np.add), _binary("sub", np.subtract), _binary("mul", np.multiply),
-    _binary("div", _div), _binary("rem", _rem, flags=_STEP), _binary("pow", np.power, flags=_TRANSCENDENTAL),
-    _binary("max", np.maximum), _binary("min", np.minimum), _binary("atan2", np.arctan2, flags=_TRANSCENDENTAL),
+    _binary("add", np.add, facts=("keeps_nonneg", "keeps_integral", "continuous")),
+    _binary("sub", np.subtract, facts=("keeps_integral", "continuous")),
+    _binary("mul", np.multiply, facts=("keeps_nonneg", "keeps_integral", "continuous")),
+    _binary("div", _div, facts=("continuous",)),
+    _binary("rem", _rem, flags=_STEP),
+    _binary("pow", np.power, flags=_TRANSCENDENTAL, facts=("continuous",)),
+    _binary("max", np.maximum, facts=("keeps_integral", "continuous")),
+    _binary("min", np.minimum, facts=("keeps_integral", "continuous")),
+    _binary("atan2", np.arctan2, flags=_TRANSCENDENTAL, facts=("continuous",)),
     _binary("nextafter", np.nextafter, flags=("native",)),   # steps in the operand's own format
     _binary("eq", np.equal, flags=_COMPARE), _binary("ne", np.not_equal, flags=_COMPARE),
     _binary("lt", np.less, flags=_COMPARE), _binary("le", np.less_equal, flags=_COMPARE),
@@ -524,7 +581,8 @@ _ENTRIES = [
 
     # ---- other elementwise ----
     _structural("integer_pow", ("y",), lambda a, s, d, x: _integer_pow(x, a[0]),
-                lambda n, x: lax.integer_pow(x, n.attrs[0]), _integer_pow_flops, ("elementwise",), "vector", "body"),
+                lambda n, x: lax.integer_pow(x, n.attrs[0]), _integer_pow_flops, ("elementwise",), "vector", "body",
+                facts=("continuous",)),
     # inputs (pred, on_false, on_true)
     # select and convert are charged by the bytes they move, not as arithmetic
     _structural("select", (), lambda a, s, d, p, f, t: np.where(p != 0, t, f),
@@ -537,15 +595,20 @@ _ENTRIES = [
     # ---- reductions ----
     # an explicit identity makes empty max/min reductions well defined; lax's and/or reductions are
     # bitwise on integers, logical on bool
-    _reduce("reduce_sum", lambda x, axes: np.sum(x, axis=axes, dtype=x.dtype), lax.reduce_sum),
-    _reduce("reduce_prod", lambda x, axes: np.prod(x, axis=axes, dtype=x.dtype), lax.reduce_prod),
-    _reduce("reduce_max", lambda x, axes: np.max(x, axis=axes, initial=_lowest(x.dtype)), lax.reduce_max),
-    _reduce("reduce_min", lambda x, axes: np.min(x, axis=axes, initial=_lowest(x.dtype, True)), lax.reduce_min),
-    _reduce("reduce_and", lambda x, axes: np.bitwise_and.reduce(x, axis=axes), lax.reduce_and),
-    _reduce("reduce_or", lambda x, axes: np.bitwise_or.reduce(x, axis=axes), lax.reduce_or),
+    _reduce("reduce_sum", lambda x, axes: np.sum(x, axis=axes, dtype=x.dtype), lax.reduce_sum, _zero, "add",
+            facts=("keeps_nonneg", "keeps_integral", "continuous")),
+    _reduce("reduce_prod", lambda x, axes: np.prod(x, axis=axes, dtype=x.dtype), lax.reduce_prod, _one, "mul",
+            facts=("keeps_nonneg", "keeps_integral", "continuous")),
+    _reduce("reduce_max", lambda x, axes: np.max(x, axis=axes, initial=_lowest(x.dtype)), lax.reduce_max,
+            _lowest, "max", facts=("keeps_integral", "continuous")),
+    _reduce("reduce_min", lambda x, axes: np.min(x, axis=axes, initial=_lowest(x.dtype, True)), lax.reduce_min,
+            lambda dt: _lowest(dt, True), "min", facts=("keeps_nonneg", "keeps_integral", "continuous")),
+    _reduce("reduce_and", lambda x, axes: np.bitwise_and.reduce(x, axis=axes), lax.reduce_and, _all_ones, "and"),
+    _reduce("reduce_or", lambda x, axes: np.bitwise_or.reduce(x, axis=axes), lax.reduce_or, _zero, "or"),
     _argreduce("argmax", np.argmax, lax.argmax), _argreduce("argmin", np.argmin, lax.argmin),
-    _pool("reduce_window_max", lax.reduce_window_max_p), _pool("reduce_window_min", lax.reduce_window_min_p),
-    _pool("reduce_window_sum", lax.reduce_window_sum_p),
+    _pool("reduce_window_max", lax.reduce_window_max_p, _lowest, "max", facts=("continuous",)),
+    _pool("reduce_window_min", lax.reduce_window_min_p, lambda dt: _lowest(dt, True), "min", facts=("continuous",)),
+    _pool("reduce_window_sum", lax.reduce_window_sum_p, _zero, "add", facts=("continuous",)),
 
     # ---- contractions ----
     # numpy matmul: equal batch dims, or a rank-2 rhs; accumulated in the node's dtype
@@ -584,20 +647,30 @@ _ENTRIES = [
                 flags=("movement", "layout"), npu="format"),
 
     # ---- cumulative ops along one axis ----
-    _scan("cumsum", lambda x, axis: np.cumsum(x, axis=axis, dtype=x.dtype), lax.cumsum),
-    _scan("cumprod", lambda x, axis: np.cumprod(x, axis=axis, dtype=x.dtype), lax.cumprod),
-    _scan("cummax", lambda x, axis: np.maximum.accumulate(x, axis=axis), lax.cummax),   # NaN propagates
-    _scan("cummin", lambda x, axis: np.minimum.accumulate(x, axis=axis), lax.cummin),
+    _scan("cumsum", lambda x, axis: np.cumsum(x, axis=axis, dtype=x.dtype), lax.cumsum, facts=("continuous",)),
+    _scan("cumprod", lambda x, axis: np.cumprod(x, axis=axis, dtype=x.dtype), lax.cumprod, facts=("continuous",)),
+    _scan("cummax", lambda x, axis: np.maximum.accumulate(x, axis=axis), lax.cummax, facts=("continuous",)),
+    # NaN propagates,
+    _scan("cummin", lambda x, axis: np.minimum.accumulate(x, axis=axis), lax.cummin, facts=("continuous",)),
     _scan("cumlogsumexp", lambda x, axis: np.logaddexp.accumulate(x, axis=axis), lax.cumlogsumexp,
-          flags=_TRANSCENDENTAL),
+          flags=_TRANSCENDENTAL, facts=("continuous",)),
 ]
 
 OPS: dict[str, Op] = {op.name: op for op in _ENTRIES}
 assert len(OPS) == len(_ENTRIES), "an op is declared twice"
+assert all(op.facts <= FACTS for op in OPS.values()), "an op states a fact FACTS does not declare"
+assert all(op.identity is not None and op.combine is not None for op in OPS.values()
+           if op.family in ("reduce", "pool")), "a reduction without its identity and combine"
 
 
 def family(name: str) -> frozenset:
     return frozenset(op.name for op in OPS.values() if op.family == name)
+
+
+def knowing(fact: str, *families: str) -> tuple[str, ...]:
+    """The ops (of `families`, where given) the table says `fact` of, in table order."""
+    assert fact in FACTS, fact
+    return tuple(op.name for op in OPS.values() if fact in op.facts and (not families or op.family in families))
 
 
 def flagged(flag: str) -> frozenset:

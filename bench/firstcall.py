@@ -105,7 +105,7 @@ def lm_first_call() -> dict:
     jitted = _first(jax.jit(jax.value_and_grad(loss)), (params, tokens))
     fast = superopt(loss, cache=False)
     ours = _first(jax.jit(jax.value_and_grad(fast)), (params, tokens))
-    return dict(jit=jitted, superopt=ours, outcome=fast.report.outcome, segments=fast.report.segments)
+    return dict(jit=jitted, superopt=ours, outcome=fast.report.outcome, segments=str(fast.report.segments or ""))
 
 
 def batch_sizes(sizes=(32, 48, 64, 96, 128)) -> dict:
@@ -156,7 +156,7 @@ def blocks(counts=(2, 12)) -> list[dict]:
         params = per_layer(layer_stack(rng, count, 128, 512), count)
         fast = superopt(model, cache=False)
         rows.append(dict(blocks=count, superopt=_first(fast, (params, x)), jit=_first(jax.jit(model), (params, x)),
-                         segments=fast.report.segments))
+                         segments=str(fast.report.segments or "")))
         print(f"blocks {count:3d}  superopt {rows[-1]['superopt']:5.2f} s  {rows[-1]['segments']}", flush=True)
     return rows
 

@@ -52,8 +52,8 @@ fast = superopt(model, cache={cache!r})
 start = time.perf_counter()
 jax.block_until_ready(fast(layers, x, mask))
 r = fast.report
-print(json.dumps(dict(seconds=time.perf_counter() - start, total=time.perf_counter() - t0, segments=r.segments,
-                      cache=r.cache, gain=r.cost_before / r.cost_after, outcome=r.outcome, backend=r.backend,
+print(json.dumps(dict(seconds=time.perf_counter() - start, total=time.perf_counter() - t0, segments=str(r.segments),
+                      cache=str(r.cache), gain=r.cost_before / r.cost_after, outcome=r.outcome, backend=r.backend,
                       rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
 """
 
@@ -89,7 +89,7 @@ layer = dict(n1=f32(D), wq=f32(D, D), wk=f32(D, KV * HEAD), wv=f32(D, KV * HEAD)
 start = time.perf_counter()
 spec = superopt(model, {target!r}, cache={cache!r}).compile([layer] * LAYERS, f32(1, SEQ, D), f32(SEQ, SEQ))
 r = spec.report
-print(json.dumps(dict(seconds=time.perf_counter() - start, segments=r.segments, cache=r.cache,
+print(json.dumps(dict(seconds=time.perf_counter() - start, segments=str(r.segments), cache=str(r.cache),
                       gain=r.cost_before / r.cost_after, outcome=r.outcome, backend=r.backend,
                       rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
 """
@@ -103,7 +103,7 @@ from superopt import superopt
 f = superopt(lambda x: x * 2 + 1, cache={cache!r})
 jax.block_until_ready(f(jnp.ones((4, 4))))
 t2 = time.perf_counter()
-print(json.dumps(dict(jax_import=t1 - t0, beyond_jax=t2 - t1, cache=f.report.cache)))
+print(json.dumps(dict(jax_import=t1 - t0, beyond_jax=t2 - t1, cache=str(f.report.cache))))
 """
 
 

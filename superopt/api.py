@@ -24,7 +24,7 @@ from superopt.extract.models.registry import model_of
 from superopt.extract.target import load_target
 from superopt.options import Options
 from superopt.pipeline import EXTRACTORS, optimize
-from superopt.report import Report
+from superopt.report import CacheUse, Report
 from superopt.rewrites.rule import RuleSet
 from superopt.rewrites.schedule import Schedule
 from superopt.rulesets import DEFAULT, RULESETS
@@ -404,7 +404,7 @@ class Optimized:
         spec = optimize(program, tuple(abstract), self.options, example=example, store=store, executor=self.executor,
                         sizes=self._sizes)
         if store is None and refused(self.cache):
-            spec.report.cache = f"not used ({refused(self.cache)})"
+            spec.report.cache = CacheUse("unused", why=refused(self.cache))
         return dataclasses.replace(spec, out_keys=dict(out_keys))
 
     # ---- results ----

@@ -28,7 +28,7 @@ from superopt.extract.extraction import Extraction, program_cost
 from superopt.loops import vectorize, vectorized_note
 from superopt.options import Options
 from superopt.recipe import whole
-from superopt.report import Outcome
+from superopt.report import CacheUse, Outcome
 from superopt.reporting import as_captured, specialization
 from superopt.reroll import reroll, rerolled_note
 from superopt.reuse import program_key
@@ -136,24 +136,23 @@ def _searched(captured: Captured, search: Search, store, executor: str | None, t
             uncached = str(exc)
     if segments:
         return segmented(captured, segments, search, store, executor, timer, call)
-    dropped = ""
+    dropped = False
     if key is not None:
         found = timer("cache", cached, store, key, "program", captured.graph, captured.graph.consts)
         if found is not None and search.verify:
             found = timer("verify (cache)", rechecked, found, store, key, "program", captured,
                           search.numerics)
-            dropped = "" if found is not None else "; the entry failed its check and was dropped"
+            dropped = found is None
         if found is not None:
             spec = specialization(captured, search, timer, *found)
-            spec.report.cache = "hit (the result of an earlier optimization of this program)"
+            spec.report.cache = CacheUse("hit")
             return spec
     spec, entry = whole(captured, search, timer, store)
     if key is not None:
-        why = store.put(key, "program", entry) if entry is not None else "a time limit is not stored"
-        spec.report.cache = f"miss{dropped}; " + ("result stored" if why is None else
-                                                  why if entry is None else f"not stored ({why})")
+        why = store.put(key, "program", entry) if entry is not None else "a time limit depends on the machine's load"
+        spec.report.cache = CacheUse("miss", stored=why is None, dropped=dropped, why=why or "")
     elif uncached:
-        spec.report.cache = f"not stored ({uncached})"
+        spec.report.cache = CacheUse("unstorable", why=uncached)
     return spec
 
 

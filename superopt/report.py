@@ -83,6 +83,62 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
+@dataclass(frozen=True)
+class CacheUse:
+    """How the persistent cache (superopt/cache.py) served one specialization; `str()` is the report's line."""
+    status: str            # "hit", "miss", "unstorable" (the program has no data form) or "unused" (no store)
+    stored: bool = False   # a miss whose result was stored
+    dropped: bool = False  # a miss after an entry failed its check against the program and was dropped
+    why: str = ""          # why a result was not stored, or the cache not used
+
+    def __str__(self) -> str:
+        if self.status == "hit":
+            return "hit (the result of an earlier optimization of this program)"
+        if self.status == "unused":
+            return f"not used ({self.why})"
+        if self.status == "unstorable":
+            return f"not stored ({self.why})"
+        dropped = "; the entry failed its check and was dropped" if self.dropped else ""
+        return f"miss{dropped}; " + ("result stored" if self.stored else f"not stored ({self.why})")
+
+
+@dataclass(frozen=True)
+class SeamsUse:
+    """The windows around a segmented program's seams that were searched again (superopt/segmented.py)."""
+    seams: int             # seams inside a window
+    windows: int           # distinct windows
+    optimized: int         # windows optimized in this call
+    from_cache: int        # windows whose result came from the cache
+    changed: int           # windows whose program was changed
+
+    def __str__(self) -> str:
+        return (f"{self.seams} seams in {self.windows} distinct windows ({self.optimized} optimized, "
+                f"{self.from_cache} from the cache), {self.changed} changed")
+
+
+@dataclass(frozen=True)
+class SegmentsUse:
+    """How a program was optimized in segments (superopt/segments.py cuts them); `str()` is the report's line."""
+    count: int             # segments in the program
+    distinct: int          # distinct ones: each optimized once
+    optimized: int         # distinct segments optimized in this call
+    from_cache: int        # distinct segments whose result came from the cache
+    where: str = ""        # where the optimized ones ran ("on local workers", "in this process")
+    timed_out: int = 0     # of the optimized, those that ran out of time and run as captured
+    failed: int = 0        # of the optimized, those whose worker failed and run as captured
+    first_failure: str = ""
+    seams: SeamsUse | None = None   # the seams' windows, where one was changed
+
+    def __str__(self) -> str:
+        text = (f"{self.count} ({self.distinct} distinct: {self.optimized} optimized"
+                f"{' ' + self.where if self.optimized and self.where else ''}, {self.from_cache} from the cache")
+        if self.timed_out:
+            text += f"; {self.timed_out} ran out of time and run as captured"
+        if self.failed:
+            text += f"; {self.failed} whose worker failed run as captured (the first: {self.first_failure})"
+        return text + ")" + (f"; {self.seams}" if self.seams is not None else "")
+
+
 @dataclass
 class Report:
     target: str                    # the target's name
@@ -110,8 +166,8 @@ class Report:
     #                                (extract/guard.py: "reals" rewrites under strict, assumed domain conditions)
     left_out: list = field(default_factory=list)            # rules the mode did not run
     overflow_rewrites: dict = field(default_factory=dict)   # "reals" rules that fired (fast mode): name -> matches
-    segments: str = ""             # how the program was split, and where each distinct segment's result came from
-    cache: str = ""                # "hit" where the whole result came from the persistent cache
+    segments: SegmentsUse | None = None   # how the program was split, where each distinct segment's result came from
+    cache: CacheUse | None = None         # how the persistent cache served it (None: no cache was asked)
     rerolled: str = ""             # the loops over rows re-rolled before the search (superopt/reroll.py)
     loops: str = ""                # what the loop passes did (superopt/loops.py, superopt/regions.py)
     tier: str = ""                 # background=True: what ran while this specialization was made

@@ -16,7 +16,7 @@ from superopt.entries import cached, entry_of, from_entry, rechecked
 from superopt.extract.extraction import Extraction, program_cost
 from superopt.lowering.jax import lower
 from superopt.recipe import optimize_program
-from superopt.report import Outcome
+from superopt.report import Outcome, SeamsUse, SegmentsUse
 from superopt.reporting import specialization
 from superopt.reuse import combined_run, compiled_rules, prepare_rules, run_from_data, run_to_data, save_rules
 from superopt.segments import seam_windows, stitch
@@ -178,13 +178,10 @@ def segmented(captured: Captured, segments: list, search: Search, store, executo
     hits = len(distinct) - len(misses)
     timed_out = sum(results[seg.key][1] is Outcome.TIME_LIMIT for seg in misses)
     failed = [results[seg.key][2] for seg in misses if results[seg.key][1] is Outcome.WORKER_FAILED]
-    spec.report.segments = (f"{len(segments)} ({len(distinct)} distinct: {len(misses)} optimized"
-                            f"{' ' + placed(optimize_segment, len(misses), executor) if misses else ''}, "
-                            f"{hits} from the cache"
-                            + (f"; {timed_out} ran out of time and run as captured" if timed_out else "")
-                            + (f"; {len(failed)} whose worker failed run as captured (the first: {failed[0]})"
-                               if failed else "") + ")"
-                            + (f"; {seams[2]}" if seams is not None else ""))
+    spec.report.segments = SegmentsUse(len(segments), len(distinct), len(misses), hits,
+                                       placed(optimize_segment, len(misses), executor) if misses else "",
+                                       timed_out, len(failed), failed[0] if failed else "",
+                                       seams[2] if seams is not None else None)
     return spec
 
 
@@ -205,6 +202,4 @@ def _seams(stitched: Graph, starts: list, search: Search, store, executor: str |
     if not changed:
         return None
     n = sum(p.key in seams.windows for p in seams.pieces)
-    note = (f"{n} seams in {len(seams.windows)} distinct windows ({len(misses)} optimized, "
-            f"{len(seams.windows) - len(misses)} from the cache), {len(changed)} changed")
-    return seams, found, note
+    return seams, found, SeamsUse(n, len(seams.windows), len(misses), len(seams.windows) - len(misses), len(changed))

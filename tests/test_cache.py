@@ -310,7 +310,7 @@ def test_a_call_the_cache_answers_loads_no_egglog(tmp_path):
         from superopt import superopt
         f = superopt(lambda x: x * 2 + 1, cache={str(tmp_path / "c")!r})
         assert float(f(jnp.ones((4, 4)))[0, 0]) == 3.0
-        print(f.report.cache.startswith("hit"), [m for m in {_LOADED!r} if m in sys.modules])
+        print(f.report.cache.status == "hit", [m for m in {_LOADED!r} if m in sys.modules])
     """)
 
     def run() -> str:

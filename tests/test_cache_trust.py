@@ -18,6 +18,7 @@ import pytest
 
 from superopt import cache, superopt
 from superopt.cache import CacheWarning, Store, open_store
+from superopt.report import CacheUse
 
 
 @pytest.fixture
@@ -109,7 +110,7 @@ def test_a_group_or_world_writable_cache_is_not_used(tmp_path, fresh_warnings, w
         assert np.allclose(fast(jnp.ones(8)), 3.0)
     messages = _cache_warnings(seen)
     assert len(messages) == 1 and "writable by" in messages[0] and "without the cache" in messages[0], messages
-    assert "not used" in fast.report.cache and "writable by" in fast.report.cache, fast.report.cache
+    assert fast.report.cache.status == "unused" and "writable by" in fast.report.cache.why, fast.report.cache
 
 
 def test_a_cache_owned_by_another_user_is_not_used(tmp_path, fresh_warnings, monkeypatch):
@@ -148,7 +149,7 @@ def test_an_edited_entry_is_checked_again_and_dropped(tmp_path, fresh_warnings):
     directory = str(tmp_path / "c")
     first = superopt(f, cache=directory)
     want = np.asarray(jax.jit(f)(*x))
-    assert np.allclose(first(*x), want, rtol=1e-4) and first.report.optimized and first.report.cache.startswith("miss")
+    assert np.allclose(first(*x), want, rtol=1e-4) and first.report.optimized and first.report.cache.status == "miss"
     two, four = json.dumps({"f": float(2.0).hex()}), json.dumps({"f": float(4.0).hex()})
     assert _edit_program_entries(directory, lambda t: t.replace(two.replace(" ", ""), four.replace(" ", ""))) == 1
     with warnings.catch_warnings(record=True) as seen:
@@ -156,10 +157,10 @@ def test_an_edited_entry_is_checked_again_and_dropped(tmp_path, fresh_warnings):
         again = superopt(f, cache=directory)          # the same program: the edited entry is what the cache has
         got = np.asarray(again(*x))
     assert np.allclose(got, want, rtol=1e-4), (got, want)   # not the edited program's 2x
-    assert again.report.cache.startswith("miss") and "dropped" in again.report.cache, again.report.cache
+    assert again.report.cache.status == "miss" and again.report.cache.dropped, again.report.cache
     assert any("differs from the program" in m for m in _cache_warnings(seen)), _cache_warnings(seen)
     third = superopt(f, cache=directory)                # the result stored again in its place is a hit
-    assert np.allclose(third(*x), want, rtol=1e-4) and third.report.cache.startswith("hit"), third.report.cache
+    assert np.allclose(third(*x), want, rtol=1e-4) and third.report.cache.status == "hit", third.report.cache
 
 
 # ---- 9: a cache that cannot be created or written ----
@@ -178,7 +179,7 @@ def test_an_uncreatable_default_directory_warns_once_and_runs(tmp_path, monkeypa
         assert np.allclose(fast(jnp.ones(4)), 3.0)
     messages = _cache_warnings(seen)
     assert len(messages) == 2 and all("without the cache" in m for m in messages), messages
-    assert "not used" in fast.report.cache, fast.report.cache
+    assert fast.report.cache.status == "unused", fast.report.cache
 
 
 @pytest.mark.slow
@@ -219,7 +220,8 @@ def test_a_failed_write_says_not_stored(tmp_path, fresh_warnings, monkeypatch):
         warnings.simplefilter("always")
         fast = superopt(lambda x: jnp.sum(x * 2.0) + jnp.sum(x * 2.0), cache=str(directory))
         assert np.allclose(fast(jnp.arange(64.0, dtype=jnp.float32)), 2 * 2 * np.arange(64.0).sum())
-    assert fast.report.cache == "miss; not stored (database or disk is full)", fast.report.cache
+    assert fast.report.cache == CacheUse("miss", why="database or disk is full"), fast.report.cache
+    assert str(fast.report.cache) == "miss; not stored (database or disk is full)"
     assert len(_cache_warnings(seen)) == 1
 
 

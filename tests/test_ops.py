@@ -58,10 +58,10 @@ def test_the_analyses_facts_are_read_from_the_table():
     assert all(op.facts <= ops.FACTS for op in OPS.values())
 
 
-_REDUCE_DTYPES = ("bool", "int8", "uint8", "int32", "float32")
+_REDUCE_DTYPES = ("bool", "int8", "uint8", "int32", "float32", "bfloat16")
 # what lax takes: no bitwise reduction of floats, no sum or product of bools, no window reduction of bools
 _REDUCED = [(name, dtype) for name in sorted(ops.REDUCTIONS | ops.WINDOW_REDUCTIONS) for dtype in _REDUCE_DTYPES
-            if not (name in ("reduce_and", "reduce_or") and dtype == "float32"
+            if not (name in ("reduce_and", "reduce_or") and dtype in ("float32", "bfloat16")
                     or name in ("reduce_sum", "reduce_prod") and dtype == "bool"
                     or name in ops.WINDOW_REDUCTIONS and dtype == "bool")]
 
@@ -72,7 +72,7 @@ def _reduced_operand(dtype: str):
         return x > 0
     if dtype == "uint8":
         return (np.abs(x) * 3).astype(dtype)
-    return (x * 3).astype(dtype) if dtype != "float32" else x.astype(dtype)
+    return (x * 3).astype(dtype) if dtype not in ("float32", "bfloat16") else x.astype(dtype)
 
 
 @pytest.mark.parametrize("name,dtype", [(n, d) for n, d in _REDUCED if n in ops.REDUCTIONS])

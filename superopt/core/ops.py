@@ -25,6 +25,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Callable
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 
@@ -133,12 +134,17 @@ def _shift(kind: str) -> Callable:
 # ---- reductions ----
 
 def _lowest(dt: np.dtype, highest: bool = False):
-    """The dtype's lowest value (its highest, with `highest`): the identity of max (of min)."""
+    """The dtype's lowest value (its highest, with `highest`): the identity of max (of min). A float type
+    without infinities (float8_e4m3fn) has its largest finite value."""
+    dt = np.dtype(dt)
     if dt.kind == "b":
         return highest
-    if dt.kind == "f":
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return info.max if highest else info.min
+    if np.isinf(np.array(np.inf).astype(dt)):
         return np.inf if highest else -np.inf
-    info = np.iinfo(dt)
+    info = ml_dtypes.finfo(dt)
     return info.max if highest else info.min
 
 

@@ -44,6 +44,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from superopt.core import jax_compat
+from superopt.core.dtypes import is_float
 from superopt.core.graphs import strongly_connected
 from superopt.core.ir import Graph, Node, Opaque
 
@@ -57,6 +58,8 @@ _CALL_BODIES = {"jit": "jaxpr", "pjit": "jaxpr", "custom_jvp_call": "call_jaxpr"
 _IDENTITIES = frozenset({"copy", "copy_p", "optimization_barrier_identity"})
 # Where JAX's own functions live: a jitted jax.random sampler taking a key is kept whole, not inlined.
 _JAX_SOURCE = os.path.join("jax", "_src", "")
+# jit names of JAX's own composites that are one op of the table (Op.named_call) -> the op
+_NAMED_CALLS = {op.named_call: op.name for op in OPS.values() if op.named_call}
 
 
 @dataclass
@@ -315,21 +318,42 @@ def _expanded(eqn):
     return closed if (got.shape, got.dtype) == (want.shape, want.dtype) else None
 
 
+def _jax_own(closed) -> bool:
+    """Whether a call's body is JAX's own code (jnp.sinc, jax.random's samplers), not the user's."""
+    info = getattr(closed.jaxpr, "debug_info", None)
+    return _JAX_SOURCE in (getattr(info, "func_src_info", None) or "")
+
+
+def _named_op(eqn) -> str | None:
+    """The op table's op a call of JAX's own composite stands for (`Op.named_call`: `jit[name=sinc]` in
+    jax's source), where it takes and gives one float array of one type; else None."""
+    name = eqn.primitive.name
+    op = _NAMED_CALLS.get(eqn.params.get("name")) if name in ("jit", "pjit") else None
+    if op is None or len(eqn.invars) != 1 or len(eqn.outvars) != 1:
+        return None
+    (x,), (y,) = eqn.invars, eqn.outvars
+    if (x.aval.shape, x.aval.dtype) != (y.aval.shape, y.aval.dtype) or not is_float(x.aval.dtype) \
+            or np.dtype(x.aval.dtype).kind == "c":
+        return None
+    body = eqn.params.get(_CALL_BODIES[name])
+    closed = body if isinstance(body, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(body, ())
+    return op if _jax_own(closed) else None
+
+
 def _inlined_body(eqn):
     """The body (a ClosedJaxpr) of a call to inline, or None: a call of JAX's own code that takes or
-    returns a key (jax.random's samplers) stays one equation, so its random bits are computed as JAX does.
-    A primitive with an expansion (`_expanded`) is inlined as that."""
+    returns a key (jax.random's samplers) stays one equation, so its random bits are computed as JAX does,
+    and so does one of JAX's composites that is one op of the table (`_named_op`). A primitive with an
+    expansion (`_expanded`) is inlined as that."""
     name = eqn.primitive.name
     if name not in _CALL_BODIES:
         return _expanded(eqn)
     body = eqn.params.get(_CALL_BODIES[name])
-    if body is None:
+    if body is None or _named_op(eqn) is not None:
         return None
     closed = body if isinstance(body, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(body, ())
-    if _touches_key(eqn):
-        info = getattr(closed.jaxpr, "debug_info", None)
-        if _JAX_SOURCE in (getattr(info, "func_src_info", None) or ""):
-            return None
+    if _touches_key(eqn) and _jax_own(closed):
+        return None
     return closed
 
 
@@ -668,6 +692,12 @@ def _dynamic_slice(b, eqn, ins):
     return b.node("slice", (ins[0],), (start, limit, (1,) * len(start)), _out(eqn))
 
 
+def _named_call(b, eqn, ins):
+    """A call `_named_op` kept whole: its op (None, opaque, for any other call left uncalled)."""
+    op = _named_op(eqn)
+    return None if op is None else b.node(op, ins, (), _out(eqn))
+
+
 def _from_table(op: Op) -> Callable:
     """The handler of a primitive an op table entry captures: its `capture` hook names the op and attrs."""
     def handler(b, eqn, ins):
@@ -678,6 +708,7 @@ def _from_table(op: Op) -> Callable:
 
 _HANDLERS: dict[str, Callable] = {
     **{primitive: _from_table(op) for op in OPS.values() if op.capture for primitive in op.captures},
+    "jit": _named_call, "pjit": _named_call,
     "integer_pow": _integer_pow, "select_n": _select_n, "transpose": _transpose, "reshape": _reshape,
     "squeeze": _squeeze, "broadcast_in_dim": _broadcast, "convert_element_type": _convert,
     "concatenate": _concat, "stack": _stack, "add_any": _add_any, "slice": _slice, "pad": _pad, "iota": _iota,

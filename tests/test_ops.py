@@ -30,7 +30,9 @@ def test_every_op_has_an_entry_for_every_layer(name):
         return
     assert op.numpy is not None, "the reference evaluator and the NPU emulator need its semantics"
     assert jax_lowering._LOWER[name] is op.jax, "the JAX lowering (and Pallas between kernels) need it"
-    if op.family != "structural" and name != "round_even":   # round's hook captures round_even
+    if op.named_call is not None:     # captured from JAX's composite of that name, not from a primitive
+        assert op.capture is None and not op.captures
+    elif op.family != "structural" and name != "round_even":   # round's hook captures round_even
         assert op.capture is not None and op.captures, "a family op is captured by its table hook"
     for primitive in op.captures:
         assert primitive in _HANDLERS
@@ -118,6 +120,35 @@ def test_a_pallas_block_pads_with_the_tables_identity_and_refuses_a_reduction_wi
     assert not blocks._identity("reduce_max", "bool") and blocks._identity("reduce_min", "bool")
     with pytest.raises(NoTemplate, match="no padding identity for 'reduce_logsumexp'"):
         blocks._identity("reduce_logsumexp", "float32")
+
+
+def test_a_composite_of_jax_is_one_op_by_its_named_call_and_a_users_namesake_is_not():
+    """jnp.sinc (a jit named "sinc" in JAX's source: eq, mul, sin, div, select and a custom_jvp inside) is
+    captured as the one op `sinc`, priced as one transcendental op, and lowered as jnp.sinc, derivative
+    rule and all; a function of the user's that happens to be called sinc is entered as any call is."""
+    import jax
+    import jax.numpy as jnp
+
+    from superopt import superopt
+    from superopt.egraph.capture import capture
+    x = np.linspace(-3, 3, 64, dtype=np.float32)   # 0 among them: where sinc's own derivative rule applies
+    x[32] = 0.0
+    graph = capture(lambda v: jnp.sinc(v) * 2.0, (x,)).graph
+    assert [graph.nodes[i].op for i in graph.live() if graph.nodes[i].op != "arg"].count("sinc") == 1
+    assert "sin" not in graph.op_counts() and "select" not in graph.op_counts()
+
+    @jax.jit
+    def sinc(v):   # the user's own, named like JAX's
+        return v * 3.0
+    assert "sinc" not in capture(lambda v: sinc(v) + 1.0, (x,)).graph.op_counts()
+
+    def fn(v):
+        return jnp.sum(jnp.sinc(v) * jnp.sinc(v))
+    fast = superopt(fn, cache=False)
+    np.testing.assert_allclose(fast(x), jax.jit(fn)(x), rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(fast)(x), jax.grad(fn)(x), rtol=1e-5, atol=1e-6)
+    assert cost.flops("sinc", (), [((64,), "float32")], ((64,), "float32"), load_target("cpu")) == \
+        64 * load_target("cpu").transcendental_flops
 
 
 def test_an_unknown_op_is_an_error_naming_it_not_zero_cost():

@@ -370,6 +370,8 @@ class Op:
     facts: frozenset = frozenset()    # what the analyses know of it (FACTS): egraph/analysis.py, rewrites/checker.py
     identity: Callable | None = None  # a reduction's: (np.dtype) -> the value a padded element must hold
     combine: str | None = None        # a reduction's: the binary op that joins two partial results
+    named_call: str | None = None     # a composite of JAX's own (a `jit` of that name in jax's source, such as
+    #                                   jnp.sinc) captured as this one op, its body not entered (egraph/capture.py)
 
     def has(self, flag: str) -> bool:
         return flag in self.flags
@@ -561,6 +563,11 @@ _ENTRIES = [
     # is_finite is no step: it moves only where a value crosses the dtype's largest finite value, the
     # contract's range edge (README), and the loss scale's overflow check of every gradient would pin it
     _unary("not", np.invert, lax.bitwise_not), _unary("is_finite", np.isfinite, flags=("bool_result",)),
+    # jnp.sinc, one op (its named call): priced and rewritten whole; lowered as jnp.sinc, whose own
+    # derivative rule (a Maclaurin series at 0) JAX applies
+    Op("sinc", "unary", (), frozenset({"elementwise", "transcendental"}), (), None,
+       numpy=lambda a, s, d, x: np.sinc(x), jax=lambda n, x: jnp.sinc(x), flops=_per_element, npu="vector",
+       pallas="between", facts=frozenset({"continuous"}), named_call="sinc"),
     _unary("square", lambda x: x * x, facts=("nonneg", "keeps_integral", "continuous")),
     _unary("stop_gradient", lambda x: x, lax.stop_gradient, facts=("continuous",)),
     _unary("real", np.real, facts=("real_result",)),

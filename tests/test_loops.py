@@ -221,6 +221,7 @@ from superopt import superopt   # noqa: E402
 A = jnp.asarray(RNG.standard_normal((512, 32)), jnp.float32)   # enough rows for the loop to cost more
 
 
+@pytest.mark.slow   # grad, vmap and export each compile the program; the batching's own tests stay fast
 def test_a_batched_row_loop_is_chosen_and_matches_jax_jit_under_grad_vmap_and_export():
     fast = superopt(row_norm, target="cpu", cache=False)
     np.testing.assert_allclose(np.asarray(fast(A)), np.asarray(jax.jit(row_norm)(A)), rtol=1e-6, atol=1e-6)

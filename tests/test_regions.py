@@ -86,6 +86,7 @@ def test_a_rewrite_inside_a_body_is_made_and_the_loop_computes_jax_jits_values(n
     assert {"scan": "scan", "while": "while", "cond": "cond", "nested": "scan"}[name] in kinds   # still the loop
 
 
+@pytest.mark.slow   # grad, vmap and export each compile the program: the scan/cond cases above stay fast
 def test_grad_vmap_and_export_of_a_program_whose_loop_body_changed_are_jax_jits():
     fast = superopt(scanned, target="cpu", cache=False)
     fast(WS, H)

@@ -128,7 +128,7 @@ def measure(name: str, target: str, repeats: int, rounds: int) -> dict:
     samples = [interleaved_medians(thunks, repeats=repeats) for _ in range(rounds)]
     jit_s = statistics.median(s["jax.jit"] for s in samples)
     pallas_s = statistics.median(s["pallas"] for s in samples)
-    return {"name": name, "description": description, "backend": spec.report.backend.splitlines()[0],
+    return {"name": name, "description": description, "backend": str(spec.report.backend).splitlines()[0],
             "kinds": kinds, "in_jax": len(getattr(program, "in_jax", [])), "jit_ms": jit_s * 1e3,
             "pallas_ms": pallas_s * 1e3, "ratio": pallas_s / jit_s}
 
@@ -184,7 +184,7 @@ def dry_run(pattern: str | None) -> int:
                 if not bool(jnp.allclose(g, w, rtol=tol, atol=tol * float(jnp.max(jnp.abs(w))))):
                     raise AssertionError(f"outputs differ from jax.jit's (max |diff| "
                                          f"{float(jnp.max(jnp.abs(g - w))):.3g})")
-            print(f"dry run: {name}: {fast.compile(*args).report.backend.splitlines()[0]}", file=sys.stderr)
+            print(f"dry run: {name}: {str(fast.compile(*args).report.backend).splitlines()[0]}", file=sys.stderr)
         except Exception as exc:  # every workload is tried; the exit status says whether any failed
             failed += 1
             print(f"dry run: {name} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -101,7 +101,7 @@ def program_rows(names=PROGRAMS, targets=PROGRAM_TARGETS, timeline: str | None =
             fast = superopt(w.fn, target=target_name)
             spec = fast.compile(*w.args)
             if spec.npu is None:
-                out.append({"name": name, "target": target_name, "error": fast.report.backend})
+                out.append({"name": name, "target": target_name, "error": str(fast.report.backend)})
                 continue
             start = time.perf_counter()
             optimized = spec.npu.estimate()

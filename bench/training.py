@@ -33,7 +33,7 @@ def npu_row(w, target_name: str = "npu-910b") -> dict:
     apart = NpuExecutable(spec.term, target, siblings=False, precision=precision).estimate() \
         if spec.npu is not None else None
     grads_before, grads_after = spec.report.gradient_traffic
-    return {"target": target_name, "backend": spec.report.backend, "cycles": (before.cycles, after and after.cycles),
+    return {"target": target_name, "backend": str(spec.report.backend), "cycles": (before.cycles, after and after.cycles),
             "gm": (before.gm_bytes, after and after.gm_bytes), "grads": (grads_before, grads_after),
             "host": len(spec.npu.host_ops) if spec.npu is not None else None,
             "groups": spec.npu.groups if spec.npu is not None else [],

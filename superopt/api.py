@@ -178,9 +178,8 @@ class Optimized:
             except ValueError as exc:
                 if "varying manual axes" not in str(exc):
                     raise
-            note = f"; in a shard_map body (varying over {', '.join(map(str, varying))}) fn runs as traced"
-            if note not in spec.report.backend:
-                spec.report.backend += note
+            spec.report.backend.note(f"in a shard_map body (varying over {', '.join(map(str, varying))}) fn runs "
+                                     "as traced")
             return fn(*args, **kwargs)
 
         def filtered(dynamic, static):

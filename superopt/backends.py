@@ -25,7 +25,7 @@ from superopt.core.reference import evaluate
 from superopt.egraph.capture import CUSTOM_VJP
 from superopt.egraph.siblings import run_before
 from superopt.extract.traffic import gradient_traffic
-from superopt.report import Outcome
+from superopt.report import BackendUse, Outcome
 
 # Each backend's modules are imported where it first runs: a program that runs on JAX loads neither.
 pallas_optimizer = lazy.module("superopt.lowering.pallas.optimizer")
@@ -63,7 +63,7 @@ class PallasBackend:
     def lower(self, spec, options, *, example=None):
         if spec.report.kind is not Outcome.OPTIMIZED:
             # the original runs as the user wrote it: its own kernels would be a change nothing priced or verified
-            spec.report.backend = "jax (the original runs: Pallas runs only a program superopt changed)"
+            spec.report.backend = BackendUse.on_jax("the original runs: Pallas runs only a program superopt changed")
             return spec
         return with_derivatives(_on_pallas(spec, options.target, options.verify), options.verify,
                                 differentiable=spec.run)
@@ -243,16 +243,16 @@ def _on_pallas(spec, target, check: bool):
     except Exception as exc:  # a bug here must not take the user's program down: say so and run JAX
         warnings.warn(f"superopt: the Pallas lowering failed ({type(exc).__name__}: {exc}); running JAX",
                       RuntimeWarning, stacklevel=3)
-        report.backend = f"jax (the Pallas lowering failed: {type(exc).__name__}: {exc})"
+        report.backend = BackendUse.on_jax(f"the Pallas lowering failed: {type(exc).__name__}: {exc}")
         return spec
     if check:
         problem = _pallas_problem(spec, program)
         if problem:
             warnings.warn(f"superopt: the Pallas program differs from the JAX program ({problem}); running JAX",
                           verification.VerificationWarning, stacklevel=3)
-            report.backend = f"jax (the Pallas program failed verification: {problem})"
+            report.backend = BackendUse.on_jax(f"the Pallas program failed verification: {problem}")
             return spec
-    report.backend = "\n".join([program.summary()] + program.describe())
+    report.backend = BackendUse("pallas", detail="\n".join([program.summary()] + program.describe()))
     if report.gradient_traffic:   # as the two programs run here: sibling kernels one launch a group
         original, constant = spec.original, spec.original.constant_nodes()
         groups = pallas_optimizer.update_groups(original, constant)

@@ -525,7 +525,7 @@ def _html(args, spec, example, name: str, explanation: str = "", png: str | None
     """The --html page; the NPU timeline is `png`, or drawn from a run on `example` when not given."""
     with tempfile.TemporaryDirectory() as tmp:
         png = png or _timeline(spec, example, os.path.join(tmp, "timeline.png"))
-        note = spec.report.backend if args.target.startswith("npu") else \
+        note = str(spec.report.backend) if args.target.startswith("npu") else \
             f"target {args.target} runs through JAX; timelines are drawn for NPU targets (--target npu-910b)"
         html.write(args.html, spec, f"superopt: {name} on {args.target}", timeline_png=png, note=note,
                    explanation=explanation)

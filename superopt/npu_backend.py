@@ -45,7 +45,7 @@ from superopt.lowering.npu.codegen import CodegenError, check_precision as check
 from superopt.lowering.npu.emulator import EmulatorError, NumericOverflow
 from superopt.lowering.npu.isa import Mmad
 from superopt.lowering.npu.lower import NpuExecutable, cube_reference
-from superopt.report import Report
+from superopt.report import BackendUse, Report
 
 CHECK_SEEDS = (0, 1)           # random inputs (verify.random_args) the emulator is checked on
 CUBE_OPS = on_npu("cube")     # matmul, conv, fractal_matmul
@@ -139,7 +139,7 @@ class EmulatorRun:
         if self.fallbacks == 1:
             warnings.warn(f"superopt: the NPU program on the {self.target_name} emulator {what} (warned once)",
                           NumericsWarning, stacklevel=4)
-            self.report.backend += f"; a call ran on JAX: the NPU program {_short(what)}"
+            self.report.backend.note(f"a call ran on JAX: the NPU program {_short(what)}")
 
 
 def on_emulator(spec, target, avals, check: bool, precision: str | None = None, example=None,
@@ -168,7 +168,7 @@ def on_emulator(spec, target, avals, check: bool, precision: str | None = None, 
                                                                                         precision=precision)
                 before = estimate.cycles if original is executable else original.estimate().cycles
     except (CodegenError, EmulatorError) as exc:
-        report.backend = f"jax (the NPU lowering failed: {exc})"
+        report.backend = BackendUse.on_jax(f"the NPU lowering failed: {exc}")
         return spec
     finally:
         if before_cycles is not None:
@@ -186,13 +186,13 @@ def on_emulator(spec, target, avals, check: bool, precision: str | None = None, 
         report.stage_seconds["check-npu"] = time.perf_counter() - start
         if problem:
             warnings.warn(f"superopt: {problem}; the JAX program runs instead", NumericsWarning, stacklevel=4)
-            report.backend = f"jax ({problem})"
+            report.backend = BackendUse.on_jax(problem)
             return spec
     operands = f" with {', '.join(types)} cube operands" if types else ""
     inputs = f"{len(CHECK_SEEDS)} random inputs" + (" and the first call's" if example is not None else "")
     checked = f"; outputs within their dtype's tolerance of the original's on {inputs}, and checked on each call" \
         if check else ""
-    report.backend = f"npu emulator ({target.name}, numeric){operands}{checked}"
+    report.backend = BackendUse("npu emulator", detail=f"npu emulator ({target.name}, numeric){operands}{checked}")
     if report.gradient_traffic:   # as the two programs run: sibling kernels grouped as the lowering grouped them
         report.gradient_traffic = _gradient_traffic(spec.original, spec.term, original.groups, executable.groups)
     run = EmulatorRun(executable, spec.run, reference, report, target.name, check, primed)
@@ -411,7 +411,7 @@ def on_emulator_in_segments(spec, target, check: bool, precision: str | None = N
         runs[key] = lowered.run
         executables[key] = lowered.npu
         if lowered.npu is None:
-            failed[key] = lowered.report.backend
+            failed[key] = str(lowered.report.backend)
         else:
             after[key], before[key] = lowered.report.npu_cycles
     count = {key: sum(s.key == key for s in pieces.segments) for key in pieces.distinct}
@@ -430,12 +430,12 @@ def on_emulator_in_segments(spec, target, check: bool, precision: str | None = N
                              for why in dict.fromkeys(failed.values())]
     if not on_npu:
         report.npu_lines = report.npu_lines[1:]   # no cycles to show: every segment runs as JAX
-        report.backend = f"jax (no segment's NPU program was kept: {_short(next(iter(failed.values())))})"
+        report.backend = BackendUse.on_jax(f"no segment's NPU program was kept: {_short(next(iter(failed.values())))}")
         return spec
     checked = "; each distinct segment checked on the emulator on its own shapes" if check else ""
     if hits:
         checked += f" ({hits} of {len(pieces.distinct)} checked in an earlier run: from the cache)"
-    report.backend = f"npu emulator ({target.name}, numeric), in segments{checked}"
+    report.backend = BackendUse("npu emulator", detail=f"npu emulator ({target.name}, numeric), in segments{checked}")
     npu = SegmentedNpu({k: executables[k] for k in pieces.distinct}, cycles, cycles_before)
     return dataclasses.replace(spec, run=SegmentedRun(pieces.graph, pieces.segments, runs), npu=npu)
 

@@ -28,7 +28,7 @@ from superopt.extract.extraction import Extraction, program_cost
 from superopt.loops import vectorize, vectorized_note
 from superopt.options import Options
 from superopt.recipe import whole
-from superopt.report import CacheUse, Outcome
+from superopt.report import BackendUse, CacheUse, Outcome
 from superopt.reporting import as_captured, specialization
 from superopt.reroll import reroll, rerolled_note
 from superopt.reuse import program_key
@@ -58,7 +58,7 @@ def optimize(fn: Callable, args: tuple, options: Options, example=None, store=No
         # Effects run in the user's order only in the JAX program; the other backends check their program on
         # inputs of their own, which the user's callbacks must not see.
         what = "effects (debug prints or callbacks)" if spec.original.hidden_outputs else "a program kept whole"
-        spec.report.backend = f"jax (the program has {what}, which run only on the jax backend)"
+        spec.report.backend = BackendUse.on_jax(f"the program has {what}, which run only on the jax backend")
         return spec
     return BACKENDS[backend].lower(spec, options, example=example)
 

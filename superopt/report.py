@@ -83,6 +83,28 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
+@dataclass
+class BackendUse:
+    """What runs a specialization's program (superopt/backends.py); `str()` is the report's line."""
+    runs: str = "jax"        # "jax", "pallas" or "npu emulator"
+    fell_back: str = ""      # why JAX runs the program instead of the backend asked for ("" where it did not)
+    detail: str = ""         # the backend's own words: a Pallas program's kernels, what the emulator checked
+    notes: list = field(default_factory=list)   # what happened since: under a trace, a call that ran on JAX
+
+    @classmethod
+    def on_jax(cls, why: str) -> "BackendUse":
+        """JAX runs the program, the backend asked for having declined it for `why`."""
+        return cls("jax", fell_back=why)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def __str__(self) -> str:
+        head = f"{self.runs} ({self.fell_back})" if self.fell_back else (self.detail or self.runs)
+        return head + "".join(f"; {n}" for n in self.notes)
+
+
 @dataclass(frozen=True)
 class CacheUse:
     """How the persistent cache (superopt/cache.py) served one specialization; `str()` is the report's line."""
@@ -153,7 +175,7 @@ class Report:
     stage_seconds: dict = field(default_factory=dict)
     top_costs: list = field(default_factory=list)  # (cost, description) of the chosen program's costliest ops
     declined: list = field(default_factory=list)   # larger fusions that were available, and why they lost
-    backend: str = "jax"           # what runs the program
+    backend: BackendUse = field(default_factory=BackendUse)   # what runs the program
     target_spec: Any = None        # the Target the program was chosen for (extract/target.py), as the call loaded
                                    # it: explain and html read its cost model without loading the target again
     npu_lines: list = field(default_factory=list)  # the NPU program's stages and emulated cycles

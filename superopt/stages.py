@@ -103,7 +103,7 @@ class Specialization:
             else:
                 self._traced = program
                 how = "runs the extracted program as JAX (npu_under_trace='callback' calls the emulator)"
-            self.report.backend += f"; under a JAX trace it {how}"
+            self.report.backend.note(f"under a JAX trace it {how}")
         return self.unflatten(self._traced(*flat))
 
 

@@ -139,12 +139,13 @@ def check_superopt(program, target: str, backend: str, draw) -> None:
     STATS["kinds"][(program.kind, "through superopt")] += 1
     STATS["stop"][report.run.stop_reason.value] += 1
     STATS["outcomes"][report.outcome.split(":")[0] + (": verification" if verification else "")] += 1
-    STATS["backend"][report.backend.split("\n")[0].split(" (")[0]] += 1
+    STATS["backend"][report.backend.runs] += 1
     assert report.run.stop_reason is not StopReason.ERROR, report.run.error
     # A backend may decline a term it cannot lower (then JAX runs it), but it must not produce a program
     # that its own check rejects, nor fail with an error.
-    assert "failed verification" not in report.backend and "failed on random" not in report.backend, report.backend
-    assert "Pallas lowering failed" not in report.backend, report.backend
+    assert "failed verification" not in report.backend.fell_back and "failed on random" not in report.backend.fell_back, \
+        report.backend
+    assert "Pallas lowering failed" not in report.backend.fell_back, report.backend
     # Drawn whatever the outcome, so that Hypothesis replays the same draws when the outcome differs
     # (an optimization under a time limit can end differently on a busier machine).
     reference = jax.jit(lambda *a: jax.tree_util.tree_leaves(fn(*a)))

@@ -157,11 +157,11 @@ def test_an_f32_matmul_on_the_npu_emulator_keeps_float32s_tolerance():
     with pytest.warns(VerificationWarning, match="differs from the original program"):
         fast = superopt(program, target="npu-910")
         spec = fast.compile(*args)
-    assert spec.npu is None and "the npu-910 cube takes no fp32 operands" in fast.report.backend
+    assert spec.npu is None and "the npu-910 cube takes no fp32 operands" in fast.report.backend.fell_back
     assert compare_outputs(want, _flat(fast(*args))) is None
     fast = superopt(program, target="npu-910b")
     spec = fast.compile(*args)
-    assert spec.npu is not None and "fp32 cube operands" in fast.report.backend, fast.report.backend
+    assert spec.npu is not None and "fp32 cube operands" in fast.report.backend.detail, fast.report.backend
     assert compare_outputs(want, _flat(fast(*args))) is None
 
 
@@ -200,7 +200,7 @@ def test_pallas_lowers_an_operand_of_lower_rank():
     args = [np.ones((4, 2), np.float32), np.arange(2, dtype=np.float32)]
     fast = superopt(program, target="gpu-a100", backend="pallas")
     assert compare_outputs(_flat(jax.jit(program)(*args)), _flat(fast(*args))) is None
-    assert "lowering failed" not in fast.report.backend, fast.report.backend
+    assert "lowering failed" not in fast.report.backend.fell_back, fast.report.backend
 
 
 @pytest.mark.slow
@@ -237,8 +237,7 @@ def test_pallas_program_passes_its_own_check_on_a_bf16_program():
     args = random_args(avals, 11)
     fast = superopt(program, target="gpu-a100", backend="pallas")
     fast(*args)
-    assert "failed verification" not in fast.report.backend, fast.report.backend
-    assert fast.report.backend.startswith("pallas"), fast.report.backend
+    assert fast.report.backend.runs == "pallas", fast.report.backend
 
 
 def test_a_size_one_axis_broadcast_against_an_empty_one_is_empty():
@@ -271,8 +270,7 @@ def test_pallas_runs_a_sum_over_an_empty_axis_with_jax():
     args = [np.array([-1.0, -0.75, 0.0, 2.0], np.float32), np.array([-1.0, -0.75], np.float32)]
     fast = superopt(program, target="gpu-h100", backend="pallas")
     assert compare_outputs(_flat(jax.jit(program)(*args)), _flat(fast(*args))) is None
-    assert fast.report.backend.startswith("pallas") and "lowering failed" not in fast.report.backend, \
-        fast.report.backend
+    assert fast.report.backend.runs == "pallas", fast.report.backend
 
 
 @pytest.mark.slow
@@ -324,7 +322,7 @@ def test_a_kept_original_on_pallas_is_differentiated_as_under_jax_jit():
     a = np.array([0.0, 1.0, -1.0, 0.0, 0.5, -0.5, 2.0, 0.0], np.float32)
     fast = superopt(jax.nn.relu, target="gpu-a100", backend="pallas")
     fast(a)
-    assert not fast.report.optimized and fast.report.backend.startswith("jax (the original runs"), fast.report.backend
+    assert not fast.report.optimized and fast.report.backend.fell_back.startswith("the original runs"), fast.report.backend
     np.testing.assert_array_equal(jax.grad(lambda a: jnp.sum(fast(a)))(a),
                                   jax.grad(lambda a: jnp.sum(jax.jit(jax.nn.relu)(a)))(a))
 
@@ -352,6 +350,6 @@ def test_a_product_with_infinite_and_overflowing_terms_is_a_sum_xla_itself_adds_
         np.testing.assert_array_equal(batched[0, 1:], single[0, 1:])
         fast = superopt(program, target="gpu-h100", backend="pallas")
         fast(np.ones_like(a), np.ones_like(w))
-        assert fast.report.backend.startswith("pallas"), fast.report.backend
+        assert fast.report.backend.runs == "pallas", fast.report.backend
         got = np.asarray(fast(a, w))
         assert any(np.array_equal(got, want, equal_nan=True) for want in (batched, single)), got[0, 0]

@@ -284,7 +284,7 @@ def test_on_the_npu_each_distinct_segment_is_lowered_and_checked_once():
     fast = superopt(model, "npu-910b", cache=False)
     got = outputs(fast, ps, x)
     report = fast.report
-    assert report.backend.startswith("npu emulator (npu-910b, numeric), in segments"), report.backend
+    assert report.backend.detail.startswith("npu emulator (npu-910b, numeric), in segments"), report.backend
     assert "in 4 segments, 1 of 1 distinct on the NPU" in "\n".join(report.npu_lines)
     assert 0 < fast.npu.cycles < fast.npu.cycles_before
     for a, b in zip(got, outputs(jax.jit(model), ps, x)):
@@ -313,7 +313,7 @@ def test_the_npu_check_takes_the_originals_outputs_from_the_segments_verificatio
     ps, x = params(3)
     spec = superopt(model, "npu-910b", cache=False).compile(ps, x)
     with_known = len(runs)
-    assert asked == [[0, 1]] and spec.report.backend.startswith("npu emulator"), (asked, spec.report.backend)
+    assert asked == [[0, 1]] and spec.report.backend.runs == "npu emulator", (asked, spec.report.backend)
     monkeypatch.setattr(npu_backend.verification, "remembered", lambda key: {})
     runs.clear()
     again = superopt(model, "npu-910b", cache=False).compile(ps, x)
@@ -324,8 +324,8 @@ def test_a_segment_checked_on_the_npu_is_not_checked_again_from_the_cache(tmp_pa
     ps, x = params(3)
     first = superopt(model, "npu-910b", cache=tmp_path).compile(ps, x)
     again = superopt(model, "npu-910b", cache=tmp_path).compile(ps, x)
-    assert "from the cache" not in first.report.backend
-    assert "(1 of 1 checked in an earlier run: from the cache)" in again.report.backend, again.report.backend
+    assert "from the cache" not in first.report.backend.detail
+    assert "(1 of 1 checked in an earlier run: from the cache)" in again.report.backend.detail, again.report.backend
     assert again.npu.cycles == first.npu.cycles and again.npu.cycles_before == first.npu.cycles_before
     np.testing.assert_allclose(np.asarray(again.run(*jax.tree_util.tree_leaves((ps, x)))[0]),
                                np.asarray(jax.jit(model)(ps, x)), rtol=1e-3, atol=1e-3)
@@ -360,7 +360,7 @@ def test_a_cached_npu_segment_is_built_at_its_first_use_and_a_wrong_entry_falls_
     real = npu_backend.NpuExecutable
     monkeypatch.setattr(npu_backend, "NpuExecutable", lambda *a, **k: built.append(1) or real(*a, **k))
     again = superopt(model, "npu-910b", cache=tmp_path).compile(ps, x)
-    assert "from the cache" in again.report.backend and built == []
+    assert "from the cache" in again.report.backend.detail and built == []
     flat = jax.tree_util.tree_leaves((ps, x))
     np.testing.assert_allclose(np.asarray(again.run(*flat)[0]), np.asarray(jax.jit(model)(ps, x)),
                                rtol=1e-3, atol=1e-3)

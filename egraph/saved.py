@@ -40,32 +40,85 @@ def _names(decls: Declarations) -> list[str]:
     return declared_names(decls)
 
 
-def rules_to_data(groups: list[tuple]) -> dict:
-    """Groups of egglog rules (each a tuple, e.g. one superopt rule's expansions) as a JSON-safe dict."""
-    table: list = []
-    index: dict = {}
+class _Table:
+    """The distinct nodes of every decl encoded in this process, each once, in the order first met (a node's
+    children before it). A process encodes its rules again whenever it has compiled more of them (each
+    cache directory gets them once: `superopt/reuse.py:save_rules`); those it encoded before are found by
+    identity (the rules and their decls live as long as the process), not hashed again, which is what
+    encoding a tree of frozen dataclasses by value costs."""
 
-    def enc(x):
+    def __init__(self):
+        self.items: list = []      # [(data form, indices of the nodes it refers to)]
+        self.index: dict = {}      # a node's data form -> position, for equal nodes that are not the same object
+        self.by_id: dict = {}      # id(node) -> position
+        self.kept: list = []       # the nodes by_id names, kept alive so that their ids are not reused
+
+    def ref(self, x) -> int:
+        at = self.by_id.get(id(x))
+        if at is not None:
+            return at
+        refs: list = []
+        if type(x) is tuple:
+            item = {"t": [self.value(v, refs) for v in x]}
+            values = item["t"]
+        elif dataclasses.is_dataclass(x) and type(x).__module__ == D.__name__:
+            item = {"d": type(x).__name__, "a": [self.value(getattr(x, f.name), refs) for f in dataclasses.fields(x)]}
+            values = item["a"]
+        else:
+            raise TypeError(f"an egglog declaration holds a {type(x).__name__}, which has no data form")
+        # Equal nodes by their data form, which tells -0.0 from 0.0 and True from 1 (equality does not).
+        key = (item.get("d"), tuple(tuple(v.items())[0] if isinstance(v, dict) else (type(v).__name__, v)
+                                    for v in values))
+        at = self.index.get(key)
+        if at is None:
+            at = self.index[key] = len(self.items)
+            self.items.append((item, refs))
+        self.by_id[id(x)] = at
+        self.kept.append(x)
+        return at
+
+    def value(self, x, refs: list):
         if x is None or isinstance(x, (bool, str, int)):
             return x
         if isinstance(x, float):
             return {"f": x.hex()}
-        key = (type(x), x)
-        if key not in index:
-            if type(x) is tuple:
-                item = {"t": [enc(v) for v in x]}
-            elif dataclasses.is_dataclass(x) and type(x).__module__ == D.__name__:
-                item = {"d": type(x).__name__, "a": [enc(getattr(x, f.name)) for f in dataclasses.fields(x)]}
-            else:
-                raise TypeError(f"an egglog declaration holds a {type(x).__name__}, which has no data form")
-            index[key] = len(table)
-            table.append(item)
-        return {"r": index[key]}
+        at = self.ref(x)
+        refs.append(at)
+        return {"r": at}
 
+    def subset(self, roots: list[int]) -> tuple[list, dict]:
+        """The nodes `roots` reach, children first, renumbered from 0, and the renumbering."""
+        seen: set = set()
+        todo = list(roots)
+        while todo:
+            at = todo.pop()
+            if at not in seen:
+                seen.add(at)
+                todo.extend(self.items[at][1])
+        order = sorted(seen)
+        new = {old: i for i, old in enumerate(order)}
+
+        def renumber(v):
+            return {"r": new[v["r"]]} if isinstance(v, dict) and "r" in v else v
+        table = []
+        for at in order:
+            item = self.items[at][0]
+            table.append({"t": [renumber(v) for v in item["t"]]} if "t" in item
+                         else {"d": item["d"], "a": [renumber(v) for v in item["a"]]})
+        return table, new
+
+
+_table = _Table()
+
+
+def rules_to_data(groups: list[tuple]) -> dict:
+    """Groups of egglog rules (each a tuple, e.g. one superopt rule's expansions) as a JSON-safe dict."""
+    roots = [[_table.ref(r.decl) for r in group] for group in groups]
+    table, new = _table.subset([at for group in roots for at in group])
     rules = [r for group in groups for r in group]
     needed = Declarations.create(*rules) if rules else Declarations()
-    return {"format": FORMAT, "egglog": DATA_FORM, "groups": [[enc(r.decl) for r in group] for group in groups], "table": table,
-            "needs": _names(needed)}
+    return {"format": FORMAT, "egglog": DATA_FORM, "groups": [[{"r": new[at]} for at in group] for group in roots],
+            "table": table, "needs": _names(needed)}
 
 
 def rules_from_data(data: dict) -> list[tuple]:

@@ -16,6 +16,7 @@ them (`tests/test_limits.py` compares the two encoders).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -173,15 +174,17 @@ _template: dict = {}   # the main thread's empty e-graph that `scratch` lends, a
 
 
 @contextmanager
-def scratch():
+def scratch(prime: Callable | None = None):
     """An empty e-graph for one program's search, on which `encode(..., egraph=)` writes: the process's
     template e-graph, which holds the analyses' facts and the analysis rule set registered once, pushed
     for the search and popped after it (egglog restores its state, Python side included). Registering the
     analysis rule set in each new e-graph took 78 ms of every search, where running it on a small program
     takes under a millisecond; a search forks its saturation from the pushed state, so the child holds the
-    program and the parent gets the template back at the pop. The template belongs to the main thread (an
-    egglog e-graph must be dropped on the thread that made it); another thread (`background=True`'s
-    worker), or a nested use while the template is lent, gets a new e-graph with the facts, as before."""
+    program and the parent gets the template back at the pop. `prime(template)`, called before the push,
+    registers more in the template for good (the rule sets of earlier searches: `runner.prime`). The
+    template belongs to the main thread (an egglog e-graph must be dropped on the thread that made it);
+    another thread (`background=True`'s worker), or a nested use while the template is lent, gets a new
+    e-graph with the facts, as before."""
     from superopt.egraph.analysis import analysis
     from superopt.egraph.frozen import saturate_registered
     if _template.get("lent") or threading.current_thread() is not threading.main_thread():
@@ -195,6 +198,8 @@ def scratch():
         saturate_registered(eg, analysis())
         _template["egraph"] = eg
     eg = _template["egraph"]
+    if prime is not None:
+        prime(eg)
     eg.push()
     _template["lent"] = True
     try:

@@ -38,7 +38,7 @@ from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
 from superopt.core.deadline import Deadline
 from superopt.egraph.limits import SATURATION_SHARE, Limits, RunReport, StopReason
-from superopt.egraph.runner import NODE_SLACK, reachable, saturate, use_cpu_time
+from superopt.egraph.runner import NODE_SLACK, ran, reachable, registered, ruleset_of, saturate, use_cpu_time
 
 _HEADER = struct.Struct("<Q")
 CPU_WALL_SLACK = 3   # a child limited in CPU time is killed after this many times its limit in wall-clock time
@@ -67,10 +67,12 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     was killed at the time limit, ran out of memory, crashed, or saturation failed (module doc). With
     `deadline`, saturation gets at most `SATURATION_SHARE` of the time it leaves, and `TimeLimit` is
     raised if it has passed before saturation starts."""
-    for rule in reachable(egraph, schedule):
+    rules = reachable(egraph, schedule)
+    for rule in rules:
         if deadline is not None:
             deadline.check("saturate")
-        rule.egg  # compiled here, where the cache outlives the child (compiling takes most of a first run)
+        ruleset_of(rule)  # compiled here, where they outlive the child (compiling takes most of a first run),
+        # and kept as a rule set, which the next search's template registers (`runner.prime`)
     analysis()    # likewise the analysis rule set, which every step runs
     limits = replace(limits, seconds=min(limits.seconds, limits.saturation_seconds))
     if deadline is not None:
@@ -83,7 +85,7 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     pid = fork()   # the child runs egglog only, and collects none of the garbage it inherits
     if pid == 0:  # pragma: no cover - the child; coverage is not collected there
         os.close(read_fd)
-        _child(egraph, schedule, limits, write_fd, errors.fileno(), cpu)
+        _child(egraph, schedule, rules, limits, write_fd, errors.fileno(), cpu)
     os.close(write_fd)
     bar = progress.task("saturate", transient=True)
     deadline = start + (_cpu_cap(limits) * CPU_WALL_SLACK if cpu else limits.seconds * NODE_SLACK)
@@ -104,7 +106,10 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     if message is not None and message[0] == "done":
         os.waitpid(pid, 0)
         errors.close()
-        return message[1], message[2]
+        report, frozen, held = message[1:]
+        if report.error is None:
+            ran(rules[i] for i in held)   # registered there without a crash: the next search's template may
+        return report, frozen
     seconds = time.perf_counter() - start
     timed_out = message is None and time.perf_counter() >= deadline
     if timed_out:
@@ -134,10 +139,11 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     return report, None
 
 
-def _child(egraph, schedule, limits: Limits, write_fd: int, errors_fd: int,
+def _child(egraph, schedule, rules: list, limits: Limits, write_fd: int, errors_fd: int,
            cpu: bool = False) -> None:  # pragma: no cover
-    """Saturate, freeze and send; never returns (os._exit skips the parent's exit handlers). With `cpu`,
-    the limits count this process's CPU time."""
+    """Saturate, freeze and send, with the positions of those of `rules` (the reachable ones) whose rule sets
+    the saturation registered; never returns (os._exit skips the parent's exit handlers). With `cpu`, the
+    limits count this process's CPU time."""
     try:
         os.dup2(errors_fd, 2)
         sys.stderr = open(2, "w", closefd=False)
@@ -159,7 +165,7 @@ def _child(egraph, schedule, limits: Limits, write_fd: int, errors_fd: int,
             with progress.bars(enabled=False):
                 report = saturate(egraph, schedule, limits, on_step=lambda *step: send(("step", *step)))
             frozen = portable(freeze(egraph)) if report.stop_reason is not StopReason.ERROR else None
-            send(("done", report, frozen))
+            send(("done", report, frozen, registered(egraph, rules)))
         except MemoryError:
             send(("memory",))
         except BaseException as exc:  # noqa: BLE001 - egglog's PanicException derives from BaseException

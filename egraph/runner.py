@@ -17,7 +17,10 @@ overruns, memory, a crash in egglog) need a child process: `egraph/isolate.py`.
 A rule whose left-hand side needs a constructor of which the e-graph holds no e-node (a quantization rule
 in a float program, a layout rule where nothing is packed) cannot match: it is passed over, neither
 compiled nor run, until a constructor it needs appears (`needs`). egglog compiles each rule set on its
-first run, so this is most of a phase's cost on a small program.
+first run, so this is most of a phase's cost on a small program. Each rule has one rule set per process
+(`ruleset_of`), and the process's template e-graph (`egraph/encode.py:scratch`) registers the rule sets of
+every rule an earlier search ran (`prime`): a search forked from it registers only the rules no earlier
+search reached (registering took about 150 ms of a small program's 250 ms saturation).
 
 Back-off works as egg's BackoffScheduler does, between steps: a rule that matched more than its limit
 in one step sits out the next `ban_length` steps, and each ban doubles both numbers for that rule. This
@@ -32,6 +35,7 @@ takes from it, so its limits give the same e-graph at any load.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 from egglog import EGraph, back_off, ruleset
@@ -88,6 +92,52 @@ def reachable(egraph: EGraph, schedule) -> list:
         held |= {t.fn for r in fired for pair in r.pairs for p in pair for t in _terms(p, set())}
 
 
+# rule -> (the rule, its rule set): equal rules (superopt's `Rule` compares by definition) share one, so a rule
+# rebuilt for each call, or a guarded search's copy of one, is not compiled and registered again; an object
+# that does not hash is keyed by its id (and kept here, so that the id is not reused)
+_RULESETS: dict = {}
+_RAN: dict[int, object] = {}       # id -> a rule set that a saturation registered, and then ended without an error
+_names = itertools.count()
+
+
+def ruleset_of(rule) -> object:
+    """The egglog rule set of `rule` alone: one per rule in a process, so that an e-graph that registered it
+    once (`prime`) runs it without registering it again."""
+    try:
+        key = rule
+        held = _RULESETS.get(key)
+    except TypeError:
+        key = id(rule)
+        held = _RULESETS.get(key)
+        held = held if held is not None and held[0] is rule else None
+    if held is None:
+        held = _RULESETS[key] = (rule, ruleset(*rule.egg, name=f"superopt-rule-{next(_names)}"))
+    elif held[0] is not rule and hasattr(rule, "adopt"):
+        rule.adopt(held[0].egg)   # an equal rule's egglog rules: this one is not compiled again
+    return held[1]
+
+
+def registered(egraph: EGraph, rules: list) -> list[int]:
+    """The positions in `rules` of those whose rule set `egraph` registered (a saturation ran it)."""
+    return [i for i, r in enumerate(rules) if api.is_registered(egraph, ruleset_of(r))]
+
+
+def ran(rules) -> None:
+    """Note that a saturation (here, or in a child process: `egraph/isolate.py`) registered the rule sets of
+    `rules` and ended without an error: `prime` may register them in this process's template."""
+    _RAN.update((id(rs), rs) for rs in map(ruleset_of, rules))
+
+
+def prime(egraph: EGraph) -> None:
+    """Register in `egraph` (the template e-graph a search starts from) the rule set of every rule that a search
+    of this process ran (`ran`) and that `egraph` does not hold, by a run of zero iterations: nothing is
+    applied, nothing in the e-graph changes. Only rule sets that a saturation registered without a crash are
+    registered here, in the caller's process (egglog's crashes are the child's alone: `egraph/isolate.py`)."""
+    for _, rules in list(_RULESETS.values()):
+        if id(rules) in _RAN and not api.is_registered(egraph, rules):
+            egraph.run(rules * 0)
+
+
 _clock = wall_seconds   # wall-clock time; `use_cpu_time` makes it the process's CPU time
 
 
@@ -137,7 +187,6 @@ class _PhaseRunner:
         self.report = PhaseReport(phase.name, matches={r.name: 0 for r in phase.rules},
                                   rule_seconds={r.name: 0.0 for r in phase.rules})
         self.banned_until: dict[str, int] = {}
-        self._rulesets: dict[str, object] = {}
         self.on_step = None   # called with the iteration count after each step (progress bars)
         self.node_limit = min(limits.nodes, run_limits.nodes)
         self.rows_per_match = {r.name: rows_per_match(r) for r in phase.rules}
@@ -146,11 +195,6 @@ class _PhaseRunner:
         self._single: dict = {}  # egglog rule -> a rule set of it alone, for bounded applications
         self.needs = {r.name: needs(r) for r in phase.rules}
         self.work_limit = min(limits.work, run_limits.work)
-
-    def ruleset_of(self, rule) -> object:
-        if rule.name not in self._rulesets:  # egglog compiles a rule set once; keep one per rule
-            self._rulesets[rule.name] = ruleset(*rule.egg, name=f"{self.phase.name}-{len(self._rulesets)}")
-        return self._rulesets[rule.name]
 
     def step(self, active: list, phase_start: float) -> tuple[bool, dict[str, int], StopReason | None]:
         """Apply each active rule once, timing each (egglog 13.2 reports no per-rule times); stop early,
@@ -167,7 +211,7 @@ class _PhaseRunner:
             if rows * GUARD_FROM > self.node_limit:
                 changed, per_decl, held = self.bounded(rule, step_start)
             else:
-                result = self.egraph.run(self.ruleset_of(rule))
+                result = self.egraph.run(ruleset_of(rule))
                 changed, held = result.updated, False
                 own = self._decls.get(rule.name) or self._decls.setdefault(rule.name, {e.decl for e in rule.egg})
                 per_decl = {key: n for key, n in result.num_matches_per_rule.items() if key in own}
@@ -284,6 +328,8 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
         report.error = f"{type(exc).__name__}: {exc}"
     else:
         report.enodes, report.eclasses = count(egraph)
+        held = [r for r, _ in _RULESETS.values()]
+        ran(held[i] for i in registered(egraph, held))
     finally:
         bar.close()
     report.seconds = _now() - start

@@ -182,13 +182,19 @@ def multi_rule(name: str, pairs, *conditions, doc: str, numerics: str = "exact",
                 given=domain)
 
 
+_SPECULATING: dict = {}   # rule -> its copy that speculates (one per definition: compiled once in a process)
+
+
 def speculating(r: Rule) -> Rule:
     """The copy of `r` a guarded search runs: its domain conditions assumed where the analysis cannot prove
     them, each assumption recorded for the run-time check (rewrites/compile.py). `r` itself where it has none (a
-    foreign rule object, a test's, has no `given`)."""
+    foreign rule object, a test's, has no `given`). The same copy for every rule equal to `r`: a copy is
+    compiled to egglog rules once, and every guarded search of the process runs it."""
     if not getattr(r, "given", ()) or r.speculative:
         return r
-    return dataclasses.replace(r, speculative=True)
+    if r not in _SPECULATING:
+        _SPECULATING[r] = dataclasses.replace(r, speculative=True)
+    return _SPECULATING[r]
 
 
 @dataclass

@@ -166,7 +166,9 @@ def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: D
     alternatives, the benchmarks' probes: they need the time more than the isolation). `origins`: each node's
     class records its id, for rules that assume a domain condition (a speculative search: `guarded`)."""
     try:
-        with encoding.scratch() as empty:   # the process's template e-graph, restored when the search is done
+        # the process's template e-graph, restored when the search is done, with the rule sets earlier searches
+        # ran registered in it first
+        with encoding.scratch(lambda template: timer("rules", runner.prime, template)) as empty:
             enc = timer("encode", encoding.encode, captured.graph, deadline, origins, empty)
             if isolated:
                 run, frozen = timer("saturate", isolate.saturate_isolated, enc.egraph, schedule, limits, deadline)

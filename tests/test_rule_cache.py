@@ -17,6 +17,15 @@ from superopt.stages import schedule_of
 from superopt.rewrites.schedule import Schedule
 
 
+@pytest.fixture(autouse=True)
+def _no_rule_sets_yet(monkeypatch):
+    """The process as another one starts: none of the rule sets earlier tests ran (egraph/runner.py, `ruleset_of`),
+    whose compiled rules a rule equal to theirs would adopt."""
+    from superopt.egraph import runner
+    monkeypatch.setattr(runner, "_RULESETS", {})
+    monkeypatch.setattr(runner, "_RAN", {})
+
+
 def fresh(schedule: Schedule) -> Schedule:
     """The schedule as another process gets it: the same rules, none built (a rule pickles without them)."""
     copy = pickle.loads(pickle.dumps(schedule))

@@ -73,3 +73,35 @@ def test_a_rule_that_needs_a_constructor_the_egraph_lacks_is_passed_over_until_o
     assert alone.matches["inline-load"] == 0 and alone.rule_seconds["inline-load"] == 0.0
     after = run([lift, inline])
     assert after.matches["inline-load"] > 0 and after.rule_seconds["inline-load"] > 0.0
+
+
+def test_a_template_primed_with_the_rule_sets_saturates_to_the_same_egraph(monkeypatch):
+    """`runner.prime` registers the rule sets of rules run before in an e-graph, for good (the template a search
+    forks from): nothing is applied, and a program saturated from the primed template reaches the same e-graph,
+    numbered alike, with the same matches, as from a template where each rule set is registered as it runs."""
+    from superopt.egraph import encode as encoding
+    from superopt.egraph.egglog_api import is_registered, table_sizes
+    from superopt.egraph.frozen import freeze
+    from superopt.egraph.isolate import portable
+    from superopt.egraph import runner
+    from superopt.egraph.runner import prime
+    monkeypatch.setattr(encoding, "_template", {})   # a new template, which no earlier search primed
+    program = capture(lambda a, b: (a @ b) @ (b * 2.0) + a, (jnp.ones((4, 4)), jnp.ones((4, 4)))).graph
+
+    def searched(primer):
+        with encoding.scratch(primer) as empty:
+            eg = encode(program, egraph=empty).egraph
+            report = saturate(eg, PHASES)
+            return report, portable(freeze(eg)), [rs for _, rs in runner._RULESETS.values() if is_registered(eg, rs)]
+    plain = searched(None)
+    rules = plain[2]                               # the rule sets the search ran (the others cannot match)
+    template = encoding._template["egraph"]
+    rows = lambda: {name: n for name, n in table_sizes(template).items() if n}   # noqa: E731 - not declarations
+    before = rows()
+    assert rules and not any(is_registered(template, r) for r in rules)   # registered in the search, gone at its pop
+    prime(template)
+    assert all(is_registered(template, r) for r in rules) and rows() == before
+    primed = searched(prime)
+    assert all(is_registered(template, r) for r in rules)       # kept after the pop
+    assert plain[0].stop_reason is primed[0].stop_reason is StopReason.SATURATED
+    assert plain[0].matches == primed[0].matches and plain[1].classes == primed[1].classes

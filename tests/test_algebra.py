@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 from jax import lax
 
+import searching
 from superopt.egraph.capture import capture
-from superopt.egraph.encode import encode
-from superopt.egraph.frozen import freeze
-from superopt.egraph.runner import Limits, Phase, StopReason, saturate
+from superopt.egraph.runner import Limits, Phase, StopReason
 from superopt.extract.greedy import extract
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
@@ -152,13 +151,13 @@ FIRES = {
 
 
 def saturated(fn, args, rules=ALGEBRA, speculate=False):
-    """Saturate `fn`'s program with `rules`; with `speculate`, as a guarded program's search does: rules with
-    domain conditions assume them (`speculating`) on the program's nodes (`origins`)."""
+    """(the captured program, (the frozen e-graph, its encoding): what extraction reads, the run's report) for
+    `fn`'s program saturated with `rules` (tests/searching.py); with `speculate`, as a guarded program's search
+    does: rules with domain conditions assume them (`speculating`) on the program's nodes (`origins`)."""
     captured = capture(fn, args)
-    enc = encode(captured.graph, origins=speculate)
     rules = [speculating(r) for r in rules] if speculate else list(rules)
-    report = saturate(enc.egraph, [Phase("t", rules)], Limits())
-    return captured, enc, report
+    enc, report, frozen = searching.saturated(captured.graph, [Phase("t", rules)], Limits(), origins=speculate)
+    return captured, (frozen, enc), report
 
 
 def test_there_are_enough_rules_and_each_is_described():
@@ -173,10 +172,10 @@ def test_there_are_enough_rules_and_each_is_described():
 @pytest.mark.parametrize("name", sorted(FIRES))
 def test_rule_fires_and_keeps_meaning(name):
     fn, args = FIRES[name]
-    captured, enc, report = saturated(fn, args, speculate=any(r.given for r in ALGEBRA if r.name == name))
+    captured, searched, report = saturated(fn, args, speculate=any(r.given for r in ALGEBRA if r.name == name))
     assert report.stop_reason is not StopReason.ERROR, report.error
     assert report.matches[name] > 0, f"{name} did not fire; fired: {report.fired}"
-    chosen = extract(freeze(enc.egraph), enc, load_target("cpu"))
+    chosen = extract(*searched, load_target("cpu"))
     got = lower(chosen.graph)(*args)
     want = jax.tree_util.tree_leaves(fn(*args))
     assert compare_outputs([np.asarray(w) for w in want], [np.asarray(g) for g in got]) is None
@@ -191,16 +190,16 @@ def test_reassociation_follows_shapes():
     """(A@B)@v goes right; u@(A@B) with a thin u goes left: the cost model decides, not the rule."""
     for fn, args, want_first in [(lambda a, b, v: (a @ b) @ v, (A, B, V), (8, 1)),
                                  (lambda u, a, b: u @ (a @ b), (V.T, A, B), (1, 8))]:
-        _, enc, _ = saturated(fn, args)
-        graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
+        _, searched, _ = saturated(fn, args)
+        graph = extract(*searched, load_target("cpu")).graph
         first = next(n for n in graph.nodes if n.op == "matmul")
         assert first.shape == want_first
 
 
 def test_inexact_cast_round_trip_is_not_removed():
     fn = lambda a: a.astype(jnp.float16).astype(jnp.float32)
-    _, enc, _ = saturated(fn, (A,))
-    graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
+    _, searched, _ = saturated(fn, (A,))
+    graph = extract(*searched, load_target("cpu")).graph
     assert graph.op_counts().get("convert", 0) == 2
 
 
@@ -215,9 +214,9 @@ def test_domain_rules_fire_only_where_the_sign_analysis_proves_the_domain():
         _, _, report = saturated(fn, (A,))
         assert not any(report.matches.get(name, 0) for name in DOMAIN), report.fired
     # exp(a) >= 0 and a * a >= 0, so their product, its transpose and its column sums are: |.| goes
-    _, enc, report = saturated(lambda a: jnp.abs(jnp.sum(jnp.exp(a).T * (a * a), axis=0)), (A,))
+    _, searched, report = saturated(lambda a: jnp.abs(jnp.sum(jnp.exp(a).T * (a * a), axis=0)), (A,))
     assert report.matches["abs-of-nonneg"] > 0, report.fired
-    graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
+    graph = extract(*searched, load_target("cpu")).graph
     assert "abs" not in graph.op_counts()
 
 
@@ -233,9 +232,9 @@ def test_rounding_is_dropped_only_where_the_integer_analysis_proves_every_elemen
         assert not any(report.matches.get(name, 0) for name in INTEGRAL), report.fired
     # an int cast, sums and products of it with integer literals, and its row maxima are integers: floor goes
     fn = lambda a: jnp.floor(jnp.max(a.astype(jnp.int32) * 3.0 - 1.0, axis=1) + jnp.ceil(a[0]))   # noqa: E731
-    _, enc, report = saturated(fn, (A,))
+    _, searched, report = saturated(fn, (A,))
     assert report.matches["floor-of-integral"] > 0, report.fired
-    graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
+    graph = extract(*searched, load_target("cpu")).graph
     assert "floor" not in graph.op_counts()
     np.testing.assert_array_equal(np.asarray(lower(graph)(A)[0]), np.asarray(fn(A)))
 
@@ -261,9 +260,9 @@ def test_range_rules_fire_only_where_the_range_analysis_proves_the_range():
     # and min(sigmoid, 1) goes
     fn = lambda a: (lambda c: c / c)(jnp.maximum(jnp.tanh(a.astype(jnp.int32).astype(jnp.float32)), 0.5)) \
         + jnp.minimum(jax.nn.sigmoid(a), 1.0)   # noqa: E731
-    _, enc, report = saturated(fn, (A,))
+    _, searched, report = saturated(fn, (A,))
     assert report.matches["div-self-of-finite-positive"] > 0 and report.matches["min-one-of-at-most-one"] > 0
-    graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
+    graph = extract(*searched, load_target("cpu")).graph
     assert "div" not in graph.op_counts() and "min" not in graph.op_counts(), graph.op_counts()
     np.testing.assert_allclose(np.asarray(lower(graph)(A)[0]), np.asarray(fn(A)), rtol=1e-6)
 
@@ -275,7 +274,7 @@ def test_a_sum_of_an_outer_product_is_not_taken_for_a_matrix_vector_product():
     refused). The rules do not fire, and the program extracted computes the same."""
     u, w = (jnp.asarray(rng.standard_normal(n), jnp.float32) for n in (8, 6))
     fn = lambda a, b: jnp.sum(jnp.outer(a, b))   # noqa: E731
-    _, enc, report = saturated(fn, (u, w))
+    _, searched, report = saturated(fn, (u, w))
     assert not report.matches.get("row-sums-of-scaled-rows") and not report.matches.get("column-sums-of-scaled-columns")
-    graph = extract(freeze(enc.egraph), enc, load_target("cpu")).graph
+    graph = extract(*searched, load_target("cpu")).graph
     np.testing.assert_allclose(np.asarray(lower(graph)(u, w)[0]), np.asarray(fn(u, w)), rtol=1e-5)

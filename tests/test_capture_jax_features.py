@@ -8,6 +8,7 @@ import pytest
 from jax import lax
 from jax.extend import core as jcore
 
+import searching
 from superopt.egraph.capture import EffectfulResults, KeepWhole, capture, without_debug_effects
 from superopt.egraph.encode import encode
 from superopt.egraph.frozen import freeze
@@ -40,9 +41,7 @@ def lowered(fn, args):
 def optimized_graph(fn, args, target="cpu", rulesets=("algebra", "fusion")):
     """fn captured, saturated with `rulesets`, extracted for `target`: the graph the pipeline would lower."""
     captured = capture(fn, args)
-    enc = encode(captured.graph)
-    saturate(enc.egraph, Schedule.of(*rulesets), Limits(iterations=8, seconds=30))
-    fz = freeze(enc.egraph)
+    enc, _, fz = searching.saturated(captured.graph, Schedule.of(*rulesets), Limits(iterations=8, seconds=30))
     return extract(fz, enc, load_target(target)).graph, captured, fz
 
 

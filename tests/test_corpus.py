@@ -14,7 +14,8 @@ from corpus import CORPUS, make_args
 from superopt import superopt
 from superopt.core.ir import pretty
 from superopt.egraph.capture import capture
-from superopt.egraph.encode import encode
+from superopt.egraph import encode as encoding
+from superopt.egraph import runner
 from superopt.egraph.frozen import freeze
 from superopt.egraph.runner import Limits, Phase, saturate
 from superopt.extract.greedy import extract
@@ -36,12 +37,13 @@ def _programs(prog):
         optimized = superopt(prog.fn)
         optimized.compile(*args)
         captured = capture(prog.fn, args)
-        enc = encode(captured.graph)
-        saturate(enc.egraph, [Phase("algebra", list(RULESETS["algebra"]))], Limits())
-        forced = extract(freeze(enc.egraph), enc, load_target("cpu"))
-        # With fusion too, extracted for each kind of target: kernels differ, meaning must not.
-        saturate(enc.egraph, [Phase("fusion", list(RULESETS["fusion"]))], Limits())
-        frozen = freeze(enc.egraph)
+        with encoding.scratch(runner.prime) as empty:   # as superopt's search saturates (tests/searching.py)
+            enc = encoding.encode(captured.graph, egraph=empty)
+            saturate(enc.egraph, [Phase("algebra", list(RULESETS["algebra"]))], Limits())
+            forced = extract(freeze(enc.egraph), enc, load_target("cpu"))
+            # With fusion too, extracted for each kind of target: kernels differ, meaning must not.
+            saturate(enc.egraph, [Phase("fusion", list(RULESETS["fusion"]))], Limits())
+            frozen = freeze(enc.egraph)
         kernels = [lower(extract(frozen, enc, load_target(t)).graph) for t in FUSION_TARGETS]
         _built[prog.name] = (optimized, lower(forced.graph), lower(captured.graph), kernels, forced.graph)
     return _built[prog.name]

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 from jax import lax
 
+from searching import saturated
 from superopt import superopt
 from superopt.egraph.capture import capture
-from superopt.egraph.encode import encode
-from superopt.egraph.frozen import freeze
 from superopt.core.ir import body_str
-from superopt.egraph.runner import StopReason, saturate
+from superopt.egraph.runner import StopReason
 from superopt.extract.greedy import extract
 from superopt.extract.ilp import extract_ilp
 from superopt.extract.target import load_target
@@ -35,10 +34,9 @@ def normal(*shape, dtype=np.float32):
 
 def fused(fn, args, target="cpu", rulesets=("algebra", "fusion"), extractor=extract):
     captured = capture(fn, args)
-    enc = encode(captured.graph)
-    report = saturate(enc.egraph, Schedule.of(*rulesets).for_target(load_target(target).kind))
+    enc, report, frozen = saturated(captured.graph, Schedule.of(*rulesets).for_target(load_target(target).kind))
     assert report.stop_reason is not StopReason.ERROR, report.error
-    return extractor(freeze(enc.egraph), enc, load_target(target)), report
+    return extractor(frozen, enc, load_target(target)), report
 
 
 def kernels(graph):

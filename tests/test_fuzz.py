@@ -49,12 +49,10 @@ from hypothesis import HealthCheck, Phase, assume, given, seed, settings
 from hypothesis import strategies as st
 
 from fuzzing import KINDS, agrees, draw_inputs, first_args, narrowest_float, programs, same_value
+from searching import saturated
 from superopt import numerics as numerics_mode
 from superopt import Limits, StopReason, VerificationWarning, available_targets, superopt
 from superopt.egraph.capture import capture
-from superopt.egraph.encode import encode
-from superopt.egraph.frozen import freeze
-from superopt.egraph.runner import saturate
 from superopt.extract.greedy import extract
 from superopt.extract.target import load_target
 from superopt.lowering.jax import lower
@@ -193,12 +191,10 @@ def check_extracted(program, draw) -> None:
     fn = program.function()
     args = first_args(program, 5)
     captured = capture(fn, tuple(args))
-    enc = encode(captured.graph)
     schedule = Schedule.of(*DEFAULT)
-    run = saturate(enc.egraph, schedule, FUZZ_LIMITS)
+    enc, run, frozen = saturated(captured.graph, schedule, FUZZ_LIMITS)
     assert run.stop_reason is not StopReason.ERROR, run.error
     mode = "fast" if numerics_mode.overflow_rewrites(schedule, run.fired) else "strict"
-    frozen = freeze(enc.egraph)
     STATS["ops"][min(program.n_ops // 10 * 10, 60)] += 1
     STATS["kinds"][(program.kind, "extracted")] += 1
     lowered = TARGETS[zlib.crc32(program.source.encode()) % len(TARGETS)]

@@ -5,14 +5,15 @@ import pytest
 from egglog import EGraph, String, set_, union
 
 from corpus import CORPUS, make_args
+import searching
 from superopt import superopt
 from superopt.egraph import terms as T
 from superopt.egraph.analysis import analysis, facts
 from superopt.egraph.capture import capture
-from superopt.egraph.encode import Encoding, encode
+from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import freeze
 from superopt.core.ir import Graph
-from superopt.egraph.runner import Limits, Phase, saturate
+from superopt.egraph.runner import Limits, Phase
 from superopt.extract.greedy import extract, program_cost
 from superopt.extract.ilp import extract_ilp
 from superopt.extract.target import Target, load_target
@@ -64,9 +65,7 @@ def test_ilp_result_evaluates_like_the_greedy_one():
 @pytest.mark.parametrize("prog", CORPUS, ids=[p.name for p in CORPUS])
 def test_ilp_is_never_worse_than_greedy_and_proves_small_graphs(prog):
     captured = capture(prog.fn, make_args(prog, 0))
-    enc = encode(captured.graph)
-    saturate(enc.egraph, [Phase("algebra", RULESETS["algebra"])], Limits())
-    fz = freeze(enc.egraph)
+    enc, _, fz = searching.saturated(captured.graph, [Phase("algebra", RULESETS["algebra"])], Limits())
     cpu = load_target("cpu")
     greedy, ilp = extract(fz, enc, cpu), extract_ilp(fz, enc, cpu)
     assert ilp.cost <= greedy.cost * (1 + 1e-12)

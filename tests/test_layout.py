@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import searching
 from superopt.egraph.encode import encode
-from superopt.egraph.frozen import freeze
 from superopt.core.ir import Graph, Node
 from superopt.core.formats import FORMATS, fractal_matmul_shape, pack_np, packed_shape, unpack_np
 from superopt.egraph.runner import saturate
@@ -176,9 +176,8 @@ def test_pushing_a_pack_into_an_op_is_caught():
 
 
 def _run(graph, rulesets, target="cpu"):
-    enc = encode(graph)
-    saturate(enc.egraph, Schedule.of(*rulesets))
-    return extract(freeze(enc.egraph), enc, load_target(target))
+    enc, _, frozen = searching.saturated(graph, Schedule.of(*rulesets))
+    return extract(frozen, enc, load_target(target))
 
 
 def test_cancellation_in_an_egraph():

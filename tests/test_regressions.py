@@ -11,11 +11,9 @@ from jax import lax
 
 from custom_rules import RULES, straight_through_round
 from fuzzing import KINDS, agrees, first_args, narrowest_float, programs, same_value
+import searching
 from superopt import Limits, VerificationWarning, superopt
 from superopt.egraph.capture import capture
-from superopt.egraph.encode import encode
-from superopt.egraph.frozen import freeze
-from superopt.egraph.runner import saturate
 from superopt.extract import kernels
 from superopt.extract.greedy import extract
 from superopt.extract.target import available_targets, load_target
@@ -31,9 +29,8 @@ def _flat(tree) -> list:
 
 def _saturated(fn, args, limits=Limits(iterations=4, nodes=8_000, seconds=3.0)):
     captured = capture(fn, tuple(args))
-    enc = encode(captured.graph)
-    saturate(enc.egraph, Schedule.of(*DEFAULT), limits)
-    return captured.graph, enc, freeze(enc.egraph)
+    enc, _, frozen = searching.saturated(captured.graph, Schedule.of(*DEFAULT), limits)
+    return captured.graph, enc, frozen
 
 
 def test_precise_reference_keeps_a_kernels_inputs_unrounded():

@@ -108,7 +108,7 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
         errors.close()
         report, frozen, held = message[1:]
         if report.error is None:
-            ran(rules[i] for i in held)   # registered there without a crash: the next search's template may
+            ran(rules[i] for i in held)   # registered there without a crash: the next template registers them
         return report, frozen
     seconds = time.perf_counter() - start
     timed_out = message is None and time.perf_counter() >= deadline

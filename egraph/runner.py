@@ -96,7 +96,7 @@ def reachable(egraph: EGraph, schedule) -> list:
 # rebuilt for each call, or a guarded search's copy of one, is not compiled and registered again; an object
 # that does not hash is keyed by its id (and kept here, so that the id is not reused)
 _RULESETS: dict = {}
-_RAN: dict[int, object] = {}       # id -> a rule set that a saturation registered, and then ended without an error
+_RAN: set[str] = set()   # names of the rule sets a saturation registered, and then ended without an error
 _names = itertools.count()
 
 
@@ -125,7 +125,7 @@ def registered(egraph: EGraph, rules: list) -> list[int]:
 def ran(rules) -> None:
     """Note that a saturation (here, or in a child process: `egraph/isolate.py`) registered the rule sets of
     `rules` and ended without an error: `prime` may register them in this process's template."""
-    _RAN.update((id(rs), rs) for rs in map(ruleset_of, rules))
+    _RAN.update(api.ruleset_name(ruleset_of(r)) for r in rules)
 
 
 def prime(egraph: EGraph) -> None:
@@ -134,7 +134,7 @@ def prime(egraph: EGraph) -> None:
     applied, nothing in the e-graph changes. Only rule sets that a saturation registered without a crash are
     registered here, in the caller's process (egglog's crashes are the child's alone: `egraph/isolate.py`)."""
     for _, rules in list(_RULESETS.values()):
-        if id(rules) in _RAN and not api.is_registered(egraph, rules):
+        if api.ruleset_name(rules) in _RAN and not api.is_registered(egraph, rules):
             egraph.run(rules * 0)
 
 
@@ -328,8 +328,7 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
         report.error = f"{type(exc).__name__}: {exc}"
     else:
         report.enodes, report.eclasses = count(egraph)
-        held = [r for r, _ in _RULESETS.values()]
-        ran(held[i] for i in registered(egraph, held))
+        _RAN.update(api.ruleset_name(rs) for _, rs in _RULESETS.values() if api.is_registered(egraph, rs))
     finally:
         bar.close()
     report.seconds = _now() - start

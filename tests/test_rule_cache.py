@@ -23,7 +23,7 @@ def _no_rule_sets_yet(monkeypatch):
     whose compiled rules a rule equal to theirs would adopt."""
     from superopt.egraph import runner
     monkeypatch.setattr(runner, "_RULESETS", {})
-    monkeypatch.setattr(runner, "_RAN", {})
+    monkeypatch.setattr(runner, "_RAN", set())
 
 
 def fresh(schedule: Schedule) -> Schedule:

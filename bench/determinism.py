@@ -36,7 +36,7 @@ def run(target: str, pattern: str, extractor: str = "greedy") -> dict:
         seconds = time.perf_counter() - start
         report = spec.report
         backstop = (report.run.stop_reason.value == "time limit" or "time limit" in report.outcome
-                    or "of the time left" in report.extraction or "time backstop" in report.extraction)
+                    or (report.extraction is not None and report.extraction.timed))
         out[name] = dict(term=hashlib.sha1(pretty(spec.term).encode()).hexdigest()[:16], outcome=report.outcome,
                          iterations=report.run.iterations, enodes=report.run.enodes, seconds=round(seconds, 2),
                          backstop=backstop)

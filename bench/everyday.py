@@ -146,7 +146,7 @@ def measure_domain(samples: int = 21) -> list[dict]:
         f = modes["strict"]
         term = f._last.term
         row = dict(name=name, changed=f.report.kind is Outcome.OPTIMIZED, why=f.report.reason or "",
-                   guarded=term.guard is not None, optimize=seconds["strict"], extraction=f.report.extraction)
+                   guarded=term.guard is not None, optimize=seconds["strict"], extraction=str(f.report.extraction or ""))
         for side, args in (("inside", inside), ("outside", outside)):
             med, _ = interleaved({"jit": jitted, "strict": f}, args, samples)
             ran = guard_passes(term, *args) if term.guard is not None else None

@@ -195,7 +195,6 @@ def pins(fz: FrozenEGraph, enc: Encoding) -> Pins:
     return Pins(chosen, count, frozenset(literals))
 
 
-def note(p: Pins | None) -> str:
-    """What the extraction line says of the pins."""
-    return f"; {p.nodes} nodes feeding a step (comparison, rounding, int conversion) as captured" if p and p.nodes \
-        else ""
+def pinned_count(p: Pins | None) -> int:
+    """The captured nodes the pins keep (the extraction's `Method.pinned`)."""
+    return p.nodes if p else 0

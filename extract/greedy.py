@@ -26,7 +26,7 @@ from superopt.egraph.frozen import ENode, FrozenEGraph
 from superopt.extract import cone
 from superopt.extract.cost import MATRIX_OPS, op_breakdown, op_cost
 from superopt.extract.errors import ExtractionError
-from superopt.extract.extraction import Extraction, program_cost
+from superopt.extract.extraction import Extraction, Method, program_cost
 from superopt.extract.kernels import expand
 from superopt.extract.memory import fit_budget
 from superopt.extract.target import Target
@@ -173,10 +173,8 @@ def extract(fz: FrozenEGraph, enc: Encoding, target: Target, exclude=frozenset()
         graph = build_graph(fz, enc, choice)
     cost, per_node = program_cost(graph, target)
     hoisted = _hoisted(choice)
-    method = f"greedy ({fz.growth_cut} kernels grew less: growth budget spent)" if fz.growth_cut else "greedy"
-    if optional.expired():
-        method += f"; kernel growth and sharing trials stopped at {OPTIONAL_SHARE:.0%} of the time left"
-    method += cone.note(pinned)
+    method = Method("greedy", growth_cut=fz.growth_cut, trials_stopped=OPTIONAL_SHARE if optional.expired() else 0,
+                    pinned=cone.pinned_count(pinned))
     return Extraction(graph, cost, per_node, method=method,
                       declined=declined_fusions(fz, choice, own, target, hoisted), memory=memory)
 

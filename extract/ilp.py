@@ -9,7 +9,7 @@ the ILP is never worse than greedy; without a solution it falls back to greedy.
 
 What decides the result is counted: HiGHS runs on one thread (its parallel search is not repeatable) and
 stops at `NODE_BUDGET` branch-and-bound nodes, so the same e-graph gives the same choice on an idle and a
-busy machine. Its time limit is a backstop, and the method string says when it fired ("stopped by the
+busy machine. Its time limit is a backstop, and the method record says when it fired ("stopped by the
 time backstop"): only then does the result depend on the machine's speed.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from superopt.egraph.frozen import FrozenEGraph
 from superopt.core.ir import hoistable
 from superopt.extract import cone
 from superopt.extract.kernels import expand
+from superopt.extract.extraction import Method
 from superopt.extract.greedy import (OPTIONAL_SHARE, Extraction, build_graph, declined_fusions, extract as extract_greedy,
                                      node_costs, program_cost)
 from superopt.extract.target import Target
@@ -85,7 +86,7 @@ def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: flo
     try:
         import highspy
     except ImportError:  # pragma: no cover - highspy is a dependency
-        greedy.method = "greedy (highspy is not installed)"
+        greedy.method = greedy.method.but(detail="highspy is not installed")
         return greedy
     own = {n: c for n, c in node_costs(fz, enc, target).items()
            if math.isfinite(c) and n not in forbidden}  # infinite: cannot run
@@ -126,16 +127,17 @@ def extract_ilp(fz: FrozenEGraph, enc: Encoding, target: Target, time_limit: flo
     status = h.modelStatusToString(h.getModelStatus())
     chosen = {n.eclass: n for n in nodes if h.val(x[n]) > 0.5}
     if any(cls not in chosen for cls in fz.outputs.values()):
-        greedy.method = f"greedy (the ILP found no solution: {status})"
+        greedy.method = greedy.method.but(detail=f"the ILP found no solution: {status}")
         return greedy
     graph = build_graph(fz, enc, chosen)
     total, per_node = program_cost(graph, target)
-    proof = _proof(status, time_limit)
+    proof, backstop = _proof(status, time_limit), "time limit" in status.lower()
     if total <= greedy.cost:
         hoisted = {cls for cls, n in chosen.items() if hoistable(n.fn, [c in constant for c in n.children])}
-        return Extraction(graph, total, per_node, method=f"ilp ({proof})" + cone.note(pinned),
+        return Extraction(graph, total, per_node, method=Method("ilp", proof, backstop=backstop,
+                                                                 pinned=cone.pinned_count(pinned)),
                           declined=declined_fusions(fz, chosen, own, target, hoisted))
-    greedy.method = f"greedy (cheaper than the ILP's result, {proof})"
+    greedy.method = greedy.method.but(detail=f"cheaper than the ILP's result, {proof}", backstop=backstop)
     return greedy
 
 

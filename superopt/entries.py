@@ -16,7 +16,7 @@ from superopt.core.reference import evaluate as evaluate_reference
 from superopt.core.serial import NotSerializable, to_data
 from superopt.egraph.capture import Captured
 from superopt.egraph.limits import RunReport
-from superopt.extract.extraction import Extraction
+from superopt.extract.extraction import Extraction, Method
 from superopt.lowering.jax import lower
 from superopt.report import Outcome
 from superopt.reuse import run_from_data, run_to_data, term_from_entry, with_consts
@@ -35,8 +35,9 @@ def entry_of(run: RunReport, outcome: Outcome, reason: str, chosen: Extraction |
             term = to_data(with_consts(chosen.graph, lambda consts: consts[shared_consts:]))
     except NotSerializable:
         return None
-    found = {} if chosen is None else dict(cost=chosen.cost, node_costs=chosen.node_costs, method=chosen.method,
-                                            declined=list(chosen.declined), memory=chosen.memory)
+    found = {} if chosen is None else dict(cost=chosen.cost, node_costs=chosen.node_costs,
+                                           method=chosen.method.to_data(), declined=list(chosen.declined),
+                                           memory=chosen.memory)
     return dict(term=term, run=run_to_data(run), outcome=outcome.name, reason=reason, chosen=found)
 
 
@@ -56,9 +57,9 @@ def from_entry(entry: dict, original: Graph, consts=()):
         if (term is None) != (outcome is not Outcome.OPTIMIZED):
             raise NotSerializable("the entry's outcome and program disagree")
         found = entry["chosen"]
-        chosen = None if not found else Extraction(term if term is not None else original, float(found["cost"]),
-                                                  [float(c) for c in found["node_costs"]], str(found["method"]),
-                                                  list(found["declined"]), str(found["memory"]))
+        chosen = None if not found else Extraction(
+            term if term is not None else original, float(found["cost"]), [float(c) for c in found["node_costs"]],
+            Method.from_data(found["method"]), list(found["declined"]), str(found["memory"]))
         program = traced_like(term, original) if term is not None else None
         return run_from_data(entry["run"]), outcome, str(entry["reason"]), chosen, program
     except Exception:   # noqa: BLE001  - whatever is wrong with it, the entry is recomputed

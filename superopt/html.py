@@ -192,7 +192,7 @@ def render(spec, title: str, timeline_png: str | None = None, note: str = "", us
                               f"{_fmt_time(sum(ph.seconds for ph in run.phases))} in its phases"),
                ("e-graph", f"{run.enodes} e-nodes in {run.eclasses} e-classes"),
                ("cost (model)", report.cost_line),
-               *([("extracted by", report.extraction)] if report.extraction else []),
+               *([("extracted by", str(report.extraction))] if report.extraction else []),
                ("launches", f"{len(before)} → {len(after)}"), ("runs on", str(report.backend)),
                ("stages", ", ".join(f"{k} {_fmt_time(v)}" for k, v in report.stage_seconds.items()))]
     rules = []

@@ -24,7 +24,7 @@ from superopt.core.modes import Numerics
 from superopt.core.serial import NotSerializable
 from superopt.egraph.capture import Captured, capture, custom_calls
 from superopt.entries import cached, rechecked, traced_like
-from superopt.extract.extraction import Extraction, program_cost
+from superopt.extract.extraction import Extraction, Method, program_cost
 from superopt.loops import vectorize, vectorized_note
 from superopt.options import Options
 from superopt.recipe import whole
@@ -183,9 +183,9 @@ def _at_other_sizes(captured: Captured, search: Search, timer: Stages, match) ->
         extra = program_cost(check, tgt)[0] if check is not None else 0.0
         if graph.guard is not None and graph.guard.conditions and extra > speculation.MAX_CHECK_SHARE * costs[0]:
             return None
-        guarded = f"; guarded: runs where {words} (else the original)" if words else ""
-        chosen = Extraction(graph, cost + extra, node_costs, f"the program chosen at argument shapes "
-                            f"{decision.sizes_text()}, renamed to these sizes{guarded}")
+        chosen = Extraction(graph, cost + extra, node_costs, Method(
+            "reused", f"the program chosen at argument shapes {decision.sizes_text()}, renamed to these sizes",
+            guard=words or ""))
         worth_it(chosen, costs[0], (), None)
         if search.verify and not speculation.holds_here(graph, check, captured, original, search.numerics):
             return None

@@ -12,7 +12,7 @@ from superopt.core.ir import carry_scopes
 from superopt.egraph.capture import Captured
 from superopt.egraph.limits import RunReport, StopReason
 from superopt.entries import entry_of
-from superopt.extract.extraction import Extraction, as_run, program_cost
+from superopt.extract.extraction import Extraction, Method, as_run, program_cost
 from superopt.extract.memory import peak_memory
 from superopt.lowering.jax import lower
 from superopt.report import Outcome
@@ -65,7 +65,7 @@ def optimize_program(captured: Captured, reference: Callable, search: Search, ti
                                             "they are (loops, whose bodies were searched on their own, sorts) and "
                                             "constants")
             chosen = Extraction(captured.graph, *program_cost(captured.graph, tgt),
-                                "none: nothing for the search besides the loops' passes")
+                                Method("none", "nothing for the search besides the loops' passes"))
         else:
             if rules is not None:
                 timer("rules", prepare_rules, search.schedule, rules)
@@ -92,8 +92,8 @@ def optimize_program(captured: Captured, reference: Callable, search: Search, ti
             if deadline.expired():
                 raise Kept(Outcome.TIME_LIMIT, f"time limit (verify: the call's {limits.seconds:g} s ran out)")
         if search.tune:   # both programs without their debug prints: superopt's own inputs
-            chosen.method += "; " + timer("tune", measured, reference_program(captured),
-                                          on_own_inputs(chosen.graph, program), captured)
+            chosen.method = chosen.method.but(measured=timer("tune", measured, reference_program(captured),
+                                                             on_own_inputs(chosen.graph, program), captured))
         return run, Outcome.OPTIMIZED, "", chosen, program
     except Kept as kept:
         outcome, reason = kept.outcome, kept.reason

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from superopt.egraph.limits import RunReport, StopReason
+from superopt.extract.extraction import Method
 
 # A larger fusion is a real candidate (listed as declined) when its price is within this factor of the
 # kernels chosen instead; one further off is listed as not chosen, with how much slower it is.
@@ -169,7 +170,7 @@ class Report:
     cost_after: float = 0.0        # model seconds per call, chosen program
     kind: Outcome | None = None    # what runs: the optimized program, or the original and the kind of reason
     reason: str = ""               # why the original was kept, in words
-    extraction: str = ""           # which extractor chose the program, and how it ended
+    extraction: Method | None = None   # which extractor chose the program, and how it ended (None: none ran)
     ops_before: dict = field(default_factory=dict)
     ops_after: dict = field(default_factory=dict)
     stage_seconds: dict = field(default_factory=dict)

@@ -13,7 +13,7 @@ from superopt.core.serial import digest
 from superopt.egraph.capture import Captured
 from superopt.egraph.limits import RunReport, StopReason
 from superopt.entries import cached, entry_of, from_entry, rechecked
-from superopt.extract.extraction import Extraction, program_cost
+from superopt.extract.extraction import Extraction, Method, program_cost
 from superopt.lowering.jax import lower
 from superopt.recipe import optimize_program
 from superopt.report import Outcome, SeamsUse, SegmentsUse
@@ -161,7 +161,7 @@ def segmented(captured: Captured, segments: list, search: Search, store, executo
     chosen = None
     if Outcome.OPTIMIZED in outcomes:
         cost, node_costs = program_cost(stitched, tgt)
-        chosen = Extraction(stitched, cost, node_costs, f"{search.extractor}, per segment", declined)
+        chosen = Extraction(stitched, cost, node_costs, Method(search.extractor, "per segment"), declined)
         try:
             worth_it(chosen, cost_before, (), None)
             outcome, reason = Outcome.OPTIMIZED, ""

@@ -51,11 +51,10 @@ def guarded(captured: Captured, search: Search, strict: Extraction, deadline: De
     domain = numerics_mode.assumes(search.guarded, program)
     if domain and (share := timer("screen", least_check_share, program, search)) > MAX_CHECK_SHARE:
         domain = False
-        strict = dataclasses.replace(strict, method=f"{strict.method}; not looked for: a guarded program on domain "
-                                     "conditions, " + (f"whose least check would add {share:.0%} of the original's "
-                                                       f"time to a call where it fails (at most {MAX_CHECK_SHARE:.0%})"
-                                                       if math.isfinite(share) else
-                                                       "as no rule assuming one matches the program"))
+        strict = dataclasses.replace(strict, method=strict.method.but(
+            no_guard="not looked for: a guarded program on domain conditions, " + (
+                f"whose least check would add {share:.0%} of the original's time to a call where it fails (at most "
+                f"{MAX_CHECK_SHARE:.0%})" if math.isfinite(share) else "as no rule assuming one matches the program")))
     if not (reals or domain):
         return strict
     schedule = search.guarded if reals or search.numerics == "fast" else numerics_mode.restrict(search.guarded,
@@ -86,33 +85,29 @@ def guarded(captured: Captured, search: Search, strict: Extraction, deadline: De
     changed = guarding.changed_results(program, fast.graph)
     if not (fired or conditions) or not changed:
         return strict
-    exponent, args, words, rules_used = None, (), [], []
+    exponent, args, words, assuming = None, (), [], ()
     if fired:
         bound = range_bound(captured, original, fast.graph, changed)
         if bound is None:
             return strict
         exponent, args, said = bound
         words.append(said)
-        rules_used.append(f"with rules equal over the reals: {', '.join(sorted(fired))}")
     if conditions:
-        assuming = sorted(name for name, n in saturated.run.fired.items() if n and name in
-                          numerics_mode.assuming_rules(schedule))
+        assuming = tuple(sorted(name for name, n in saturated.run.fired.items() if n and name in
+                                numerics_mode.assuming_rules(schedule)))
         words.append(guarding.describe_conditions(program, conditions))
-        rules_used.append(f"with rules assuming it: {', '.join(assuming)}")
     graph = dataclasses.replace(fast.graph, guard=Guard(exponent, args, program, conditions))
     check = program_cost(guard_check(graph), tgt)[0]
     if not fast.cost + check < strict.cost * (1 - MIN_PREDICTED_GAIN):
         return strict
     share = check / program_cost(program, tgt)[0]
     if conditions and share > MAX_CHECK_SHARE:
-        return dataclasses.replace(strict, method=(
-            f"{strict.method}; not taken: a guarded program predicted {strict.cost / (fast.cost + check):.2f}x "
-            f"faster, whose check would add {share:.0%} of the original's time to a call where it fails (at most "
-            f"{MAX_CHECK_SHARE:.0%})"))
-    return Extraction(graph, fast.cost + check, fast.node_costs,
-                      f"{fast.method}; guarded: runs where {'; and '.join(words)} (else the original), "
-                      f"{'; '.join(rules_used)}",
-                      fast.declined, fast.memory)
+        return dataclasses.replace(strict, method=strict.method.but(no_guard=(
+            f"not taken: a guarded program predicted {strict.cost / (fast.cost + check):.2f}x faster, whose check "
+            f"would add {share:.0%} of the original's time to a call where it fails (at most "
+            f"{MAX_CHECK_SHARE:.0%})")))
+    method = fast.method.but(guard="; and ".join(words), reals_rules=tuple(sorted(fired)), assuming_rules=assuming)
+    return Extraction(graph, fast.cost + check, fast.node_costs, method, fast.declined, fast.memory)
 
 
 def least_check_share(program: Graph, search: Search) -> float:

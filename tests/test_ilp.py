@@ -14,6 +14,7 @@ from superopt.egraph.encode import Encoding
 from superopt.egraph.frozen import freeze
 from superopt.core.ir import Graph
 from superopt.egraph.runner import Limits, Phase
+from superopt.extract.extraction import Method
 from superopt.extract.greedy import extract, program_cost
 from superopt.extract.ilp import extract_ilp
 from superopt.extract.target import Target, load_target
@@ -49,7 +50,7 @@ def test_ilp_is_strictly_better_where_greedy_double_counts():
     assert greedy.graph.op_counts().get("matmul", 0) == 0           # greedy: two private chains
     assert ilp.graph.op_counts()["matmul"] == 1                      # ILP: one shared product
     assert ilp.cost < greedy.cost * 0.75
-    assert ilp.method == "ilp (optimal)"
+    assert (ilp.method.extractor, ilp.method.detail) == ("ilp", "optimal")
 
 
 @pytest.mark.slow
@@ -70,7 +71,7 @@ def test_ilp_is_never_worse_than_greedy_and_proves_small_graphs(prog):
     greedy, ilp = extract(fz, enc, cpu), extract_ilp(fz, enc, cpu)
     assert ilp.cost <= greedy.cost * (1 + 1e-12)
     assert ilp.cost == pytest.approx(program_cost(ilp.graph, cpu)[0])
-    assert "optimal" in ilp.method or ilp.method.startswith("greedy (cheaper")
+    assert ilp.method.detail == "optimal" or ilp.method.detail.startswith("cheaper than the ILP")
 
 
 def test_unknown_extractor_is_a_clear_error():
@@ -98,7 +99,7 @@ def test_ilp_choice_does_not_depend_on_the_machines_speed():
     idle = extract_ilp(fz, enc, SYNTHETIC)
     with slowed(50):
         busy = extract_ilp(fz, enc, SYNTHETIC)
-    assert busy.method == idle.method == "ilp (optimal)"
+    assert busy.method == idle.method == Method("ilp", "optimal")
     assert busy.graph.op_counts() == idle.graph.op_counts() and busy.cost == idle.cost
 
 

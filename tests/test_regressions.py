@@ -79,7 +79,7 @@ def test_a_long_elementwise_chain_extracts_with_bounded_work(monkeypatch):
     original, enc, frozen = _saturated(program, args, Limits())
     chosen = extract(frozen, enc, dataclasses.replace(load_target("cpu"), kernel_growth=20_000))
     assert built[0] <= 20_000 * 1.1          # unbounded, this chain builds about 340,000 body nodes
-    assert "growth budget spent" in chosen.method
+    assert chosen.method.growth_cut > 0, chosen.method
     assert compare_outputs(_flat(jax.jit(program)(*args)), _flat(lower(chosen.graph)(*args))) is None
 
 

@@ -44,7 +44,7 @@ def case(name, fast, fn, *args, under=None):
     cases[name] = dict(same=out.sharding.is_equivalent_to(expected.sharding, out.ndim),
                        shardings=[str(getattr(s, "spec", s)) for s in (out.sharding, expected.sharding)],
                        close=bool(np.allclose(np.asarray(out), np.asarray(expected), rtol=1e-4, atol=1e-4)),
-                       optimized=fast.report.optimized, guarded="guarded" in fast.report.extraction,
+                       optimized=fast.report.optimized, guarded=fast.report.guarded,
                        cache=getattr(fast.report.cache, "status", ""),
                        # jitted functions besides the plain one, one per layout pinned
                        pins=sum(j not in (fast._jit, fast._filter_jit) for j in getattr(fast, "_pins", {}).values()))

@@ -160,7 +160,7 @@ def test_tune_times_the_verified_program_against_the_original_and_keeps_the_fast
     tuned = superopt(fn, cache=tmp_path, tune=True)
     np.testing.assert_allclose(np.asarray(tuned(a, b)), np.asarray(jnp.diag(a @ b)), rtol=1e-4, atol=1e-4)
     assert tuned.report.cache.status == "miss", tuned.report.cache
-    assert tuned.report.kind is Outcome.OPTIMIZED and "measured here" in tuned.report.extraction
+    assert tuned.report.kind is Outcome.OPTIMIZED and "measured here" in tuned.report.extraction.measured
     assert len(measured) == 1 and set(measured[0]) == {"original", "candidate"} and min(measured[0].values()) > 0
     monkeypatch.setattr(timing, "interleaved_medians", lambda fns, repeats: {"original": 1.0, "candidate": 2.0})
     slower = superopt(fn, cache=False, tune=True)

@@ -76,6 +76,12 @@ def _broadcast_dims(src: tuple, dst: tuple) -> tuple:
     return tuple(range(len(dst)))
 
 
+# (constructor, its typed primitive arguments, operand types) -> (shape, dtype, op, attrs) of the IR node, or the
+# reason it is ill-typed: `infer` and `decode` are pure, and a kernel's growth builds the same ops again and again
+_TYPED: dict = {}
+_TYPED_LIMIT = 1 << 16
+
+
 class _Builder:
     """Builds one body: IR nodes in topological order, with the loaded tensor classes as inputs."""
 
@@ -102,13 +108,21 @@ class _Builder:
         return self._add(Node("arg", (), (k,), self.fz.shapes[cls], self.fz.dtypes[cls]))
 
     def apply(self, fn: str, prims: tuple, operands: list[int]) -> int:
-        ins = [(self.nodes[i].shape, self.nodes[i].dtype) for i in operands]
+        ins = tuple((self.nodes[i].shape, self.nodes[i].dtype) for i in operands)
         typed = (self.conv_params[prims[0]],) if fn == "conv" else prims
-        try:
-            shape, dtype = infer(fn, typed, ins)
-        except IllTyped as exc:
-            raise BodyError(str(exc)) from exc
-        op, attrs = decode(fn, prims, (), self._tables)
+        key = (fn, typed, ins)
+        found = _TYPED.get(key)
+        if found is None:   # the same op on the same operand types recurs in most bodies a growth builds
+            try:
+                found = (*infer(fn, typed, list(ins)), *decode(fn, prims, (), self._tables))
+            except IllTyped as exc:
+                found = str(exc)
+            if len(_TYPED) >= _TYPED_LIMIT:
+                _TYPED.clear()
+            _TYPED[key] = found
+        if isinstance(found, str):
+            raise BodyError(found)
+        shape, dtype, op, attrs = found
         return self._add(Node(op, tuple(operands), attrs, shape, dtype))
 
     def broadcast(self, i: int, shape: tuple) -> int:

@@ -220,11 +220,19 @@ def compiled_rules(schedule) -> dict | None:
     at = [i for i, r in enumerate(rules) if r.compiled]
     if not (_own(rules) and at and analysis.analysis_rules.cache_info().currsize > 0):
         return None
-    try:
-        return dict(at=at, names=[rules[i].name for i in at],
-                    rules=saved.rules_to_data([rules[i].egg for i in at] + [analysis.analysis_rules()]))
-    except TypeError:
-        return None
+    memo = (rules_key(schedule), tuple(at))   # a rule is compiled once per process: the same rules, the same data
+    if memo not in _as_data:
+        try:
+            _as_data[memo] = dict(at=at, names=[rules[i].name for i in at],
+                                  rules=saved.rules_to_data([rules[i].egg for i in at] + [analysis.analysis_rules()]))
+        except TypeError:
+            _as_data[memo] = None
+    return _as_data[memo]
+
+
+# (rules_key, positions of the compiled rules) -> `compiled_rules`'s data: each new cache directory a process
+# writes to (a test's, a user's second one) would otherwise encode the same rules again
+_as_data: dict = {}
 
 
 def save_rules(schedule, store, data: dict | None = None) -> None:

@@ -21,9 +21,11 @@ from superopt.rewrites.schedule import Schedule
 def _no_rule_sets_yet(monkeypatch):
     """The process as another one starts: none of the rule sets earlier tests ran (egraph/runner.py, `ruleset_of`),
     whose compiled rules a rule equal to theirs would adopt."""
+    from superopt import reuse
     from superopt.egraph import runner
     monkeypatch.setattr(runner, "_RULESETS", {})
     monkeypatch.setattr(runner, "_RAN", set())
+    monkeypatch.setattr(reuse, "_as_data", {})
 
 
 def fresh(schedule: Schedule) -> Schedule:

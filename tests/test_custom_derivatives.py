@@ -156,7 +156,8 @@ def test_a_long_rerolled_loop_is_optimized_and_differentiated_with_its_rules(tmp
     np.testing.assert_allclose(np.asarray(fast(a, v)), np.asarray(jax.jit(f)(a, v)), rtol=1e-5, atol=1e-5)
     assert fast.report.optimized, fast.report.outcome
     loss = lambda fn: (lambda a, v: jnp.sum(fn(a, v) ** 2))
-    np.testing.assert_allclose(np.asarray(jax.grad(loss(fast))(a, v)), np.asarray(jax.grad(loss(f))(a, v)),
+    # the reference under jax.jit: op by op, its 630-op derivative compiled each of its ops on its own
+    np.testing.assert_allclose(np.asarray(jax.grad(loss(fast))(a, v)), np.asarray(jax.jit(jax.grad(loss(f)))(a, v)),
                                rtol=1e-5, atol=1e-5)
     # relu's rule makes it the user's program's derivative in any case; the report says why in its words
     assert fast.report.derivatives.startswith("the original's"), fast.report.derivatives

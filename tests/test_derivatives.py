@@ -106,6 +106,7 @@ def test_a_program_traced_long_takes_the_originals_derivatives_unchecked():
     fast(a, v)
     assert fast.report.optimized, fast.report.outcome
     loss = lambda fn: (lambda a, v: jnp.sum(fn(a, v) ** 2))   # noqa: E731
-    np.testing.assert_allclose(np.asarray(jax.grad(loss(fast))(a, v)), np.asarray(jax.grad(loss(f))(a, v)),
+    # the reference under jax.jit: op by op, the 1,000-op derivative compiled each of its ops on its own
+    np.testing.assert_allclose(np.asarray(jax.grad(loss(fast))(a, v)), np.asarray(jax.jit(jax.grad(loss(f)))(a, v)),
                                rtol=1e-5, atol=1e-5)
     assert "more than 500 ops" in fast.report.derivatives, fast.report.derivatives

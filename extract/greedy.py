@@ -8,9 +8,9 @@ depend on constants only are computed once when the program is built, so they co
 The optional work (growing kernels, trying producers computed once) has counted budgets that decide how far
 it goes (`extract/kernels.py` GROWTH_BUDGET; `MAX_SHARING_TRIALS`, `SHARING_NODES`), so a busy machine gets
 the same program. Under a call's deadline (`superopt/core/deadline.py`) it also stops, a backstop that the
-extraction's method names, when `OPTIONAL_SHARE` of the search's time left at the start of extraction is
-spent (`current_search`: a segment's CPU-time budget, else the call's), keeping what it found; the greedy
-choice itself raises `TimeLimit("extract")` only once the call's deadline passes.
+extraction's `Method` records (`trials_stopped`), when `OPTIONAL_SHARE` of the search's time left at the start
+of extraction is spent (`current_search`: a segment's CPU-time budget, else the call's), keeping what it
+found; the greedy choice itself raises `TimeLimit("extract")` only once the call's deadline passes.
 """
 from __future__ import annotations
 

@@ -125,7 +125,11 @@ def registered(egraph: EGraph, rules: list) -> list[int]:
 def ran(rules) -> None:
     """Note that a saturation (here, or in a child process: `egraph/isolate.py`) registered the rule sets of
     `rules` and ended without an error: `prime` may register them in this process's template."""
-    _RAN.update(api.ruleset_name(ruleset_of(r)) for r in rules)
+    _mark(ruleset_of(r) for r in rules)
+
+
+def _mark(rulesets) -> None:
+    _RAN.update(api.ruleset_name(rs) for rs in rulesets)
 
 
 def prime(egraph: EGraph) -> None:
@@ -328,7 +332,7 @@ def saturate(egraph: EGraph, schedule, limits: Limits = Limits(), on_step=None) 
         report.error = f"{type(exc).__name__}: {exc}"
     else:
         report.enodes, report.eclasses = count(egraph)
-        _RAN.update(api.ruleset_name(rs) for _, rs in _RULESETS.values() if api.is_registered(egraph, rs))
+        _mark(rs for _, rs in _RULESETS.values() if api.is_registered(egraph, rs))
     finally:
         bar.close()
     report.seconds = _now() - start

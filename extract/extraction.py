@@ -60,10 +60,10 @@ class Method:
         if self.no_guard:
             text += f"; {self.no_guard}"
         if self.guard:
-            rules = ([f"with rules equal over the reals: {', '.join(self.reals_rules)}"] if self.reals_rules
-                     else []) + ([f"with rules assuming it: {', '.join(self.assuming_rules)}"]
-                                 if self.assuming_rules else [])
-            text += f"; guarded: runs where {self.guard} (else the original)" + (", " + "; ".join(rules) if rules else "")
+            rules = [f"with rules {how}: {', '.join(names)}" for how, names in
+                     (("equal over the reals", self.reals_rules), ("assuming it", self.assuming_rules)) if names]
+            text += f"; guarded: runs where {self.guard} (else the original)" + "".join(
+                (", " if k == 0 else "; ") + r for k, r in enumerate(rules))
         if self.measured:
             text += f"; {self.measured}"
         return text

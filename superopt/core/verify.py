@@ -277,7 +277,7 @@ def integer_edges(dtype) -> list[int]:
     return [e for e in (root + 1, lo, hi, -root - 1, root, lo + 1, hi - 1, -root, 0, 1, -1, 2) if lo <= e <= hi]
 
 
-def _int_extremes(rng, n: int, dt: np.dtype) -> np.ndarray:
+def int_extremes(rng, n: int, dt: np.dtype) -> np.ndarray:
     """n integers, about half of them `integer_edges`, the rest drawn from the whole range."""
     info = np.iinfo(dt)
     edges = np.array(integer_edges(dt), dtype=np.int64)
@@ -300,7 +300,7 @@ def special_args(avals, kind: str, seed: int = 0, buffers: Buffers | None = None
             block = rng.random(m) < 0.5
         elif dt.kind in "iu":
             if kind == "zeros":
-                block = _int_extremes(rng, m, dt)
+                block = int_extremes(rng, m, dt)
             else:
                 wide = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, m, endpoint=True, dtype=np.int64)
                 small = rng.integers(-8 if dt.kind == "i" else 0, 9, m)

@@ -38,7 +38,9 @@ def test_times_zero_is_not_zero_under_nan_and_inf():
     cex = result.counterexample
     assert not result.sound and cex is not None
     x_value = cex.bindings["?x"].astype(np.float32)
-    assert np.shape(x_value) == () and not np.isfinite(x_value), cex   # shrunk to one NaN or Inf
+    # shrunk to one NaN or Inf among a few elements (a scalar only where Hypothesis's explain phase, which the
+    # checker skips, happened to try one after shrinking)
+    assert np.count_nonzero(~np.isfinite(x_value)) == 1 and x_value.size <= 3, cex
     assert "NaN" in cex.problem
 
 

@@ -88,7 +88,8 @@ def reachable(egraph: EGraph, schedule) -> list:
         if not fired:
             return out
         out += fired
-        waiting = [(r, wants) for r, wants in waiting if r not in fired]
+        gone = {id(r) for r in fired}   # by identity: a rule compares by its whole definition
+        waiting = [(r, wants) for r, wants in waiting if id(r) not in gone]
         held |= {t.fn for r in fired for pair in r.pairs for p in pair for t in _terms(p, set())}
 
 

@@ -108,6 +108,14 @@ class Rule:
         return self.when + tuple((c.name, (c.arg,)) for c in self.given)
 
     @cached_property
+    def _text(self) -> str:
+        return f"Rule({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in dataclasses.fields(self) if f.repr)})"
+
+    def __repr__(self) -> str:
+        """The dataclass's text, built once: a search's cache key writes every rule of its schedule."""
+        return self._text
+
+    @cached_property
     def egg(self) -> tuple:
         """The egglog rules this rule compiles to (compiled once, on first use)."""
         return tuple(compiler.compile_rule(self))

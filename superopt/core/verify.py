@@ -134,34 +134,42 @@ def mismatch(expected, actual, as_dtype: str | None = None) -> str | None:
     if not is_float(e.dtype):
         bad = int(np.sum(e != a))
         return f"{bad} of {e.size} elements differ" if bad else None
-    e64, a64 = e.astype(np.float64), a.astype(np.float64)
-    if not np.array_equal(np.isnan(e64), np.isnan(a64)):
-        return "NaN positions differ"
-    inf = np.isinf(e64) | np.isinf(a64)
-    if not np.array_equal(e64[inf], a64[inf]):
-        return "Inf positions or signs differ"
-    finite = ~(np.isnan(e64) | inf)
-    if not finite.any():
+    if e.size == 0:
         return None
+    e64, a64 = np.asarray(e, np.float64), np.asarray(a, np.float64)
+    e_finite, a_finite = np.isfinite(e64), np.isfinite(a64)
+    if e_finite.all() and a_finite.all():    # the common case: no NaN or Inf to place
+        ef, af = e64.ravel(), a64.ravel()
+    else:
+        if not np.array_equal(np.isnan(e64), np.isnan(a64)):
+            return "NaN positions differ"
+        inf = np.isinf(e64) | np.isinf(a64)
+        if not np.array_equal(e64[inf], a64[inf]):
+            return "Inf positions or signs differ"
+        finite = e_finite & a_finite
+        if not finite.any():
+            return None
+        ef, af = e64[finite], a64[finite]
     tol, norm_tol = TOLERANCES.get(str(e.dtype), TOLERANCES["float32"])
     if as_dtype:
         tol, norm_tol = (max(x, y) for x, y in zip((tol, norm_tol), TOLERANCES[as_dtype]))
-    ef, af = e64[finite], a64[finite]
     # Below the dtype's smallest normal number rounding is absolute (a subnormal's ulp), so the scale
     # is at least that: float16 values near 1e-7 differ by whole subnormal steps.
     tiny = max(float(ml_dtypes.finfo(e.dtype).tiny), float(np.finfo(np.float32).tiny))
     # Two values that are both subnormal (or zero) agree: XLA's kernels may flush subnormals to zero in
     # one program and not in the other, as fusion decides.
-    af = np.where((np.abs(ef) < tiny) & (np.abs(af) < tiny), ef, af)
-    scale = max(float(np.max(np.abs(ef))), tiny)
+    magnitude = np.abs(ef)
+    af = np.where((magnitude < tiny) & (np.abs(af) < tiny), ef, af)
+    scale = max(float(np.max(magnitude)), tiny)
     with np.errstate(over="ignore"):    # float64 values near its largest: a difference past it is inf
-        err = np.abs(ef - af)
-    bound = tol * np.abs(ef) + tol * scale
+        diff = ef - af
+    err = np.abs(diff)
+    bound = tol * magnitude + tol * scale
     if not np.all(err <= bound):
         worst = int(np.argmax(err - bound))
         return f"element error {err[worst]:.3g} over bound {bound[worst]:.3g} (dtype {e.dtype})"
     with np.errstate(over="ignore"):
-        norm_err = _norm(ef - af) / max(_norm(ef), tiny)
+        norm_err = _norm(diff) / max(_norm(ef), tiny)
     if norm_err > norm_tol:
         return f"normwise relative error {norm_err:.3g} over {norm_tol:g} (dtype {e.dtype})"
     return None

@@ -24,10 +24,12 @@ def footprint(index_loops, tiles: dict) -> int:
 
 def data_movement(ops: list[Op], io_tensors: set, perm: list[str], extents: dict, tiles: dict,
                   weights: dict | None = None) -> tuple[int, int]:
-    """(DV, MU) in elements by Algorithm 1; in bytes when `weights` gives each tensor's bytes per element."""
+    """(DV, MU) in elements by Algorithm 1; in bytes when `weights` gives each tensor's bytes per element.
+    (The tiling search calls it for every order and tile size it tries: written to do no work twice.)"""
     dv, mu, order = 0, 0, list(perm)
-    for op in ops:
+    for n, op in enumerate(ops):
         total_df = 0
+        own = op.loops
         for tensor, index in op.tensors.items():
             df = footprint(index, tiles) * (weights[tensor] if weights else 1)
             total_df += df
@@ -35,15 +37,16 @@ def data_movement(ops: list[Op], io_tensors: set, perm: list[str], extents: dict
                 continue                       # an intermediate stays on chip
             dm, keep_reuse = df, True
             for loop in reversed(order):       # innermost to outermost
-                if loop not in op.loops:
+                if loop not in own:
                     continue
-                if loop in index:
+                if keep_reuse and loop in index:
                     keep_reuse = False
                 if not keep_reuse:
                     dm *= math.ceil(extents[loop] / tiles[loop])
             dv += dm
-        later = {l for o in ops[ops.index(op) + 1:] for l in o.loops}
-        order = [l for l in order if l not in op.loops or l in later]
+        if n + 1 < len(ops):                   # an op's private loops leave the nest after it
+            later = {l for o in ops[n + 1:] for l in o.loops}
+            order = [l for l in order if l not in own or l in later]
         mu = max(mu, total_df)
     return dv, mu
 

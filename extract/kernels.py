@@ -142,8 +142,13 @@ def build_body(fz: FrozenEGraph, conv_params, root, inline: dict) -> tuple[tuple
             raise BodyError(f"Scalar class {cls} has nothing to load")
         return node
 
+    kids: dict = {}   # class -> its body children: the order's walk and the emission both ask
+
     def scalar_kids(cls) -> list:
-        return _scalar_children(chosen(cls))
+        found = kids.get(cls)
+        if found is None:
+            found = kids[cls] = _scalar_children(chosen(cls))
+        return found
 
     try:
         order = postorder([root], scalar_kids)

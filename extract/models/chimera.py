@@ -19,7 +19,10 @@ class Op:
 
 
 def footprint(index_loops, tiles: dict) -> int:
-    return math.prod(tiles[l] for l in index_loops)
+    size = 1
+    for loop in index_loops:
+        size *= tiles[loop]
+    return size
 
 
 def data_movement(ops: list[Op], io_tensors: set, perm: list[str], extents: dict, tiles: dict,

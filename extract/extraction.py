@@ -62,8 +62,8 @@ class Method:
         if self.guard:
             rules = [f"with rules {how}: {', '.join(names)}" for how, names in
                      (("equal over the reals", self.reals_rules), ("assuming it", self.assuming_rules)) if names]
-            text += f"; guarded: runs where {self.guard} (else the original)" + "".join(
-                (", " if k == 0 else "; ") + r for k, r in enumerate(rules))
+            text += f"; guarded: runs where {self.guard} (else the original)"
+            text += ", " + "; ".join(rules) if rules else ""
         if self.measured:
             text += f"; {self.measured}"
         return text

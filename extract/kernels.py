@@ -77,7 +77,8 @@ def _broadcast_dims(src: tuple, dst: tuple) -> tuple:
 
 
 # (constructor, its typed primitive arguments, operand types) -> (shape, dtype, op, attrs) of the IR node, or the
-# reason it is ill-typed: `infer` and `decode` are pure, and a kernel's growth builds the same ops again and again
+# reason it is ill-typed: `infer` and `decode` are pure, and a kernel's growth builds the same ops again and again.
+# The scalar language's arguments are strings, integers and shapes, never floats: equal keys are the same op.
 _TYPED: dict = {}
 _TYPED_LIMIT = 1 << 16
 

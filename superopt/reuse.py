@@ -213,6 +213,11 @@ def adopt_rules(schedule, data: dict) -> bool:
     return True
 
 
+# (rules_key, positions of the compiled rules) -> `compiled_rules`'s data: each new cache directory a process
+# writes to (a test's, a user's second one) would otherwise encode the same rules again
+_as_data: dict = {}
+
+
 def compiled_rules(schedule) -> dict | None:
     """The compiled rules of `schedule` built (or adopted) in this process, and the analysis rules, as data
     for the cache; None where none is built, or the analysis rules are not."""
@@ -229,10 +234,6 @@ def compiled_rules(schedule) -> dict | None:
             _as_data[memo] = None
     return _as_data[memo]
 
-
-# (rules_key, positions of the compiled rules) -> `compiled_rules`'s data: each new cache directory a process
-# writes to (a test's, a user's second one) would otherwise encode the same rules again
-_as_data: dict = {}
 
 
 def save_rules(schedule, store, data: dict | None = None) -> None:

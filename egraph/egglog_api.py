@@ -88,6 +88,24 @@ def table_sizes(egraph: EGraph) -> dict[str, int]:
     return {name: n for name, n in output.sizes if declares(egraph, name)}
 
 
+def run_once(egraph: EGraph, rules) -> tuple[bool, dict[str, int]]:
+    """Run the rule set `rules` (an egglog `Ruleset`) once: (whether the e-graph changed, matches per egglog rule
+    name). Through the bindings, past the expression layer: its run report keys its maps by rule declarations,
+    whose hashes are computed over each whole rule again at every run, which took two thirds of a small
+    program's saturation (one run per rule per step). A rule set it has not registered is registered first by
+    a run of zero iterations, which applies nothing. `rule_declaration` reads a name's rule."""
+    if not is_registered(egraph, rules):
+        egraph.run(rules * 0)
+    (output,) = run_commands(egraph, run_schedule(ruleset_name(rules)))
+    report = output.report
+    return report.updated, report.num_matches_per_rule
+
+
+def rule_declaration(egraph: EGraph, name: str):
+    """The declaration of the egglog rule named `name` in `egraph` (the `decl` of a compiled rule)."""
+    return egraph._state.rule_name_to_command_decl[name]
+
+
 def time_only_reports(egraph: EGraph) -> None:
     """Have egglog's run reports record times only (no query plans)."""
     egraph.set_report_level(bindings.TimeOnly())

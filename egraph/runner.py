@@ -195,8 +195,8 @@ class _PhaseRunner:
         self.on_step = None   # called with the iteration count after each step (progress bars)
         self.node_limit = min(limits.nodes, run_limits.nodes)
         self.rows_per_match = {r.name: rows_per_match(r) for r in phase.rules}
-        self.seen: dict = {}   # egglog rule -> its matches at its latest application
-        self._decls: dict = {}  # rule name -> its egglog rules, compiled when it first runs
+        self.seen: dict = {}   # (rule name, position of an egglog rule in its `egg`) -> matches at its latest run
+        self._positions: dict = {}   # (rule name, egglog rule name) -> that position (`position`)
         self._single: dict = {}  # egglog rule -> a rule set of it alone, for bounded applications
         self.needs = {r.name: needs(r) for r in phase.rules}
         self.work_limit = min(limits.work, run_limits.work)
@@ -214,20 +214,22 @@ class _PhaseRunner:
             self.report.work += rows   # what egglog searches grows with the e-graph (`Limits.work`)
             start = _now()
             if rows * GUARD_FROM > self.node_limit:
-                changed, per_decl, held = self.bounded(rule, step_start)
+                changed, per_egg, held = self.bounded(rule, step_start)
             else:
-                result = self.egraph.run(ruleset_of(rule))
-                changed, held = result.updated, False
-                own = self._decls.get(rule.name) or self._decls.setdefault(rule.name, {e.decl for e in rule.egg})
-                per_decl = {key: n for key, n in result.num_matches_per_rule.items() if key in own}
+                changed, by_name = api.run_once(self.egraph, ruleset_of(rule))
+                held, per_egg = False, {}
+                for name, n in by_name.items():
+                    if (at := self.position(rule, name)) is not None:
+                        per_egg[rule.name, at] = n
             self.report.rule_seconds[rule.name] += _now() - start
             if held:  # at worst its matches would take the e-graph past the node limit
                 return updated, matches, StopReason.NODE_LIMIT
-            self.seen.update(per_decl)
-            matches[rule.name] = sum(per_decl.values())
+            self.seen.update(per_egg)
+            matches[rule.name] = sum(per_egg.values())
             self.report.work += matches[rule.name]
             updated |= changed
-            rows, present = _census(self.egraph)
+            if changed:   # a run that changed nothing left every table as it was
+                rows, present = _census(self.egraph)
             if rows > self.node_limit:
                 return updated, matches, StopReason.NODE_LIMIT
             if self.run_work + self.report.work >= self.work_limit:
@@ -243,21 +245,33 @@ class _PhaseRunner:
         (the analyses of this step's new nodes, which come after the step, counted as there already).
         Returns (updated, matches per egglog rule, held back): an egglog rule with more matches than
         its limit applies none, which egglog reports with no matches (`egglog_api.held_back`)."""
-        updated, per_decl = False, {}
-        for egg in rule.egg:
+        updated, per_egg = False, {}
+        for at, egg in enumerate(rule.egg):
             rows = _rows(self.egraph)
             room = int(self.node_limit * NODE_SLACK) - rows - (ROWS_PER_NEW_NODE - 1) * (rows - step_start)
-            cap = self.seen.get(egg.decl, 0) + max(room, 0) // self.rows_per_match[rule.name]
+            cap = self.seen.get((rule.name, at), 0) + max(room, 0) // self.rows_per_match[rule.name]
             scheduler = back_off(match_limit=cap)
             if egg.decl not in self._single:
                 self._single[egg.decl] = ruleset(egg, name=f"{self.phase.name}-d{len(self._single)}")
             result = self.egraph.run(scheduler.scope(egg_run(self._single[egg.decl], scheduler=scheduler)))
             n = sum(v for key, v in result.num_matches_per_rule.items() if key == egg.decl)
             if api.held_back(result, n):
-                return updated, per_decl, True
-            per_decl[egg.decl] = n
+                return updated, per_egg, True
+            per_egg[rule.name, at] = n
             updated |= result.updated
-        return updated, per_decl, False
+        return updated, per_egg, False
+
+    def position(self, rule, name: str) -> int | None:
+        """The position in `rule.egg` of the egglog rule that `name` names in this e-graph (None: not one of
+        `rule`'s). The declaration is found by identity, else by equality (which hashes the whole rule), once
+        per saturation."""
+        key = (rule.name, name)
+        if key not in self._positions:
+            decl = api.rule_declaration(self.egraph, name)
+            at = next((i for i, e in enumerate(rule.egg) if e.decl is decl), None)
+            self._positions[key] = at if at is not None else \
+                next((i for i, e in enumerate(rule.egg) if e.decl == decl), None)
+        return self._positions[key]
 
     def run(self) -> PhaseReport:
         start, report, backoff = _now(), self.report, self.phase.backoff

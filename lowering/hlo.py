@@ -21,7 +21,12 @@ def executable(jitted, args) -> str:
     metadata, the names of instructions, computations and parameters, and the order of independent
     instructions (each instruction is digested from its text with every operand and called computation
     replaced by that one's digest). Two callables compile to the same executable exactly when these are equal."""
-    return hlo_digest(jitted.lower(*args).compile().as_text())
+    return compiled_digest(jitted.lower(*args))
+
+
+def compiled_digest(lowered) -> str:
+    """`executable`'s digest of a lowered program (what jax.jit's `.lower` returns), compiled here."""
+    return hlo_digest(lowered.compile().as_text())
 
 
 def hlo_digest(text: str) -> str:

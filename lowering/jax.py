@@ -96,7 +96,13 @@ def lower(graph: Graph, effects: bool = True) -> Callable:
         return [env[o] for o in graph.results]
 
     hoisted_values = [hoisted[i] for i in heavy]
-    return lambda *flat_args: run(list(flat_args), hoisted_values)
+
+    def call(*flat_args):
+        return run(list(flat_args), hoisted_values)
+    # With no constant hoisted, `run` compiles to what `inlined` does: superopt compares what XLA compiles for the
+    # program in this form (superopt/stages.py `same_executable`), and verification's calls reuse that compile
+    call.lower_inline = None if heavy else (lambda *flat: run.lower(list(flat), []))
+    return call
 
 
 def inlined(graph: Graph, effects: bool = True) -> Callable:

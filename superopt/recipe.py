@@ -83,12 +83,12 @@ def optimize_program(captured: Captured, reference: Callable, search: Search, ti
                 raise Kept(Outcome.TIME_LIMIT, f"time limit ({stage_name}: the call's {limits.seconds:g} s ran out)")
             if step is not None:
                 program = timer(stage_name, step)
-        if search.on_xla and timer("compare", same_executable, reference, chosen.graph, captured):
+        checked = on_own_inputs(chosen.graph, program)   # on superopt's own inputs: debug prints silent
+        if search.on_xla and timer("compare", same_executable, reference, chosen.graph, captured, checked):
             raise Kept(Outcome.SAME_EXECUTABLE, "XLA compiles the chosen program to the original's executable: "
                                                 "nothing to gain, nothing verified")
-        if search.verify:   # on superopt's own inputs: the program's debug prints stay silent
-            timer("verify", check, reference, on_own_inputs(chosen.graph, program), captured, numerics, run.fired,
-                  segment, chosen.graph)
+        if search.verify:
+            timer("verify", check, reference, checked, captured, numerics, run.fired, segment, chosen.graph)
             if deadline.expired():
                 raise Kept(Outcome.TIME_LIMIT, f"time limit (verify: the call's {limits.seconds:g} s ran out)")
         if search.tune:   # both programs without their debug prints: superopt's own inputs

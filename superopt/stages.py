@@ -34,7 +34,7 @@ from superopt.extract import guard as guarding
 from superopt.extract.errors import ExtractionError
 from superopt.extract.extraction import Extraction
 from superopt.extract.models.registry import model_of
-from superopt.lowering.hlo import executable
+from superopt.lowering.hlo import compiled_digest, executable
 from superopt.lowering.jax import guard_test, inlined, lower
 from superopt.options import Options
 from superopt.report import Outcome, Report
@@ -254,17 +254,20 @@ def runs_here(tgt) -> bool:
     return jax.default_backend() in model_of(tgt).platforms
 
 
-def same_executable(reference: Callable, graph: Graph, captured: Captured) -> bool:
+def same_executable(reference: Callable, graph: Graph, captured: Captured, candidate: Callable | None = None) -> bool:
     """Whether XLA compiles `graph` (the chosen program, as superopt runs it on its own inputs) to the executable
     it compiles `reference` (the original, so run) to (`lowering/hlo.py`: the optimized HLO, names, metadata and
     the order of independent instructions aside). Then the rewrite changed nothing XLA does not change itself
     (its CSE, constant folding and algebraic simplifier), and the original runs. A guarded program, or an
-    original verified by superopt's evaluator (no XLA program), is never the same."""
+    original verified by superopt's evaluator (no XLA program), is never the same. `candidate`, the program
+    verification runs (`on_own_inputs`), is compiled in the form compared where it has one (`lowering/jax.py`
+    `lower`, where it hoisted no constant): verification's calls then run that compile, not a second one."""
     if graph.guard is not None or not hasattr(reference, "lower"):
         return False
     args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in captured.in_avals]
+    lower_inline = getattr(candidate, "lower_inline", None) or inlined(graph, effects=False).lower
     try:
-        return executable(reference, args) == executable(inlined(graph, effects=False), args)
+        return executable(reference, args) == compiled_digest(lower_inline(*args))
     except Exception:   # noqa: BLE001 - a program XLA cannot compile here is judged by verification
         return False
 

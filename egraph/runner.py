@@ -73,8 +73,24 @@ def _census(egraph: EGraph) -> tuple[int, frozenset]:
 def needs(rule) -> tuple[frozenset, ...]:
     """For each direction egglog applies `rule` in (two for a two-way rule), the constructors its
     left-hand sides name: it can match only where the e-graph holds all of one direction's."""
-    sides = [[left for left, _ in rule.pairs]] + ([[right for _, right in rule.pairs]] if rule.two_way else [])
-    return tuple(frozenset(t.fn for p in side for t in _terms(p, set())) for side in sides)
+    return _shape(rule)[0]
+
+
+def _shape(rule) -> tuple:
+    """(`needs`, every constructor the rule names, `rows_per_match`): read off its patterns once per rule object
+    (each search asks for every rule of its schedule)."""
+    held = _SHAPES.get(id(rule))
+    if held is None or held[0] is not rule:
+        if len(_SHAPES) > 4096:   # rules built for one call (a guarded search's copies) do not pile up
+            _SHAPES.clear()
+        sides = [[left for left, _ in rule.pairs]] + ([[right for _, right in rule.pairs]] if rule.two_way else [])
+        wants = tuple(frozenset(t.fn for p in side for t in _terms(p, set())) for side in sides)
+        names = frozenset(t.fn for pair in rule.pairs for p in pair for t in _terms(p, set()))
+        held = _SHAPES[id(rule)] = (rule, (wants, names, _rows_per_match(rule)))
+    return held[1]
+
+
+_SHAPES: dict = {}   # id(rule) -> (the rule, its `_shape`): the rule is kept, so its id is not reused
 
 
 def reachable(egraph: EGraph, schedule) -> list:
@@ -90,7 +106,7 @@ def reachable(egraph: EGraph, schedule) -> list:
         out += fired
         gone = {id(r) for r in fired}   # by identity: a rule compares by its whole definition
         waiting = [(r, wants) for r, wants in waiting if id(r) not in gone]
-        held |= {t.fn for r in fired for pair in r.pairs for p in pair for t in _terms(p, set())}
+        held |= {fn for r in fired for fn in _shape(r)[1]}
 
 
 # rule -> (the rule, its rule set): equal rules (superopt's `Rule` compares by definition) share one, so a rule
@@ -173,6 +189,11 @@ def _terms(pattern, into: set) -> set:
 
 
 def rows_per_match(rule) -> int:
+    """`_rows_per_match`, once per rule object."""
+    return _shape(rule)[2]
+
+
+def _rows_per_match(rule) -> int:
     """An upper bound on the rows one match of `rule` adds: the distinct terms one side builds that the
     other does not already hold (either way for a two-way rule), each with its analysis rows."""
     lhs, rhs = set(), set()

@@ -31,6 +31,7 @@ from superopt.egraph import egglog_api as api
 from superopt.egraph import terms as T
 from superopt.egraph.egglog_api import Call, Lit, Var, bindings
 from superopt.egraph.analysis import axes_facts, facts
+from superopt.egraph.signatures import CONSTRUCTORS
 from superopt.core.ir import Graph, Node
 from superopt.core.ops import lookup
 
@@ -178,6 +179,39 @@ _template: dict = {}   # the main thread's empty e-graph that `scratch` lends, a
 
 
 @contextmanager
+def template(prime: Callable | None = None):
+    """The process's template e-graph itself (`scratch`), for a search that encodes its program in the child
+    process it saturates in (`egraph/isolate.py` `encode_and_saturate`): nothing is written to it in this
+    process, so it is neither pushed nor popped. `prime(template)` as in `scratch`. None where `scratch`
+    would lend a new e-graph (another thread, or the template lent already)."""
+    eg = _the_template()
+    if eg is None:
+        yield None
+        return
+    if prime is not None:
+        prime(eg)
+    _template["lent"] = True
+    try:
+        yield eg
+    finally:
+        _template["lent"] = False
+
+
+def _the_template() -> EGraph | None:
+    """The main thread's template e-graph, made on first use; None on another thread or while it is lent."""
+    from superopt.egraph.analysis import analysis
+    from superopt.egraph.frozen import saturate_registered
+    if _template.get("lent") or threading.current_thread() is not threading.main_thread():
+        return None
+    if "egraph" not in _template:
+        eg = EGraph()
+        eg.register(*facts())
+        saturate_registered(eg, analysis())
+        _template["egraph"] = eg
+    return _template["egraph"]
+
+
+@contextmanager
 def scratch(prime: Callable | None = None):
     """An empty e-graph for one program's search, on which `encode(..., egraph=)` writes: the process's
     template e-graph, which holds the analyses' facts and the analysis rule set registered once, pushed
@@ -189,19 +223,12 @@ def scratch(prime: Callable | None = None):
     template belongs to the main thread (an egglog e-graph must be dropped on the thread that made it);
     another thread (`background=True`'s worker), or a nested use while the template is lent, gets a new
     e-graph with the facts, as before."""
-    from superopt.egraph.analysis import analysis
-    from superopt.egraph.frozen import saturate_registered
-    if _template.get("lent") or threading.current_thread() is not threading.main_thread():
+    eg = _the_template()
+    if eg is None:
         fresh = EGraph()
         fresh.register(*facts())
         yield fresh
         return
-    if "egraph" not in _template:
-        eg = EGraph()
-        eg.register(*facts())
-        saturate_registered(eg, analysis())
-        _template["egraph"] = eg
-    eg = _template["egraph"]
     if prime is not None:
         prime(eg)
     eg.push()
@@ -227,6 +254,28 @@ def _chunks(live: list, nodes: list) -> list[tuple[int, int]]:
         written.add(i)
     chunks.append((first, len(live)))
     return chunks
+
+
+def constructors(graph: Graph) -> frozenset[str]:
+    """The constructors (egglog names, as `signatures.CONSTRUCTORS` has them) of the terms `encode` writes for
+    `graph`: what the runner's census would find in the encoded e-graph, known before it is encoded (a search
+    that encodes in a child process: `egraph/isolate.py`)."""
+    names = set()
+    for i in graph.live():
+        node = graph.nodes[i]
+        family = lookup(node.op).family
+        if family in _FAMILIES:
+            names.add(family)
+            continue
+        names.add("slice" if node.op == "slice" else node.op)
+        if node.op in ("concat", "opaque"):   # their operands as a list: nil, and a cons cell for each
+            names.add("tnil")
+            if node.inputs:
+                names.add("tcons")
+    return frozenset(names & set(CONSTRUCTORS))
+
+
+_FAMILIES = ("unary", "binary", "reduce", "argreduce", "pool", "scan")   # as `_Writer.expr` writes them
 
 
 def encode(graph: Graph, deadline: Deadline | None = None, origins: bool = False,

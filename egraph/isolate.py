@@ -36,9 +36,11 @@ from superopt.core import progress
 from superopt.core.forked import fork, read_exactly
 from superopt.egraph.analysis import analysis
 from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
-from superopt.core.deadline import Deadline
+from superopt.core.deadline import Deadline, TimeLimit
 from superopt.egraph.limits import SATURATION_SHARE, Limits, RunReport, StopReason
-from superopt.egraph.runner import NODE_SLACK, ran, reachable, registered, ruleset_of, saturate, use_cpu_time
+from superopt.egraph.encode import constructors, encode
+from superopt.egraph.runner import (NODE_SLACK, ran, reachable, reachable_from, registered, ruleset_of, saturate,
+                                  use_cpu_time)
 
 _HEADER = struct.Struct("<Q")
 CPU_WALL_SLACK = 3   # a child limited in CPU time is killed after this many times its limit in wall-clock time
@@ -67,7 +69,45 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     was killed at the time limit, ran out of memory, crashed, or saturation failed (module doc). With
     `deadline`, saturation gets at most `SATURATION_SHARE` of the time it leaves, and `TimeLimit` is
     raised if it has passed before saturation starts."""
-    rules = reachable(egraph, schedule)
+    report, frozen, _ = _in_child(lambda: (egraph, None), reachable(egraph, schedule), schedule, limits, deadline)
+    return report, frozen
+
+
+def encode_and_saturate(graph, template, schedule, limits: Limits = Limits(), deadline: Deadline | None = None,
+                        origins: bool = False) -> tuple[RunReport, FrozenEGraph | None, list, float]:
+    """`graph` encoded (`encode.encode`, with `origins`) into `template`, the process's template e-graph, in
+    the child process, and saturated there as `saturate_isolated` saturates: (report, frozen e-graph or None,
+    the encoding's interned conv params, the seconds encoding took). The program is never written into this
+    process's template, so nothing has to be taken out of it after the search: egglog's push and pop of the
+    template, which encoding here needed, cost 77 ms a search once a process had run 34 small programs (the
+    template holds every rule set its searches ran). The rules compiled here first are those reachable from
+    the constructors the encoding writes (`encode.constructors`). A `TimeLimit` or another error while
+    encoding is raised here, as if encoding had run here."""
+    left = None if deadline is None else deadline.left()
+
+    def prepare():   # in the child: the deadline's clock restarts there where it counts CPU time
+        start = time.perf_counter()
+        local = None if deadline is None else Deadline(left, clock=deadline.clock, also=deadline.also)
+        try:
+            enc = encode(graph, local, origins, template)
+            if local is not None:   # saturation starts with time left, as where encoding ran in the parent
+                local.check("saturate")
+        except TimeLimit as exc:   # named with the call's limit, as the parent's deadline would name it
+            raise TimeLimit(exc.stage, deadline.seconds, exc.cpu) if exc.seconds == local.seconds else exc
+        return enc.egraph, (enc.conv_params, time.perf_counter() - start)
+
+    report, frozen, encoded = _in_child(prepare, reachable_from(constructors(graph), schedule), schedule, limits,
+                                        deadline, preparing=left)
+    conv_params, seconds = encoded if encoded is not None else ([], 0.0)   # the child died: no e-graph came back
+    return report, frozen, conv_params, seconds
+
+
+def _in_child(prepare, rules: list, schedule, limits: Limits, deadline: Deadline | None,
+              preparing: float | None = 0.0) -> tuple:
+    """Saturate the e-graph `prepare()` makes (its first item) in a child process: (report, frozen e-graph or
+    None, what `prepare` returned second, or None where the child failed). `rules` (the reachable ones) are
+    compiled here before the fork. The child has `preparing` seconds (None: no limit) to prepare before its
+    saturation's time limit starts."""
     for rule in rules:
         if deadline is not None:
             deadline.check("saturate")
@@ -85,13 +125,17 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     pid = fork()   # the child runs egglog only, and collects none of the garbage it inherits
     if pid == 0:  # pragma: no cover - the child; coverage is not collected there
         os.close(read_fd)
-        _child(egraph, schedule, rules, limits, write_fd, errors.fileno(), cpu)
+        _child(prepare, schedule, rules, limits, write_fd, errors.fileno(), cpu)
     os.close(write_fd)
     bar = progress.task("saturate", transient=True)
-    deadline = start + (_cpu_cap(limits) * CPU_WALL_SLACK if cpu else limits.seconds * NODE_SLACK)
+    budget = _cpu_cap(limits) * CPU_WALL_SLACK if cpu else limits.seconds * NODE_SLACK
+    until = math.inf if preparing is None else start + preparing + budget   # until it has prepared
     try:
         while True:
-            message = _receive(read_fd, deadline)
+            message = _receive(read_fd, until)
+            if message is not None and message[0] == "prepared":
+                until = time.perf_counter() + budget
+                continue
             if message is None or message[0] != "step":
                 break
             _, name, it, cap = message
@@ -103,15 +147,19 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     finally:
         bar.close()
         os.close(read_fd)
-    if message is not None and message[0] == "done":
+    if message is not None and message[0] in ("done", "raise", "time limit"):
         os.waitpid(pid, 0)
         errors.close()
-        report, frozen, held = message[1:]
+        if message[0] == "raise":
+            raise message[1]
+        if message[0] == "time limit":
+            raise TimeLimit(*message[1:])
+        report, frozen, held, extra = message[1:]
         if report.error is None:
             ran(rules[i] for i in held)   # registered there without a crash: the next template registers them
-        return report, frozen
+        return report, frozen, extra
     seconds = time.perf_counter() - start
-    timed_out = message is None and time.perf_counter() >= deadline
+    timed_out = message is None and time.perf_counter() >= until
     if timed_out:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
@@ -136,23 +184,20 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
             if os.WIFSIGNALED(status) else f"exit status {os.waitstatus_to_exitcode(status)}"
         first = stderr.splitlines()[0] if stderr else "no message"
         report.error = f"egglog crashed ({how}): {first}"
-    return report, None
+    return report, None, None
 
 
-def _child(egraph, schedule, rules: list, limits: Limits, write_fd: int, errors_fd: int,
+def _child(prepare, schedule, rules: list, limits: Limits, write_fd: int, errors_fd: int,
            cpu: bool = False) -> None:  # pragma: no cover
-    """Saturate, freeze and send, with the positions of those of `rules` (the reachable ones) whose rule sets
-    the saturation registered; never returns (os._exit skips the parent's exit handlers). With `cpu`, the
-    limits count this process's CPU time."""
+    """Prepare the e-graph (`prepare()`: the e-graph, and what goes back with the result), then saturate,
+    freeze and send, with the positions of those of `rules` (the reachable ones) whose rule sets the
+    saturation registered; never returns (os._exit skips the parent's exit handlers). An error while
+    preparing is sent to be raised in the parent. With `cpu`, the limits count this process's CPU time."""
     try:
         os.dup2(errors_fd, 2)
         sys.stderr = open(2, "w", closefd=False)
         if faulthandler.is_enabled():  # a crash's Python traceback goes with the rest of the child's errors
             faulthandler.enable(sys.stderr)
-        _cap_memory(limits.memory)
-        if cpu:
-            use_cpu_time()
-            _cap_cpu(_cpu_cap(limits))
 
         def send(message) -> None:
             payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -162,10 +207,29 @@ def _child(egraph, schedule, rules: list, limits: Limits, write_fd: int, errors_
                 view = view[os.write(write_fd, view):]
 
         try:
+            egraph, extra = prepare()
+        except TimeLimit as exc:
+            send(("time limit", exc.stage, exc.seconds, exc.cpu))
+            return
+        except Exception as exc:  # noqa: BLE001 - raised in the parent, as if it had prepared there
+            try:
+                send(("raise", exc))
+            except Exception:  # noqa: BLE001 - an error that does not pickle
+                send(("error", f"encoding failed: {type(exc).__name__}: {exc}"))
+            return
+        except BaseException as exc:  # noqa: BLE001 - egglog's PanicException, while the program is written
+            send(("error", f"egglog failed: {type(exc).__name__}: {exc}"))
+            return
+        send(("prepared",))
+        _cap_memory(limits.memory)
+        if cpu:
+            use_cpu_time()
+            _cap_cpu(_cpu_cap(limits))
+        try:
             with progress.bars(enabled=False):
                 report = saturate(egraph, schedule, limits, on_step=lambda *step: send(("step", *step)))
             frozen = portable(freeze(egraph)) if report.stop_reason is not StopReason.ERROR else None
-            send(("done", report, frozen, registered(egraph, rules)))
+            send(("done", report, frozen, registered(egraph, rules), extra))
         except MemoryError:
             send(("memory",))
         except BaseException as exc:  # noqa: BLE001 - egglog's PanicException derives from BaseException
@@ -206,6 +270,7 @@ def _cap_cpu(seconds: float) -> None:  # pragma: no cover - runs in the child
 
 def _receive(fd: int, deadline: float):
     """The next message from the child, or None at the deadline or where the child closed the pipe."""
+    deadline = None if deadline == math.inf else deadline
     header = read_exactly(fd, _HEADER.size, deadline)
     if header is None:
         return None

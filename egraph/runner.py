@@ -97,8 +97,13 @@ def reachable(egraph: EGraph, schedule) -> list:
     """The rules of `schedule` that can ever match in `egraph`: those whose needs the constructors it
     holds meet, or those that such rules' other sides build (a fixpoint over every phase at once). The
     others are never compiled (`egraph/isolate.py` compiles these before it forks)."""
+    return reachable_from(_census(egraph)[1], schedule)
+
+
+def reachable_from(constructors, schedule) -> list:
+    """`reachable` for an e-graph that holds e-nodes of `constructors` (names) and of no others."""
     waiting = [(r, needs(r)) for phase in getattr(schedule, "phases", schedule) for r in phase.rules]
-    held, out = set(_census(egraph)[1]), []
+    held, out = set(constructors), []
     while True:
         fired = [r for r, wants in waiting if any(need <= held for need in wants)]
         if not fired:

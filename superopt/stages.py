@@ -165,10 +165,21 @@ def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: D
     `isolated=False` saturates in this process with the whole of `limits` (explain's search for
     alternatives, the benchmarks' probes: they need the time more than the isolation). `origins`: each node's
     class records its id, for rules that assume a domain condition (a speculative search: `guarded`)."""
+    prime = lambda template: timer("rules", runner.prime, template)   # noqa: E731 - earlier searches' rule sets
     try:
-        # the process's template e-graph, restored when the search is done, with the rule sets earlier searches
-        # ran registered in it first
-        with encoding.scratch(lambda template: timer("rules", runner.prime, template)) as empty:
+        if isolated:   # encoded in the child that saturates: this process's template is left as it is
+            with encoding.template(prime) as template:
+                if template is not None:
+                    start, seconds = time.perf_counter(), 0.0
+                    try:
+                        run, frozen, convs, seconds = isolate.encode_and_saturate(
+                            captured.graph, template, schedule, limits, deadline, origins)
+                    finally:
+                        timer.record("encode", seconds)
+                        timer.record("saturate", time.perf_counter() - start - seconds)
+                    return Saturated(run, frozen, encoding.Encoding(template, captured.graph, convs))
+        # the process's template e-graph, restored when the search is done (or a new one, on another thread)
+        with encoding.scratch(prime) as empty:
             enc = timer("encode", encoding.encode, captured.graph, deadline, origins, empty)
             if isolated:
                 run, frozen = timer("saturate", isolate.saturate_isolated, enc.egraph, schedule, limits, deadline)
@@ -322,7 +333,11 @@ class Stages:
         try:
             return fn(*args)
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.record(name, time.perf_counter() - start)
+
+    def record(self, name: str, seconds: float) -> None:
+        """Add `seconds` to stage `name` (a stage timed where it ran: encoding in saturation's child)."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
 
 def traced(captured: Captured) -> Graph:

@@ -426,13 +426,13 @@ def test_no_search_assumes_a_condition_whose_least_check_could_not_fit(monkeypat
 def test_a_second_search_that_fails_or_runs_out_of_time_leaves_the_strict_program(monkeypatch):
     from superopt.egraph import isolate
     calls = []
-    real = isolate.saturate_isolated
+    real = isolate.encode_and_saturate
 
     def second_fails(*a, **k):   # the guarded search's child dies (a time limit on a busy machine, a crash)
         calls.append(1)
-        run, frozen = real(*a, **k)
-        return run, (frozen if len(calls) == 1 else None)
-    monkeypatch.setattr(isolate, "saturate_isolated", second_fails)
+        run, frozen, *encoded = real(*a, **k)
+        return (run, frozen if len(calls) == 1 else None, *encoded)
+    monkeypatch.setattr(isolate, "encode_and_saturate", second_fails)
     rng = np.random.default_rng(0)
     u, v = (jnp.asarray(rng.standard_normal(1000), jnp.float32) for _ in range(2))
     x = jnp.asarray(np.abs(rng.standard_normal((256, 256))) + 0.1, jnp.float32)

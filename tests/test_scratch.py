@@ -1,8 +1,10 @@
-"""The e-graph a search encodes its program on (egraph/encode.py, `scratch`): the main thread's template, which
-holds the analyses' facts and the analysis rule set, pushed for one search and popped after it."""
+"""The e-graph a search encodes its program on (egraph/encode.py, `scratch` and `template`): the main thread's
+template, which holds the analyses' facts and the analysis rule set, pushed for one search and popped after
+it, or left as it is where the program is encoded in saturation's child process (egraph/isolate.py)."""
 import gc
 import threading
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,10 +14,11 @@ from superopt.core.ir import pretty
 from superopt.egraph import egglog_api as api
 from superopt.egraph.analysis import analysis
 from superopt.egraph.capture import capture
-from superopt.egraph.encode import encode, scratch
+from superopt.egraph.encode import constructors, encode, scratch, template
+from superopt.egraph.isolate import encode_and_saturate, saturate_isolated
 from superopt.egraph.frozen import count
 from superopt.egraph.limits import Limits
-from superopt.egraph.runner import saturate
+from superopt.egraph.runner import _census, saturate
 from superopt.extract.greedy import extract
 from superopt.extract.target import load_target
 from superopt.egraph.frozen import freeze
@@ -79,3 +82,26 @@ def test_superopt_gives_the_same_program_with_the_template():
     fast = superopt(PROGRAMS[1], cache=False)
     np.testing.assert_allclose(np.asarray(fast(X)), np.asarray(PROGRAMS[1](X)), rtol=1e-5, atol=1e-5)
     assert fast.report.run.enodes == chosen(capture(PROGRAMS[1], (X,)).graph)[0]
+
+
+def test_a_program_encoded_in_the_child_is_searched_as_one_encoded_here_and_leaves_the_template_as_it_was():
+    schedule = schedule_of(DEFAULT, "strict", "cpu")[0]
+    for fn in PROGRAMS:
+        graph = capture(fn, (X,)).graph
+        with scratch() as empty:
+            here = saturate_isolated(encode(graph, egraph=empty).egraph, schedule, Limits())
+        with template() as tpl:
+            before = api.table_sizes(tpl)
+            run, frozen, convs, seconds = encode_and_saturate(graph, tpl, schedule, Limits())
+            assert api.table_sizes(tpl) == before and seconds > 0
+        assert (run.enodes, run.eclasses, run.iterations) == (here[0].enodes, here[0].eclasses, here[0].iterations)
+        assert repr(list(frozen.classes.items())) == repr(list(here[1].classes.items()))
+
+
+@pytest.mark.parametrize("fn", [*PROGRAMS, lambda a: jnp.concatenate([jnp.sort(a, axis=0), a.T], axis=1),
+                                lambda a: jnp.argmax(jax.lax.reduce_window(a, -jnp.inf, jax.lax.max, (2, 2), (1, 1),
+                                                                           "VALID"), axis=1),
+                                lambda a: jnp.cumsum(a.astype(jnp.int32) ** 3, axis=0)[2:5]])
+def test_the_constructors_known_before_encoding_are_those_the_encoded_e_graph_holds(fn):
+    graph = capture(fn, (X,)).graph
+    assert constructors(graph) == _census(encode(graph).egraph)[1]

@@ -16,7 +16,9 @@ CPU time (RLIMIT_CPU, SIGXCPU; the second is for freezing and sending what it re
 waits `CPU_WALL_SLACK` times as long in wall-clock time before it kills it, for a machine that gives it
 less than a core. A child that is killed, runs out of memory or
 crashes yields a report with that stop reason and an error, and no e-graph: the caller keeps the
-original program.
+original program. A search's program is written into the e-graph in the child as well
+(`encode_and_saturate`: the child's copy of the process's template e-graph), so the caller's template
+is never changed; saturation's time limit starts once it is written.
 """
 from __future__ import annotations
 
@@ -69,7 +71,8 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
     was killed at the time limit, ran out of memory, crashed, or saturation failed (module doc). With
     `deadline`, saturation gets at most `SATURATION_SHARE` of the time it leaves, and `TimeLimit` is
     raised if it has passed before saturation starts."""
-    report, frozen, _ = _in_child(lambda: (egraph, None), reachable(egraph, schedule), schedule, limits, deadline)
+    report, frozen, _ = _in_child(lambda left: (egraph, None), reachable(egraph, schedule), schedule, limits,
+                                  deadline)
     return report, frozen
 
 
@@ -83,9 +86,7 @@ def encode_and_saturate(graph, template, schedule, limits: Limits = Limits(), de
     template holds every rule set its searches ran). The rules compiled here first are those reachable from
     the constructors the encoding writes (`encode.constructors`). A `TimeLimit` or another error while
     encoding is raised here, as if encoding had run here."""
-    left = None if deadline is None else deadline.left()
-
-    def prepare():   # in the child: the deadline's clock restarts there where it counts CPU time
+    def prepare(left: float):   # in the child, where a deadline's clock restarts if it counts CPU time
         start = time.perf_counter()
         local = None if deadline is None else Deadline(left, clock=deadline.clock, also=deadline.also)
         try:
@@ -97,17 +98,16 @@ def encode_and_saturate(graph, template, schedule, limits: Limits = Limits(), de
         return enc.egraph, (enc.conv_params, time.perf_counter() - start)
 
     report, frozen, encoded = _in_child(prepare, reachable_from(constructors(graph), schedule), schedule, limits,
-                                        deadline, preparing=left)
+                                        deadline)
     conv_params, seconds = encoded if encoded is not None else ([], 0.0)   # the child died: no e-graph came back
     return report, frozen, conv_params, seconds
 
 
-def _in_child(prepare, rules: list, schedule, limits: Limits, deadline: Deadline | None,
-              preparing: float | None = 0.0) -> tuple:
-    """Saturate the e-graph `prepare()` makes (its first item) in a child process: (report, frozen e-graph or
-    None, what `prepare` returned second, or None where the child failed). `rules` (the reachable ones) are
-    compiled here before the fork. The child has `preparing` seconds (None: no limit) to prepare before its
-    saturation's time limit starts."""
+def _in_child(prepare, rules: list, schedule, limits: Limits, deadline: Deadline | None) -> tuple:
+    """Saturate the e-graph `prepare(seconds the deadline leaves at the fork)` makes (its first item) in a child
+    process: (report, frozen e-graph or None, what `prepare` returned second, or None where the child failed).
+    `rules` (the reachable ones) are compiled here before the fork. Saturation's time limit starts once the
+    child has prepared; until then it has the time the deadline leaves."""
     for rule in rules:
         if deadline is not None:
             deadline.check("saturate")
@@ -119,17 +119,18 @@ def _in_child(prepare, rules: list, schedule, limits: Limits, deadline: Deadline
         deadline.check("saturate")
         limits = replace(limits, seconds=max(min(limits.seconds, deadline.share(SATURATION_SHARE)), 1e-3))
     cpu = deadline is not None and deadline.counts_cpu
+    left = math.inf if deadline is None else deadline.left()
     start = time.perf_counter()
     read_fd, write_fd = os.pipe()
     errors = tempfile.TemporaryFile()
     pid = fork()   # the child runs egglog only, and collects none of the garbage it inherits
     if pid == 0:  # pragma: no cover - the child; coverage is not collected there
         os.close(read_fd)
-        _child(prepare, schedule, rules, limits, write_fd, errors.fileno(), cpu)
+        _child(lambda: prepare(left), schedule, rules, limits, write_fd, errors.fileno(), cpu)
     os.close(write_fd)
     bar = progress.task("saturate", transient=True)
     budget = _cpu_cap(limits) * CPU_WALL_SLACK if cpu else limits.seconds * NODE_SLACK
-    until = math.inf if preparing is None else start + preparing + budget   # until it has prepared
+    until = start + left + budget   # until it has prepared
     try:
         while True:
             message = _receive(read_fd, until)

@@ -37,12 +37,12 @@ from dataclasses import replace
 from superopt.core import progress
 from superopt.core.forked import fork, read_exactly
 from superopt.egraph.analysis import analysis
-from superopt.egraph.frozen import ENode, FrozenEGraph, freeze
+from superopt.egraph.frozen import ENode, FrozenEGraph, freeze, node_facts
 from superopt.core.deadline import Deadline, TimeLimit
 from superopt.egraph.limits import SATURATION_SHARE, Limits, RunReport, StopReason
 from superopt.egraph.encode import constructors, encode
 from superopt.egraph.runner import (NODE_SLACK, ran, reachable, reachable_from, registered, ruleset_of, saturate,
-                                  use_cpu_time)
+                                  saturate_analysis, use_cpu_time)
 
 _HEADER = struct.Struct("<Q")
 CPU_WALL_SLACK = 3   # a child limited in CPU time is killed after this many times its limit in wall-clock time
@@ -77,10 +77,11 @@ def saturate_isolated(egraph, schedule, limits: Limits = Limits(),
 
 
 def encode_and_saturate(graph, template, schedule, limits: Limits = Limits(), deadline: Deadline | None = None,
-                        origins: bool = False) -> tuple[RunReport, FrozenEGraph | None, list, float]:
+                        origins: bool = False) -> tuple[RunReport, FrozenEGraph | None, list, float, dict | None]:
     """`graph` encoded (`encode.encode`, with `origins`) into `template`, the process's template e-graph, in
     the child process, and saturated there as `saturate_isolated` saturates: (report, frozen e-graph or None,
-    the encoding's interned conv params, the seconds encoding took). The program is never written into this
+    the encoding's interned conv params, the seconds encoding took, and with `origins` the analysis's facts of
+    each node of `graph` before any rule ran, `frozen.node_facts`, else None). The program is never written into this
     process's template, so nothing has to be taken out of it after the search: egglog's push and pop of the
     template, which encoding here needed, cost 77 ms a search once a process had run 34 small programs (the
     template holds every rule set its searches ran). The rules compiled here first are those reachable from
@@ -91,16 +92,20 @@ def encode_and_saturate(graph, template, schedule, limits: Limits = Limits(), de
         local = None if deadline is None else Deadline(left, clock=deadline.clock, also=deadline.also)
         try:
             enc = encode(graph, local, origins, template)
+            facts = None
+            if origins:   # the facts of the program as captured: the analysis first, as saturation's first step
+                saturate_analysis(enc.egraph)
+                facts = node_facts(enc.egraph)
             if local is not None:   # saturation starts with time left, as where encoding ran in the parent
                 local.check("saturate")
         except TimeLimit as exc:   # named with the call's limit, as the parent's deadline would name it
             raise TimeLimit(exc.stage, deadline.seconds, exc.cpu) if exc.seconds == local.seconds else exc
-        return enc.egraph, (enc.conv_params, time.perf_counter() - start)
+        return enc.egraph, (enc.conv_params, time.perf_counter() - start, facts)
 
     report, frozen, encoded = _in_child(prepare, reachable_from(constructors(graph), schedule), schedule, limits,
                                         deadline)
-    conv_params, seconds = encoded if encoded is not None else ([], 0.0)   # the child died: no e-graph came back
-    return report, frozen, conv_params, seconds
+    conv_params, seconds, facts = encoded if encoded is not None else ([], 0.0, None)   # the child died
+    return report, frozen, conv_params, seconds, facts
 
 
 def _in_child(prepare, rules: list, schedule, limits: Limits, deadline: Deadline | None) -> tuple:

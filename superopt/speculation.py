@@ -72,7 +72,8 @@ def guarded(captured: Captured, search: Search, strict: Extraction, deadline: De
     if saturated.frozen is None:   # the second search failed or ran out of time: the strict program stands
         return strict
     fired = numerics_mode.overflow_rewrites(schedule, saturated.run.fired) if search.numerics == "strict" else {}
-    conditions = timer("guard", guarding.unproven, program, saturated.frozen.assumed) if domain else ()
+    conditions = timer("guard", guarding.unproven, program, saturated.frozen.assumed, saturated.facts) \
+        if domain else ()
     if not (fired or conditions):   # the strict search's e-graph again: its extraction would choose the same
         return strict
     try:

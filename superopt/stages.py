@@ -138,6 +138,7 @@ class Saturated:
     run: RunReport
     frozen: Any            # the saturated e-graph, read back (egraph/frozen.py); None if saturation failed
     encoding: Any          # egraph/encode.py's Encoding: e-class ids of the original's nodes
+    facts: dict | None = None   # with `origins`: the analysis's facts of each captured node, before any rule ran
 
 
 # ---- the stages ----
@@ -164,7 +165,8 @@ def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: D
     in egglog cannot take the caller down). It gets at most half the time left (runner.SATURATION_SHARE).
     `isolated=False` saturates in this process with the whole of `limits` (explain's search for
     alternatives, the benchmarks' probes: they need the time more than the isolation). `origins`: each node's
-    class records its id, for rules that assume a domain condition (a speculative search: `guarded`)."""
+    class records its id, for rules that assume a domain condition (a speculative search: `guarded`), and
+    `Saturated.facts` holds the analysis's facts of the captured nodes where the child read them."""
     prime = lambda template: timer("rules", runner.prime, template)   # noqa: E731 - earlier searches' rule sets
     try:
         if isolated:   # encoded in the child that saturates: this process's template is left as it is
@@ -172,12 +174,12 @@ def saturate(captured: Captured, schedule: Schedule, limits: Limits, deadline: D
                 if template is not None:
                     start, seconds = time.perf_counter(), 0.0
                     try:
-                        run, frozen, convs, seconds = isolate.encode_and_saturate(
+                        run, frozen, convs, seconds, facts = isolate.encode_and_saturate(
                             captured.graph, template, schedule, limits, deadline, origins)
                     finally:
                         timer.record("encode", seconds)
                         timer.record("saturate", time.perf_counter() - start - seconds)
-                    return Saturated(run, frozen, encoding.Encoding(template, captured.graph, convs))
+                    return Saturated(run, frozen, encoding.Encoding(template, captured.graph, convs), facts)
         # the process's template e-graph, restored when the search is done (or a new one, on another thread)
         with encoding.scratch(prime) as empty:
             enc = timer("encode", encoding.encode, captured.graph, deadline, origins, empty)

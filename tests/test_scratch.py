@@ -92,8 +92,8 @@ def test_a_program_encoded_in_the_child_is_searched_as_one_encoded_here_and_leav
             here = saturate_isolated(encode(graph, egraph=empty).egraph, schedule, Limits())
         with template() as tpl:
             before = api.table_sizes(tpl)
-            run, frozen, convs, seconds = encode_and_saturate(graph, tpl, schedule, Limits())
-            assert api.table_sizes(tpl) == before and seconds > 0
+            run, frozen, convs, seconds, facts = encode_and_saturate(graph, tpl, schedule, Limits())
+            assert api.table_sizes(tpl) == before and seconds > 0 and facts is None
         assert (run.enodes, run.eclasses, run.iterations) == (here[0].enodes, here[0].eclasses, here[0].iterations)
         assert repr(list(frozen.classes.items())) == repr(list(here[1].classes.items()))
 
@@ -105,3 +105,15 @@ def test_a_program_encoded_in_the_child_is_searched_as_one_encoded_here_and_leav
 def test_the_constructors_known_before_encoding_are_those_the_encoded_e_graph_holds(fn):
     graph = capture(fn, (X,)).graph
     assert constructors(graph) == _census(encode(graph).egraph)[1]
+
+
+def test_the_facts_read_where_a_speculative_search_encodes_are_those_of_the_program_alone():
+    from superopt.extract.guard import _facts
+    schedule, known = schedule_of(DEFAULT, "strict", "cpu")[0], set()
+    for fn in (*PROGRAMS, lambda a: jnp.sqrt(jnp.exp(a) + 1.0) * jnp.log(jnp.abs(a) + 2.0)):
+        graph = capture(fn, (X,)).graph
+        with template() as tpl:
+            *_, facts = encode_and_saturate(graph, tpl, schedule, Limits(), origins=True)
+        assert facts == _facts(graph, None)
+        known |= {name for names in facts.values() for name in names}
+    assert known   # some node has a fact: the comparison is not of empty sets only

@@ -267,7 +267,7 @@ def constructors(graph: Graph) -> frozenset[str]:
         if family in _FAMILIES:
             names.add(family)
             continue
-        names.add("slice" if node.op == "slice" else node.op)
+        names.add(node.op)
         if node.op in ("concat", "opaque"):   # their operands as a list: nil, and a cons cell for each
             names.add("tnil")
             if node.inputs:

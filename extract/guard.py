@@ -418,16 +418,16 @@ def unproven(graph: Graph, assumed, facts: dict | None = None) -> tuple:
     """The domain conditions of `assumed` ((name, node id of `graph`) pairs a speculative search recorded) that
     the analysis does not prove of `graph` as captured, in order: those the run-time check must test. The facts
     come from the analysis of `graph` alone (its own e-graph, no rule run), never from the speculative
-    e-graph, whose classes an assumption may have joined (exp(log(x)) -> x would make x look nonneg there)."""
+    e-graph, whose classes an assumption may have joined (exp(log(x)) -> x would make x look nonneg there).
+    `facts`: those facts, where the speculative search's child read them before its first rule ran."""
     if not assumed:
         return ()
-    if facts is not None:   # read where the speculative search encoded `graph` (egraph/isolate.py)
-        return tuple(sorted((name, i) for name, i in assumed if name not in facts.get(i, ())))
-    with encoding.template() as template:   # the process's template, which holds the analysis rule set
-        if template is not None and forked.enabled():   # written in a child: the template stays as it is
-            facts = forked.Forked(_facts, graph, template).result()
-        else:
-            facts = _facts(graph, None)
+    if facts is None:   # not read where the speculative search encoded `graph` (egraph/isolate.py)
+        with encoding.template() as template:   # the process's template, which holds the analysis rule set
+            if template is not None and forked.enabled():   # written in a child: the template stays as it is
+                facts = forked.Forked(_facts, graph, template).result()
+            else:
+                facts = _facts(graph, None)
     return tuple(sorted((name, i) for name, i in assumed if name not in facts.get(i, ())))
 
 

@@ -235,7 +235,6 @@ def compiled_rules(schedule) -> dict | None:
     return _as_data[memo]
 
 
-
 def save_rules(schedule, store, data: dict | None = None) -> None:
     """Keep `schedule`'s compiled rules in `store`: those built or adopted in this process, with `data` a worker
     built (adopted here first), wherever the store's entry lacks some of them."""
